@@ -1,0 +1,147 @@
+"""Top-two logit margins, the margin scale S, and the normalized axes.
+
+The paper normalizes noise by the model's margin scale, v = sigma^2 / S^2
+(Eq. ``normalized-noise``), and utility by its operating range,
+A~ = (A - 1/K) / (A0 - 1/K) (Eq. ``util-norm``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MARGIN_STATISTICS = ("median", "mean", "trimmed")
+TRIM_FRACTION = 0.10  # the paper's 10%-trimmed mean
+
+
+def _as_logits(logits) -> np.ndarray:
+    arr = np.asarray(logits)
+    if arr.ndim != 2:
+        raise ValueError(f"logits must be 2-D (n_samples, n_classes), got shape {arr.shape}")
+    if arr.shape[1] < 2:
+        raise ValueError(f"logits need at least 2 classes, got n_classes={arr.shape[1]}")
+    if arr.shape[0] < 1:
+        raise ValueError("logits have no rows (n_samples=0)")
+    if not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
+        raise ValueError(f"logits must be real numbers, got dtype {arr.dtype}")
+    return arr.astype(np.float64, copy=False)
+
+
+def top_two_margins(logits) -> np.ndarray:
+    """Per-row gap between the largest and second-largest logit.
+
+    Parameters
+    ----------
+    logits : array_like of shape (n_samples, n_classes)
+
+    Returns
+    -------
+    margins : ndarray of shape (n_samples,), non-negative.
+    """
+    z = _as_logits(logits)
+    top2 = np.partition(z, z.shape[1] - 2, axis=1)[:, -2:]
+    return top2[:, 1] - top2[:, 0]
+
+
+def margin_scale(logits, *, statistic: str = "median") -> float:
+    """The model-level margin scale S (median by default, as in the paper).
+
+    Parameters
+    ----------
+    logits : array_like of shape (n_samples, n_classes)
+    statistic : {"median", "mean", "trimmed"}, default "median"
+        "trimmed" is the 10%-trimmed mean (10% cut from each end).
+
+    Raises
+    ------
+    ValueError
+        Unknown statistic, or S == 0 (most rows tie at the top), where
+        v = sigma^2 / S^2 is undefined.
+    """
+    return scale_from_margins(top_two_margins(logits), statistic=statistic)
+
+
+def scale_from_margins(margins, *, statistic: str = "median") -> float:
+    """S from precomputed margins; see :func:`margin_scale`."""
+    m = np.asarray(margins, dtype=np.float64)
+    if statistic == "median":
+        s = float(np.median(m))
+    elif statistic == "mean":
+        s = float(np.mean(m))
+    elif statistic == "trimmed":
+        from scipy.stats import trim_mean
+
+        s = float(trim_mean(m, TRIM_FRACTION))
+    else:
+        raise ValueError(f"statistic must be one of {MARGIN_STATISTICS}, got {statistic!r}")
+    if not s > 0:
+        tied = float(np.mean(m == 0))
+        raise ValueError(
+            f"margin scale S={s:g} ({statistic}) is not positive: "
+            f"{tied:.0%} of rows tie at the top logit"
+        )
+    return s
+
+
+def all_scales(logits) -> dict[str, float]:
+    """S under every supported statistic (the paper's ablation), NaN where S <= 0."""
+    m = top_two_margins(logits)
+    out = {}
+    for stat in MARGIN_STATISTICS:
+        try:
+            out[stat] = scale_from_margins(m, statistic=stat)
+        except ValueError:
+            out[stat] = float("nan")
+    return out
+
+
+def clean_accuracy(logits, labels) -> float:
+    """A0: top-1 accuracy of the noise-free logits (ties go to the lowest index)."""
+    z = _as_logits(logits)
+    y = np.asarray(labels)
+    if y.shape != (z.shape[0],):
+        raise ValueError(
+            f"inconsistent numbers of samples: logits {z.shape[0]}, labels {y.shape}"
+        )
+    return float(np.mean(np.argmax(z, axis=1) == y))
+
+
+def chance_level(n_classes: int) -> float:
+    """A_rand = 1/K."""
+    if n_classes < 2:
+        raise ValueError(f"n_classes must be >= 2, got {n_classes}")
+    return 1.0 / n_classes
+
+
+def normalized_noise(sigma, scale: float):
+    """v = sigma^2 / S^2 (Eq. normalized-noise)."""
+    if not scale > 0:
+        raise ValueError(f"scale S must be positive, got {scale}")
+    return np.square(np.asarray(sigma, dtype=np.float64)) / scale**2
+
+
+def sigma_from_v(v, scale: float):
+    """sigma = S * sqrt(v), the inverse of :func:`normalized_noise`."""
+    if not scale > 0:
+        raise ValueError(f"scale S must be positive, got {scale}")
+    return scale * np.sqrt(np.asarray(v, dtype=np.float64))
+
+
+def normalized_utility(accuracy, *, clean: float, n_classes: int):
+    """A~ = (A - 1/K) / (A0 - 1/K) (Eq. util-norm).
+
+    Raises ValueError when A0 <= 1/K: the model is no better than chance and
+    there is no operating range to normalize by.
+    """
+    chance = chance_level(n_classes)
+    if not clean > chance:
+        raise ValueError(
+            f"clean accuracy A0={clean:.4f} is not above chance 1/K={chance:.4f}; "
+            "utility cannot be normalized"
+        )
+    return (np.asarray(accuracy, dtype=np.float64) - chance) / (clean - chance)
+
+
+def accuracy_from_normalized(utility, *, clean: float, n_classes: int):
+    """A = 1/K + A~ (A0 - 1/K), the inverse of :func:`normalized_utility`."""
+    chance = chance_level(n_classes)
+    return chance + np.asarray(utility, dtype=np.float64) * (clean - chance)
