@@ -19,6 +19,7 @@ import numbers
 import numpy as np
 import pandas as pd
 
+from caliber_core.margins import _as_logits
 from caliber_core.runtime import SEEDINGS, Perturber, _check_key, _check_sigma
 
 ESTIMATORS = ("soft-average", "majority-vote")
@@ -52,17 +53,8 @@ def _check_count(value, name: str, *, allow_none: bool = False):
 
 
 def _check_logits_labels(logits, labels):
-    z = np.asarray(logits)
-    if z.ndim != 2:
-        raise ValueError(f"logits must be 2-D (n_samples, n_classes), got shape {z.shape}")
+    z = _as_logits(logits)  # 2-D, >= 1 row, >= 2 classes, real; float64
     n_samples, n_classes = z.shape
-    if n_samples < 1:
-        raise ValueError("logits have no rows (n_samples=0)")
-    if n_classes < 2:
-        raise ValueError(f"logits need at least 2 classes, got n_classes={n_classes}")
-    if not (np.issubdtype(z.dtype, np.floating) or np.issubdtype(z.dtype, np.integer)):
-        raise ValueError(f"logits must be real numbers, got dtype {z.dtype}")
-    z = z.astype(np.float64, copy=False)
     if not np.isfinite(z).all():
         bad = np.argwhere(~np.isfinite(z))[0]
         raise ValueError(f"logits must be finite, got {z[bad[0], bad[1]]} at row {bad[0]}, class {bad[1]}")
