@@ -1,0 +1,348 @@
+"""Per-model calibration: one sweep, one fit, then a target in and sigma* out.
+
+Two inversions are kept side by side for every target:
+
+* ``logistic``: the paper's closed form (Eq. inverse-v) on the fitted law;
+* ``curve`` (default): the measured curve itself is inverted, the exact
+  expected accuracy by quadrature (Proposition 1 with the true label as the
+  reference class) when the file is small enough, else the Monte-Carlo curve
+  of the sweep. A logistic leaves up to a few points of residual on some
+  shapes; the curve has none, so the per-model default is the curve and the
+  logistic stays for display, shared fits and transfer.
+
+Agreement targets always invert the exact pi(sigma) by quadrature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from . import margins
+from .fit import LogisticFit, fit_logistic
+from .survival import ExactCurves, invert_decreasing, sigma_for_agreement
+from .sweep import NoiseSweep, SurvivalIntervals, default_realizations, survival_intervals, sweep_from_intervals
+
+TARGET_KINDS = ("accuracy", "retention", "agreement")
+INVERSIONS = ("curve", "logistic")
+CURVE_METHODS = ("auto", "exact", "monte-carlo")
+# Quadrature budget (node x class x row evaluations) under which "auto" inverts
+# the exact accuracy curve; above it the Monte-Carlo curve is used. ~10 s here.
+EXACT_BUDGET = 4e8
+_EXACT_EVALS_PER_TARGET = 6
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    """sigma* for one target, with what it is predicted to deliver.
+
+    Attributes
+    ----------
+    kind : {"accuracy", "retention", "agreement"}
+    requested : float
+        The value as asked for.
+    accuracy, retention : float or None
+        Target accuracy in absolute terms and as a fraction of A0 (None for
+        agreement targets on a file without labels).
+    agreement : float or None
+        Target agreement (agreement targets only).
+    v, sigma : float
+        Normalized and raw noise; sigma = S sqrt(v).
+    sigma_logistic : float or None
+        The closed-form logistic answer, for comparison.
+    method : str
+        Which inversion produced ``sigma``.
+    saturated : bool
+        The target was out of reach and ``saturate`` returned the largest sigma.
+    """
+
+    kind: str
+    requested: float
+    accuracy: float | None
+    retention: float | None
+    agreement: float | None
+    v: float
+    sigma: float
+    sigma_logistic: float | None
+    method: str
+    saturated: bool = False
+
+    def to_dict(self) -> dict:
+        return {k: _plain(val) for k, val in asdict(self).items()}
+
+
+def _plain(x):
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    return x
+
+
+@dataclass
+class Calibration:
+    """Everything one model's calibration knows (the sweep is done once).
+
+    Build with :func:`calibrate_model`; ask for targets with :func:`sigma_for_target`.
+    """
+
+    name: str
+    n_samples: int
+    n_classes: int
+    statistic: str
+    scale: float
+    scales: dict
+    clean_accuracy: float | None
+    intervals: SurvivalIntervals
+    sweep: NoiseSweep
+    fit: LogisticFit
+    fit_quantity: str
+    curve_method: str
+    seed: int | None
+    _logits: np.ndarray = field(repr=False)
+    _labels: np.ndarray | None = field(repr=False)
+    _exact: ExactCurves | None = field(default=None, repr=False)
+
+    @property
+    def chance(self) -> float:
+        return 1.0 / self.n_classes
+
+    @property
+    def has_labels(self) -> bool:
+        return self._labels is not None
+
+    @property
+    def exact(self) -> ExactCurves:
+        """Exact quadrature curves, built on first use."""
+        if self._exact is None:
+            self._exact = ExactCurves(self._logits, self._labels)
+        return self._exact
+
+    def sigma_range(self) -> tuple[float, float]:
+        return float(self.sweep.sigma[0]), float(self.sweep.sigma[-1])
+
+
+def calibrate_model(
+    logits,
+    labels=None,
+    *,
+    name: str = "model",
+    statistic: str = "median",
+    realizations: int | None = None,
+    seed: int | None = 0,
+    curve: str = "auto",
+    progress: Callable[[float], None] | None = None,
+) -> Calibration:
+    """Margins, sweep and logistic fit for one model.
+
+    Parameters
+    ----------
+    logits : array_like of shape (n_samples, n_classes)
+    labels : array_like of int, shape (n_samples,), optional
+        Without labels only agreement targets are possible; the fit is then
+        to normalized agreement.
+    name : str
+    statistic : {"median", "mean", "trimmed"}, default "median"
+    realizations : int, optional
+        Noise draws per input; default from N (:func:`default_realizations`).
+    seed : int or None, default 0
+    curve : {"auto", "exact", "monte-carlo"}, default "auto"
+        Which measured curve ``sigma_for_target`` inverts for accuracy targets.
+    progress : callable, optional
+        Called with the fraction done in [0, 1].
+    """
+    z = margins._as_logits(logits)
+    n, k = z.shape
+    if curve not in CURVE_METHODS:
+        raise ValueError(f"curve must be one of {CURVE_METHODS}, got {curve!r}")
+    m = margins.top_two_margins(z)
+    scale = margins.scale_from_margins(m, statistic=statistic)
+    scales = {s: (scale if s == statistic else _try_scale(m, s)) for s in margins.MARGIN_STATISTICS}
+    a0 = None
+    y = None
+    if labels is not None:
+        y = np.asarray(labels)
+        a0 = margins.clean_accuracy(z, y)
+        if not a0 > 1.0 / k:
+            raise ValueError(
+                f"clean accuracy A0={a0:.4f} is not above chance 1/K={1 / k:.4f}: nothing to calibrate"
+            )
+    r = default_realizations(n) if realizations is None else realizations
+    intervals = survival_intervals(z, y, realizations=r, seed=seed, progress=progress)
+    sweep = sweep_from_intervals(intervals, scale=scale, clean_accuracy=a0)
+    if sweep.utility is not None:
+        fit = fit_logistic(sweep.v, sweep.utility)
+        quantity = "accuracy"
+    else:
+        fit = fit_logistic(sweep.v, (sweep.agreement - 1.0 / k) / (1.0 - 1.0 / k))
+        quantity = "agreement"
+    if curve == "auto":
+        cost = n * (k - 1) * 91 * _EXACT_EVALS_PER_TARGET * 4
+        curve = "exact" if cost <= EXACT_BUDGET else "monte-carlo"
+    return Calibration(
+        name=name, n_samples=n, n_classes=k, statistic=statistic, scale=scale, scales=scales,
+        clean_accuracy=a0, intervals=intervals, sweep=sweep, fit=fit, fit_quantity=quantity,
+        curve_method=curve, seed=seed, _logits=z, _labels=y,
+    )
+
+
+def _try_scale(m, statistic):
+    try:
+        return margins.scale_from_margins(m, statistic=statistic)
+    except ValueError:
+        return float("nan")
+
+
+def _first_crossing(func: Callable, target: float, lo: float, hi: float, n_grid: int = 2000) -> float:
+    """Smallest sigma in [lo, hi] where func falls to target (func starts above it).
+
+    A log grid finds the first bracket; bisection then pins the crossing.
+    """
+    grid = np.geomspace(lo, hi, n_grid)
+    vals = func(grid)
+    below = np.nonzero(vals <= target)[0]
+    if below.size == 0:
+        raise ValueError("target not reached")
+    i = below[0]
+    if i == 0:
+        return float(grid[0])
+    a, b = grid[i - 1], grid[i]
+    for _ in range(60):
+        mid = 0.5 * (a + b)
+        if func(np.array([mid]))[0] <= target:
+            b = mid
+        else:
+            a = mid
+    return float(0.5 * (a + b))
+
+
+def _max_sigma(cal: Calibration) -> float:
+    return float(cal.sweep.sigma[-1]) * 4.0
+
+
+def sigma_for_target(
+    cal: Calibration,
+    value: float,
+    *,
+    kind: str = "retention",
+    inversion: str = "curve",
+    saturate: bool = False,
+) -> TargetResult:
+    """The noise sigma* that delivers a target on this model.
+
+    Parameters
+    ----------
+    cal : Calibration
+    value : float
+        Absolute accuracy (kind="accuracy"), fraction of A0 (kind="retention")
+        or agreement with the clean prediction (kind="agreement").
+    kind : {"accuracy", "retention", "agreement"}
+    inversion : {"curve", "logistic"}, default "curve"
+        Ignored for agreement (always the exact pi(sigma)).
+    saturate : bool, default False
+        A target the curve cannot reach returns the largest sigma of the
+        sweep (flagged ``saturated``) instead of raising.
+
+    Returns
+    -------
+    TargetResult
+        sigma = 0 when the target asks for no degradation (A* >= A0, agreement >= 1).
+
+    Raises
+    ------
+    ValueError
+        Unknown kind, a value outside (0, 1], labels missing for accuracy
+        targets, or an unreachable target without ``saturate``.
+    """
+    if kind not in TARGET_KINDS:
+        raise ValueError(f"kind must be one of {TARGET_KINDS}, got {kind!r}")
+    if inversion not in INVERSIONS:
+        raise ValueError(f"inversion must be one of {INVERSIONS}, got {inversion!r}")
+    value = float(value)
+    if not (np.isfinite(value) and 0.0 < value <= (1.5 if kind == "retention" else 1.0)):
+        raise ValueError(f"{kind} target must be a number in (0, 1], got {value}")
+    if kind == "agreement":
+        return _agreement_target(cal, value, saturate=saturate)
+    if not cal.has_labels:
+        raise ValueError(f"{kind} targets need labels; this file has none (agreement targets do not)")
+    a0 = cal.clean_accuracy
+    accuracy = value if kind == "accuracy" else value * a0
+    retention = accuracy / a0
+    chance = cal.chance
+    u_target = (accuracy - chance) / (a0 - chance)
+    sig_log = _logistic_sigma(cal, u_target, saturate=True)
+
+    def result(sigma, method, saturated=False):
+        v = float((sigma / cal.scale) ** 2) if np.isfinite(sigma) else float("inf")
+        return TargetResult(kind, value, accuracy, retention, None, v, float(sigma),
+                            sig_log, method, saturated)
+
+    if accuracy >= a0:
+        return result(0.0, "none-needed")
+    if inversion == "logistic":
+        if not np.isfinite(sig_log):
+            return _unreachable(cal, kind, value, accuracy, saturate, result, "logistic")
+        return result(sig_log, "logistic")
+    lo, hi = cal.sweep.sigma[0] / 10.0, _max_sigma(cal)
+    mc = cal.intervals.accuracy
+    try:
+        s_mc = _first_crossing(mc, accuracy, lo, hi)
+    except ValueError:
+        return _unreachable(cal, kind, value, accuracy, saturate, result, "curve")
+    if cal.curve_method == "monte-carlo":
+        return result(s_mc, "monte-carlo-curve")
+    exact = cal.exact
+    try:
+        s = invert_decreasing(lambda s: float(exact.accuracy(s)[0]), accuracy,
+                              lo=s_mc * 0.97, hi=s_mc * 1.03)
+    except ValueError:
+        return _unreachable(cal, kind, value, accuracy, saturate, result, "curve")
+    return result(s, "exact-curve")
+
+
+def _unreachable(cal, kind, value, accuracy, saturate, result, how):
+    if saturate:
+        return result(_max_sigma(cal), f"saturated-{how}", saturated=True)
+    raise ValueError(
+        f"{kind} target {value:g} (accuracy {accuracy:.4f}) is out of reach: accuracy under noise "
+        f"only falls towards chance 1/K={cal.chance:.4f} and the {how} never reaches it "
+        "(use a higher target, or saturate)"
+    )
+
+
+def _logistic_sigma(cal: Calibration, u_target: float, *, saturate: bool) -> float:
+    if cal.fit_quantity != "accuracy":
+        return float("nan")
+    v = cal.fit.inverse(u_target, saturate=saturate)
+    return float(cal.scale * np.sqrt(v))
+
+
+def _agreement_target(cal: Calibration, value: float, *, saturate: bool) -> TargetResult:
+    def result(sigma, method, saturated=False):
+        v = float((sigma / cal.scale) ** 2) if np.isfinite(sigma) else float("inf")
+        acc = ret = None
+        return TargetResult("agreement", value, acc, ret, value, v, float(sigma), None, method, saturated)
+
+    if value >= 1.0:
+        return result(0.0, "none-needed")
+    if value <= cal.chance:
+        if saturate:
+            return result(_max_sigma(cal), "saturated-exact-agreement", saturated=True)
+        raise ValueError(
+            f"agreement target {value:g} is out of reach: agreement only falls towards chance "
+            f"1/K={cal.chance:.4f}, and never reaches it"
+        )
+    lo, hi = cal.sweep.sigma[0] / 10.0, _max_sigma(cal)
+    try:
+        guess = _first_crossing(cal.intervals.agreement, value, lo, hi)
+    except ValueError:
+        guess = hi
+    s = sigma_for_agreement(cal.exact, value, guess=guess)
+    return result(s, "exact-agreement")
+
+
+def measured_accuracy(cal: Calibration, sigma) -> np.ndarray:
+    """The accuracy the chosen curve predicts at sigma (exact or Monte-Carlo)."""
+    if cal.curve_method == "exact":
+        return cal.exact.accuracy(sigma)
+    return cal.intervals.accuracy(sigma)

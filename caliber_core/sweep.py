@@ -1,0 +1,402 @@
+"""Monte-Carlo noise sweep: accuracy and agreement under N(0, sigma^2) logit noise.
+
+One pass for every sigma at once. For one input and one draw xi ~ N(0, I_K),
+the noisy argmax is class c iff sigma * (xi_j - xi_c) < z_c - z_j = g_j for all
+j, so the set of sigma at which c wins is an interval (lo, hi):
+
+* j with g_j > 0 and xi_j > xi_c bound sigma from above by g_j / (xi_j - xi_c);
+* j with g_j < 0 (c trails j) need xi_j < xi_c and bound sigma from below.
+
+Computing (lo, hi) per (input, draw) takes one pass over the K classes; then
+A(sigma) = mean 1[lo < sigma < hi] for any sigma, with common random numbers
+across the whole grid (a smooth, monotone-in-expectation curve). Agreement is
+the same with c = clean argmax (lo = 0).
+
+Draws for large K come from a pool of standard-normal rows read at random
+cyclic offsets: every vector is still i.i.d. N(0, 1) (a permutation of i.i.d.
+normals), each input's draws use distinct pool rows, and generating normals
+is what dominates the cost otherwise. tests/test_sweep.py checks the result
+against a straightforward argmax Monte Carlo within its standard error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .margins import _as_logits, chance_level
+
+DEFAULT_REALIZATIONS = 64
+# Above this many classes the draws come from a shifted pool (see module docstring).
+POOL_MIN_CLASSES = 64
+POOL_ELEMENTS = 8_000_000
+_CHUNK_ELEMENTS = 1 << 20  # draws per chunk: ~4 MB of float32, stays in cache
+
+
+@dataclass(frozen=True)
+class SurvivalIntervals:
+    """Per (input, draw) sigma-intervals on which the prediction survives.
+
+    Attributes
+    ----------
+    agree_hi : ndarray (n_samples, realizations)
+        Noisy argmax equals the clean argmax iff sigma < agree_hi.
+    acc_lo, acc_hi : ndarray (n_samples, realizations) or None
+        Noisy argmax equals the label iff acc_lo < sigma < acc_hi
+        (empty intervals are stored as lo = hi = 0). None without labels.
+    """
+
+    agree_hi: np.ndarray
+    acc_lo: np.ndarray | None
+    acc_hi: np.ndarray | None
+    n_classes: int
+    seed: int | None
+
+    @property
+    def n_samples(self) -> int:
+        return self.agree_hi.shape[0]
+
+    @property
+    def realizations(self) -> int:
+        return self.agree_hi.shape[1]
+
+    @property
+    def has_labels(self) -> bool:
+        return self.acc_hi is not None
+
+    # Sorted endpoints, computed once: every curve evaluation is then a binary search.
+    @cached_property
+    def _agree_sorted(self) -> np.ndarray:
+        return np.sort(self.agree_hi, axis=None)
+
+    @cached_property
+    def _acc_sorted(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.sort(self.acc_lo, axis=None), np.sort(self.acc_hi, axis=None)
+
+    def agreement(self, sigma) -> np.ndarray:
+        """Monte-Carlo mean agreement at each sigma."""
+        return _fraction_inside(None, self._agree_sorted, sigma)
+
+    def accuracy(self, sigma) -> np.ndarray:
+        """Monte-Carlo accuracy at each sigma."""
+        if not self.has_labels:
+            raise ValueError("accuracy needs labels; the sweep was run without them")
+        return _fraction_inside(*self._acc_sorted, sigma)
+
+    def accuracy_stderr(self, sigma) -> np.ndarray:
+        """Standard error of :meth:`accuracy` from the noise alone (inputs fixed).
+
+        Var = sum_i p_i (1 - p_i) / (R N^2) with p_i estimated per input.
+        """
+        s = np.atleast_1d(np.asarray(sigma, dtype=np.float64))
+        out = np.empty(s.shape)
+        for i, si in enumerate(s):
+            p = np.mean((self.acc_lo < si) & (si < self.acc_hi), axis=1)
+            out[i] = np.sqrt(np.sum(p * (1 - p)) / (self.realizations * self.n_samples**2))
+        return out
+
+    def agreement_stderr(self, sigma) -> np.ndarray:
+        """Standard error of :meth:`agreement` from the noise alone."""
+        s = np.atleast_1d(np.asarray(sigma, dtype=np.float64))
+        out = np.empty(s.shape)
+        for i, si in enumerate(s):
+            p = np.mean(si < self.agree_hi, axis=1)
+            out[i] = np.sqrt(np.sum(p * (1 - p)) / (self.realizations * self.n_samples**2))
+        return out
+
+
+def _fraction_inside(lo_sorted, hi_sorted, sigma) -> np.ndarray:
+    """Fraction of intervals (lo, hi) containing each sigma, from sorted endpoints.
+
+    ``lo_sorted`` None means every interval starts at 0.
+    """
+    s = np.atleast_1d(np.asarray(sigma, dtype=np.float64))
+    n = hi_sorted.size
+    above_lo = n if lo_sorted is None else np.searchsorted(lo_sorted, s, side="left")
+    # lo == hi == 0 marks an empty interval: it is counted by both terms and cancels.
+    below_hi = np.searchsorted(hi_sorted, s, side="right")
+    return (above_lo - below_hi) / n
+
+
+def default_realizations(n_samples: int, *, target_stderr: float = 0.0015) -> int:
+    """Draws per input so that the accuracy's noise standard error is about ``target_stderr``.
+
+    The worst case per input is p(1-p) = 1/4, so R = 1 / (4 N se^2), clipped to
+    [8, 256]: a 2,000-row file gets 56 draws, a 50,000-row file 8.
+    """
+    if n_samples < 1:
+        raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+    r = int(np.ceil(0.25 / (n_samples * target_stderr**2)))
+    return int(np.clip(r, 8, 256))
+
+
+def survival_intervals(
+    logits,
+    labels=None,
+    *,
+    realizations: int = DEFAULT_REALIZATIONS,
+    seed: int | None = 0,
+    progress: Callable[[float], None] | None = None,
+) -> SurvivalIntervals:
+    """Survival intervals for every input and draw (see the module docstring).
+
+    Parameters
+    ----------
+    logits : array_like of shape (n_samples, n_classes)
+    labels : array_like of int, shape (n_samples,), optional
+    realizations : int, default 64
+        Noise draws per input.
+    seed : int or None, default 0
+        Same seed, same numbers.
+    progress : callable, optional
+        Called with the fraction done in [0, 1].
+    """
+    z = _as_logits(logits)
+    n, k = z.shape
+    if isinstance(realizations, bool) or not isinstance(realizations, (int, np.integer)):
+        raise TypeError(f"realizations must be an int, got {realizations!r}")
+    if realizations < 1:
+        raise ValueError(f"realizations must be >= 1, got {realizations}")
+    y = None
+    if labels is not None:
+        y = np.asarray(labels)
+        if y.shape != (n,):
+            raise ValueError(f"inconsistent numbers of samples: logits {n}, labels {y.shape}")
+        if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= k:
+            raise ValueError(f"labels must be integers in [0, {k}), got range [{y.min()}, {y.max()}]")
+    rng = np.random.default_rng(seed)
+    pred = np.argmax(z, axis=1)
+    draws = _DrawSource(rng, n, k, realizations)
+
+    agree_hi = np.empty((n, realizations), dtype=np.float64)
+    acc_lo = acc_hi = None
+    if y is not None:
+        acc_lo = np.zeros((n, realizations))
+        acc_hi = np.empty((n, realizations))
+        wrong = pred != y
+    rows_per_chunk = max(1, _CHUNK_ELEMENTS // (realizations * k))
+    for start in range(0, n, rows_per_chunk):
+        stop = min(n, start + rows_per_chunk)
+        xi = draws.take(start, stop)  # (rows, R, K) float32
+        zc = z[start:stop]
+        agree_hi[start:stop] = _upper_bound(xi, zc, pred[start:stop])
+        if y is not None:
+            acc_hi[start:stop] = agree_hi[start:stop]
+            w = np.nonzero(wrong[start:stop])[0]
+            if w.size:
+                lo, hi = _label_interval(xi[w], zc[w], y[start:stop][w])
+                acc_lo[start + w] = lo
+                acc_hi[start + w] = hi
+        if progress is not None:
+            progress(stop / n)
+    return SurvivalIntervals(agree_hi, acc_lo, acc_hi, k, seed)
+
+
+class _DrawSource:
+    """Standard-normal draws of shape (rows, R, K), reproducible for a generator."""
+
+    def __init__(self, rng: np.random.Generator, n: int, k: int, r: int):
+        self.rng, self.k, self.r = rng, k, r
+        self.pool = None
+        if k >= POOL_MIN_CLASSES:
+            rows = max(r, POOL_ELEMENTS // k)
+            pool = rng.standard_normal((rows, k), dtype=np.float32)
+            self.pool = np.concatenate([pool, pool], axis=1)  # read [s, s+K) cyclically
+            self.windows = np.lib.stride_tricks.sliding_window_view(self.pool, k, axis=1)
+
+    def take(self, start: int, stop: int) -> np.ndarray:
+        rows = stop - start
+        if self.pool is None:
+            return self.rng.standard_normal((rows, self.r, self.k), dtype=np.float32)
+        n_pool = self.pool.shape[0]
+        # Distinct pool rows within one input (consecutive from a random base).
+        base = self.rng.integers(0, n_pool, size=(rows, 1))
+        pool_rows = (base + np.arange(self.r)[None, :]) % n_pool
+        shifts = self.rng.integers(0, self.k, size=(rows, self.r))
+        return self.windows[pool_rows, shifts]
+
+
+def _upper_bound(xi: np.ndarray, z: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """sup of sigma at which ``ref`` (a row's argmax) stays the argmax, per draw.
+
+    hi = 1 / max_j (xi_j - xi_c) / g_j over j != c; every g_j >= 0 here.
+    """
+    rows = np.arange(z.shape[0])
+    gaps = z[rows, ref][:, None] - z
+    with np.errstate(divide="ignore"):
+        inv_gap = np.where(gaps > 0, 1.0 / gaps, np.inf).astype(np.float32)
+    inv_gap[rows, ref] = 0.0
+    xi_c = xi[rows, :, ref]  # (rows, R)
+    d = xi - xi_c[:, :, None]
+    # A tie (g_j = 0) survives only if xi_j < xi_c, whatever sigma: d * inf gives
+    # -inf or +inf; 0 * inf (d == 0) has probability zero.
+    with np.errstate(invalid="ignore"):
+        d *= inv_gap[:, None, :]
+    worst = np.nan_to_num(d.max(axis=2), nan=0.0)
+    with np.errstate(divide="ignore"):
+        return np.where(worst > 0, 1.0 / worst, np.inf)
+
+
+def _label_interval(xi, z, label):
+    """(lo, hi) of sigma at which a trailing ``label`` becomes the argmax, per draw."""
+    rows = np.arange(z.shape[0])
+    gaps = z[rows, label][:, None] - z  # some negative: the label trails
+    xi_c = xi[rows, :, label]
+    d = (xi - xi_c[:, :, None]).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = gaps[:, None, :] / d  # the crossing sigma for class j
+    ahead = gaps > 0
+    ahead[rows, label] = False
+    behind = gaps < 0
+    # Classes the label leads: sigma < g/d when d > 0.
+    hi = np.min(np.where(ahead[:, None, :] & (d > 0), ratio, np.inf), axis=2)
+    # Classes ahead of the label: need d < 0 (else never), then sigma > g/d.
+    never = np.any(behind[:, None, :] & (d >= 0), axis=2)
+    lo = np.max(np.where(behind[:, None, :], ratio, 0.0), axis=2)
+    empty = never | (lo >= hi)
+    lo[empty] = 0.0
+    hi[empty] = 0.0
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class NoiseSweep:
+    """Accuracy and agreement on a sigma grid, with the normalized axes.
+
+    Attributes
+    ----------
+    sigma, v : ndarray (n_points,)
+        Noise scales and v = sigma^2 / S^2.
+    accuracy, accuracy_se : ndarray or None
+        Monte-Carlo accuracy and its standard error (None without labels).
+    agreement, agreement_se : ndarray
+    utility : ndarray or None
+        Normalized utility A~ (Eq. util-norm).
+    """
+
+    sigma: np.ndarray
+    v: np.ndarray
+    accuracy: np.ndarray | None
+    accuracy_se: np.ndarray | None
+    agreement: np.ndarray
+    agreement_se: np.ndarray
+    utility: np.ndarray | None
+    scale: float
+    clean_accuracy: float | None
+    n_classes: int
+    realizations: int
+    seed: int | None
+
+
+def sweep_from_intervals(
+    intervals: SurvivalIntervals,
+    *,
+    scale: float,
+    clean_accuracy: float | None,
+    v_grid=None,
+) -> NoiseSweep:
+    """Evaluate the intervals on a v grid (default :func:`default_v_grid`)."""
+    if v_grid is None:
+        v_grid = default_v_grid(intervals, scale=scale, clean_accuracy=clean_accuracy)
+    v = np.asarray(v_grid, dtype=np.float64)
+    sigma = scale * np.sqrt(v)
+    agreement = intervals.agreement(sigma)
+    agreement_se = intervals.agreement_stderr(sigma)
+    accuracy = accuracy_se = utility = None
+    if intervals.has_labels and clean_accuracy is not None:
+        from .margins import normalized_utility
+
+        accuracy = intervals.accuracy(sigma)
+        accuracy_se = intervals.accuracy_stderr(sigma)
+        utility = normalized_utility(accuracy, clean=clean_accuracy, n_classes=intervals.n_classes)
+    return NoiseSweep(
+        sigma, v, accuracy, accuracy_se, agreement, agreement_se, utility, scale,
+        clean_accuracy, intervals.n_classes, intervals.realizations, intervals.seed,
+    )
+
+
+def default_v_grid(
+    intervals: SurvivalIntervals,
+    *,
+    scale: float,
+    clean_accuracy: float | None,
+    n_points: int = 40,
+    floor: float = 0.03,
+) -> np.ndarray:
+    """A log-spaced v grid spanning the whole transition.
+
+    Starts where the curve is still at its head (A~ > 0.99, or v = 1e-3) and
+    extends until the normalized utility (agreement when there are no labels)
+    has fallen to ``floor`` of its range.
+    """
+    chance = chance_level(intervals.n_classes)
+
+    def level(v):
+        s = scale * np.sqrt(v)
+        if intervals.has_labels and clean_accuracy is not None and clean_accuracy > chance:
+            return (intervals.accuracy(s) - chance) / (clean_accuracy - chance)
+        return (intervals.agreement(s) - chance) / (1 - chance)
+
+    v_lo = 1e-3
+    while v_lo > 1e-8 and level(v_lo)[0] < 0.99:
+        v_lo /= 10
+    v_hi = 1.0
+    while v_hi < 1e6 and level(v_hi)[0] > floor:
+        v_hi *= 2
+    return np.geomspace(v_lo, v_hi, n_points)
+
+
+def sweep_noise(
+    logits,
+    labels=None,
+    *,
+    scale: float,
+    v_grid=None,
+    realizations: int = DEFAULT_REALIZATIONS,
+    seed: int | None = 0,
+    progress: Callable[[float], None] | None = None,
+) -> NoiseSweep:
+    """Accuracy and agreement under i.i.d. N(0, sigma^2) logit noise on a v grid.
+
+    Parameters
+    ----------
+    logits : array_like of shape (n_samples, n_classes)
+    labels : array_like of int, shape (n_samples,), optional
+    scale : float
+        The margin scale S (see :func:`caliber_core.margins.margin_scale`).
+    v_grid : array_like, optional
+        Normalized noise values; default spans the whole transition.
+    realizations, seed, progress
+        See :func:`survival_intervals`.
+    """
+    from .margins import clean_accuracy as _clean
+
+    intervals = survival_intervals(
+        logits, labels, realizations=realizations, seed=seed, progress=progress
+    )
+    a0 = _clean(logits, labels) if labels is not None else None
+    return sweep_from_intervals(intervals, scale=scale, clean_accuracy=a0, v_grid=v_grid)
+
+
+def brute_force_accuracy(logits, labels, sigma, *, realizations: int, seed: int | None = 0):
+    """Straightforward Monte Carlo: add noise, take argmax, average. For checks.
+
+    Returns (accuracy, agreement) arrays over ``sigma``, each draw fresh.
+    """
+    z = _as_logits(logits)
+    y = np.asarray(labels)
+    pred = np.argmax(z, axis=1)
+    rng = np.random.default_rng(seed)
+    acc, agr = [], []
+    for s in np.atleast_1d(sigma):
+        a = g = 0.0
+        for _ in range(realizations):
+            noisy = np.argmax(z + s * rng.standard_normal(z.shape), axis=1)
+            a += np.mean(noisy == y)
+            g += np.mean(noisy == pred)
+        acc.append(a / realizations)
+        agr.append(g / realizations)
+    return np.array(acc), np.array(agr)
