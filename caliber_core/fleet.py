@@ -1,0 +1,122 @@
+"""Shared per-task calibration over several models (Sections 3.3, 5.4, Appendix A).
+
+One logistic law is fit to the pooled (v, A~) points of several models; a new
+model is then calibrated from its margin scale S alone. Leave-one-architecture-out
+fits the law without a model and measures the error on it; the margin-statistic
+ablation repeats both with S as the median, mean or 10%-trimmed mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .calibrate import Calibration, TargetResult, measured_accuracy
+from .fit import LogisticFit, fit_logistic
+from .margins import MARGIN_STATISTICS
+
+DEFAULT_RETENTIONS = (0.9, 0.8, 0.7, 0.6)
+
+
+def _points(cal: Calibration, statistic: str) -> tuple[np.ndarray, np.ndarray]:
+    """(v, A~) sweep points of one model with S under ``statistic``."""
+    if cal.clean_accuracy is None:
+        raise ValueError(f"model {cal.name!r} has no labels: shared accuracy fits need them")
+    scale = cal.scales[statistic]
+    if not np.isfinite(scale):
+        raise ValueError(f"model {cal.name!r} has no positive {statistic} margin scale")
+    # The sweep's sigma grid is statistic-free; only its v coordinates change.
+    sigma = cal.sweep.sigma
+    return (sigma / scale) ** 2, cal.sweep.utility
+
+
+def shared_fit(calibrations: Sequence[Calibration], *, statistic: str = "median") -> LogisticFit:
+    """One logistic law fit to the pooled normalized points of several models."""
+    if len(calibrations) < 1:
+        raise ValueError("a shared fit needs at least one model")
+    pts = [_points(c, statistic) for c in calibrations]
+    return fit_logistic(np.concatenate([p[0] for p in pts]), np.concatenate([p[1] for p in pts]))
+
+
+def calibrate_from_scale(
+    fit: LogisticFit,
+    *,
+    scale: float,
+    clean_accuracy: float,
+    n_classes: int,
+    value: float,
+    kind: str = "retention",
+    saturate: bool = False,
+) -> TargetResult:
+    """sigma* for a model known only by S, A0 and K, through a shared law.
+
+    No sweep of the model is needed: v* from Eq. inverse-v, sigma* = S sqrt(v*).
+    """
+    if kind not in ("accuracy", "retention"):
+        raise ValueError(f"kind must be 'accuracy' or 'retention', got {kind!r}")
+    if not scale > 0:
+        raise ValueError(f"scale S must be positive, got {scale}")
+    chance = 1.0 / n_classes
+    if not clean_accuracy > chance:
+        raise ValueError(f"clean accuracy {clean_accuracy} is not above chance {chance:.4f}")
+    accuracy = value if kind == "accuracy" else value * clean_accuracy
+    u = (accuracy - chance) / (clean_accuracy - chance)
+    v = fit.inverse(min(u, 1.0), saturate=saturate)
+    sigma = float(scale * np.sqrt(v))
+    return TargetResult(kind, float(value), accuracy, accuracy / clean_accuracy, None, float(v),
+                        sigma, sigma, "shared-logistic", not np.isfinite(v))
+
+
+def transfer_error(
+    cal: Calibration, fit: LogisticFit, *, statistic: str, retentions=DEFAULT_RETENTIONS
+) -> float:
+    """Mean |relative error| (%) of a model's accuracy at the sigma* a shared law gives it."""
+    errs = []
+    for r in retentions:
+        t = calibrate_from_scale(fit, scale=cal.scales[statistic], clean_accuracy=cal.clean_accuracy,
+                                 n_classes=cal.n_classes, value=r, saturate=True)
+        sigma = t.sigma if np.isfinite(t.sigma) else float(cal.sweep.sigma[-1])
+        got = float(measured_accuracy(cal, sigma)[0])
+        errs.append(abs(got - t.accuracy) / t.accuracy * 100.0)
+    return float(np.mean(errs))
+
+
+def leave_one_out(
+    calibrations: Sequence[Calibration], *, statistic: str = "median", retentions=DEFAULT_RETENTIONS
+) -> list[dict]:
+    """Per model: error of the in-sample shared fit vs the fit without that model.
+
+    Returns a list of rows {model, scale, in_sample_error, held_out_error} (errors in %).
+    """
+    if len(calibrations) < 2:
+        raise ValueError(f"leave-one-out needs at least 2 models, got {len(calibrations)}")
+    everyone = shared_fit(calibrations, statistic=statistic)
+    rows = []
+    for i, cal in enumerate(calibrations):
+        others = [c for j, c in enumerate(calibrations) if j != i]
+        held = shared_fit(others, statistic=statistic)
+        rows.append({
+            "model": cal.name,
+            "scale": cal.scales[statistic],
+            "in_sample_error": transfer_error(cal, everyone, statistic=statistic, retentions=retentions),
+            "held_out_error": transfer_error(cal, held, statistic=statistic, retentions=retentions),
+        })
+    return rows
+
+
+def margin_ablation(
+    calibrations: Sequence[Calibration], *, retentions=DEFAULT_RETENTIONS
+) -> list[dict]:
+    """Mean in-sample and held-out shared-fit error (%) for each margin statistic."""
+    rows = []
+    for stat in MARGIN_STATISTICS:
+        table = leave_one_out(calibrations, statistic=stat, retentions=retentions)
+        fit = shared_fit(calibrations, statistic=stat)
+        rows.append({
+            "statistic": stat,
+            "r2": fit.r2,
+            "in_sample_error": float(np.mean([r["in_sample_error"] for r in table])),
+            "held_out_error": float(np.mean([r["held_out_error"] for r in table])),
+        })
+    return rows

@@ -1,0 +1,68 @@
+"""File in, config out: the one path the command line and the dashboard share.
+
+Both call :func:`calibrate_data` with the same defaults, so the same file and
+targets give the same sigma* in the CLI's JSON and the dashboard's download.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from .calibrate import Calibration, TargetResult, calibrate_model, sigma_for_target
+from .config import build_config
+from .loading import LogitsData, require_labels
+
+DEFAULT_TARGETS = (("retention", 0.9), ("retention", 0.8), ("retention", 0.7), ("retention", 0.6))
+
+
+def calibrate_data(
+    data: LogitsData,
+    *,
+    statistic: str = "median",
+    seed: int = 0,
+    realizations: int | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> Calibration:
+    """Sweep and fit one loaded file (no targets yet)."""
+    return calibrate_model(
+        data.logits, data.labels, name=data.name, statistic=statistic,
+        realizations=realizations, seed=seed, progress=progress,
+    )
+
+
+def resolve_targets(
+    cal: Calibration,
+    data: LogitsData,
+    targets: Sequence[tuple[str, float]],
+    *,
+    inversion: str = "curve",
+    saturate: bool = False,
+) -> list[TargetResult]:
+    """sigma* for each (kind, value), in the order given."""
+    out = []
+    for kind, value in targets:
+        if kind != "agreement":
+            require_labels(data, f"a {kind} target")
+        out.append(sigma_for_target(cal, value, kind=kind, inversion=inversion, saturate=saturate))
+    return out
+
+
+def config_for(
+    data: LogitsData,
+    targets: Sequence[tuple[str, float]] = DEFAULT_TARGETS,
+    *,
+    statistic: str = "median",
+    seed: int = 0,
+    realizations: int | None = None,
+    inversion: str = "curve",
+    saturate: bool = False,
+    progress: Callable[[float], None] | None = None,
+) -> tuple[Calibration, list[TargetResult], dict]:
+    """Calibrate a loaded file and build its config dict."""
+    if any(kind != "agreement" for kind, _ in targets):
+        require_labels(data, "accuracy and retention targets")
+    cal = calibrate_data(data, statistic=statistic, seed=seed, realizations=realizations,
+                         progress=progress)
+    results = resolve_targets(cal, data, targets, inversion=inversion, saturate=saturate)
+    config = build_config(cal, results, sha256=data.sha256, source=data.source)
+    return cal, results, config
