@@ -1,0 +1,230 @@
+"""The command line: ``python -m caliber_core {calibrate,fleet,attack} ...``.
+
+A user error (a bad file, an impossible target) prints one line on stderr and
+exits with status 2; an unexpected failure prints one line and exits 1 (set
+CALIBER_DEBUG=1 for the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+EXIT_USER_ERROR = 2
+EXIT_INTERNAL = 1
+
+
+class _OrderedTarget(argparse.Action):
+    """Collect --target-accuracy/--retention/--agreement into one list, in command-line order."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        targets = getattr(namespace, "targets", None) or []
+        for value in values:
+            targets.append((self.const, value))
+        namespace.targets = targets
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value > 1.0 and value <= 100.0:
+        value /= 100.0  # accept 80 as 80%
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1] or a percentage, got {text}")
+    return value
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m caliber_core",
+        description="Calibrate Gaussian logit noise against model extraction (Caliber).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    cal = sub.add_parser("calibrate", help="calibrate one model file and write its config JSON")
+    cal.add_argument("file", help="logits file (.npz, .npy, .pt, .safetensors, .csv, .parquet)")
+    cal.add_argument("--labels", help="labels file for .npy logits")
+    for flag, kind, what in (
+        ("--target-accuracy", "accuracy", "absolute accuracy"),
+        ("--retention", "retention", "fraction of the clean accuracy A0"),
+        ("--agreement", "agreement", "agreement with the clean prediction"),
+    ):
+        cal.add_argument(flag, nargs="+", type=_fraction, action=_OrderedTarget, const=kind,
+                         dest="targets", metavar="X", help=f"target(s) as {what}")
+    cal.add_argument("--margin-stat", choices=("median", "mean", "trimmed"), default="median")
+    cal.add_argument("--seed", type=int, default=0)
+    cal.add_argument("--realizations", type=int, default=None,
+                     help="noise draws per input (default: chosen from N)")
+    cal.add_argument("--inversion", choices=("curve", "logistic"), default="curve",
+                     help="invert the measured curve (default) or the fitted logistic")
+    cal.add_argument("--saturate", action="store_true",
+                     help="return the largest sigma for unreachable targets instead of failing")
+    cal.add_argument("--out", help="write the config JSON here (default: print it)")
+    cal.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+    fleet = sub.add_parser("fleet", help="shared fit and leave-one-out table over several models")
+    fleet.add_argument("files", nargs="+")
+    fleet.add_argument("--margin-stat", choices=("median", "mean", "trimmed"), default="median")
+    fleet.add_argument("--seed", type=int, default=0)
+    fleet.add_argument("--out", help="write the shared fit and tables as JSON here")
+
+    att = sub.add_parser("attack", help="simulate the averaging attack at a sigma")
+    att.add_argument("file")
+    att.add_argument("--labels")
+    group = att.add_mutually_exclusive_group(required=True)
+    group.add_argument("--sigma", type=float)
+    group.add_argument("--config", help="a config JSON; uses its --target entry's sigma")
+    att.add_argument("--target", type=int, default=0, help="index into the config's targets")
+    att.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    att.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def _progress(enabled: bool):
+    if not enabled or not sys.stderr.isatty():
+        return None
+
+    def report(fraction: float) -> None:
+        print(f"\rsweeping noise: {fraction:5.0%}", end="" if fraction < 1 else "\n", file=sys.stderr)
+
+    return report
+
+
+def _cmd_calibrate(args) -> int:
+    from .config import config_to_json
+    from .loading import load_logits
+    from .pipeline import DEFAULT_TARGETS, config_for
+
+    data = load_logits(args.file, labels_path=args.labels)
+    for warning in data.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    targets = getattr(args, "targets", None) or list(DEFAULT_TARGETS)
+    _, results, config = config_for(
+        data, targets, statistic=args.margin_stat, seed=args.seed,
+        realizations=args.realizations, inversion=args.inversion, saturate=args.saturate,
+        progress=_progress(not args.quiet),
+    )
+    text = config_to_json(config)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        print(_target_table(config))
+        print(f"config written to {args.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _target_table(config: dict) -> str:
+    a0 = config["clean_accuracy"]
+    head = (f"{config['model']}: N={config['n_samples']} K={config['n_classes']} "
+            f"S({config['statistic']})={config['scale']:.4g}"
+            + (f" A0={a0:.4f}" if a0 is not None else "")
+            + f" logistic R2={config['fit']['r2']:.4f}")
+    lines = [head, f"{'target':>22} {'accuracy':>9} {'v*':>10} {'sigma*':>10} {'logistic':>10}  method"]
+    for t in config["targets"]:
+        label = f"{t['kind']} {t['requested']:g}"
+        acc = "" if t["accuracy"] is None else f"{t['accuracy']:.4f}"
+        sig = "inf" if t["sigma"] is None else f"{t['sigma']:.5g}"
+        v = "inf" if t["v"] is None else f"{t['v']:.5g}"
+        slog = "" if t["sigma_logistic"] is None else f"{t['sigma_logistic']:.5g}"
+        lines.append(f"{label:>22} {acc:>9} {v:>10} {sig:>10} {slog:>10}  {t['method']}")
+    return "\n".join(lines)
+
+
+def _cmd_fleet(args) -> int:
+    import numpy as np
+
+    from .fleet import leave_one_out, margin_ablation, shared_fit
+    from .loading import load_logits, require_labels
+    from .pipeline import calibrate_data
+
+    if len(args.files) < 2:
+        raise ValueError(f"fleet needs at least 2 files, got {len(args.files)}")
+    cals = []
+    for path in args.files:
+        data = load_logits(path)
+        require_labels(data, "the fleet's accuracy fit")
+        cals.append(calibrate_data(data, statistic="median", seed=args.seed))
+    fit = shared_fit(cals, statistic=args.margin_stat)
+    loo = leave_one_out(cals, statistic=args.margin_stat)
+    ablation = margin_ablation(cals)
+    print(f"shared logistic ({args.margin_stat}): v50={fit.v50:.4g} p={fit.p:.4g} c={fit.c:.4g} "
+          f"R2={fit.r2:.4f} over {len(cals)} models")
+    print(f"{'model':>28} {'S':>9} {'in-sample %':>12} {'held-out %':>11}")
+    for r in loo:
+        print(f"{r['model']:>28} {r['scale']:>9.4g} {r['in_sample_error']:>12.2f} {r['held_out_error']:>11.2f}")
+    print(f"{'mean':>28} {'':>9} {np.mean([r['in_sample_error'] for r in loo]):>12.2f} "
+          f"{np.mean([r['held_out_error'] for r in loo]):>11.2f}")
+    print("margin-statistic ablation (mean |relative error| %, shared fit):")
+    for r in ablation:
+        print(f"{r['statistic']:>10}  R2={r['r2']:.4f}  in-sample {r['in_sample_error']:.2f}  "
+              f"held-out {r['held_out_error']:.2f}")
+    if args.out:
+        doc = {
+            "schema": "caliber.fleet/v1",
+            "statistic": args.margin_stat,
+            "shared_fit": fit.to_dict(),
+            "models": [{"model": c.name, "n_classes": c.n_classes, "clean_accuracy": c.clean_accuracy,
+                        "scales": c.scales} for c in cals],
+            "leave_one_out": loo,
+            "margin_ablation": ablation,
+        }
+        with open(args.out, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=2)
+            fh.write("\n")
+        print(f"fleet report written to {args.out}")
+    return 0
+
+
+def _cmd_attack(args) -> int:
+    from .attack import format_attack_table, simulate_averaging_attack
+    from .config import load_config
+    from .loading import load_logits
+
+    data = load_logits(args.file, labels_path=args.labels)
+    if args.config:
+        config = load_config(args.config)
+        targets = config["targets"]
+        if not 0 <= args.target < len(targets):
+            raise ValueError(f"--target {args.target} out of range: the config has {len(targets)} targets")
+        sigma = targets[args.target]["sigma"]
+        if sigma is None:
+            raise ValueError(f"target {args.target} in the config is saturated (sigma = null)")
+    else:
+        sigma = args.sigma
+    table = simulate_averaging_attack(data.logits, data.labels, sigma=sigma, m_values=tuple(args.m),
+                                      seed=args.seed)
+    print(f"{data.name}: averaging attack at sigma={sigma:.5g} (N={data.n_samples}, K={data.n_classes})")
+    print(format_attack_table(table))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .config import ConfigError
+    from .loading import LogitsFileError
+
+    args = _build_parser().parse_args(argv)
+    handlers = {"calibrate": _cmd_calibrate, "fleet": _cmd_fleet, "attack": _cmd_attack}
+    try:
+        return handlers[args.command](args)
+    except (LogitsFileError, ConfigError, ValueError) as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - one line for the user; the traceback on request
+        if os.environ.get("CALIBER_DEBUG"):
+            raise
+        print(f"error: unexpected {type(exc).__name__}: {_one_line(exc)} "
+              "(set CALIBER_DEBUG=1 for details)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
