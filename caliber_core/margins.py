@@ -68,9 +68,9 @@ def scale_from_margins(margins, *, statistic: str = "median") -> float:
     elif statistic == "mean":
         s = float(np.mean(m))
     elif statistic == "trimmed":
-        from scipy.stats import trim_mean
-
-        s = float(trim_mean(m, TRIM_FRACTION))
+        # As scipy.stats.trim_mean (int(0.1 N) cut from each end), without its import cost.
+        cut = int(TRIM_FRACTION * m.size)
+        s = float(np.mean(np.sort(m)[cut : m.size - cut]))
     else:
         raise ValueError(f"statistic must be one of {MARGIN_STATISTICS}, got {statistic!r}")
     if not s > 0:
