@@ -15,3 +15,5 @@ if [ ! -x .venv/bin/python ]; then
   "$(pick_python)" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -r "$1"
+# The package itself, editable: `python -m caliber_core` then works from any folder.
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
