@@ -144,7 +144,7 @@ def calibrate_model(
     name : str
     statistic : {"median", "mean", "trimmed"}, default "median"
     realizations : int, optional
-        Noise draws per input; default from N (:func:`default_realizations`).
+        Noise draws per input; default from N and K (:func:`default_realizations`).
     seed : int or None, default 0
     curve : {"auto", "exact", "monte-carlo"}, default "auto"
         Which measured curve ``sigma_for_target`` inverts for accuracy targets.
@@ -167,7 +167,7 @@ def calibrate_model(
             raise ValueError(
                 f"clean accuracy A0={a0:.4f} is not above chance 1/K={1 / k:.4f}: nothing to calibrate"
             )
-    r = default_realizations(n) if realizations is None else realizations
+    r = default_realizations(n, k) if realizations is None else realizations
     intervals = survival_intervals(z, y, realizations=r, seed=seed, progress=progress)
     sweep = sweep_from_intervals(intervals, scale=scale, clean_accuracy=a0)
     if sweep.utility is not None:
