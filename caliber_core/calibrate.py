@@ -22,7 +22,7 @@ import numpy as np
 
 from . import margins
 from .fit import LogisticFit, fit_logistic
-from .survival import ExactCurves, invert_decreasing, sigma_for_agreement
+from .survival import ExactCurves, sigma_for_agreement, solve_near
 from .sweep import NoiseSweep, SurvivalIntervals, default_realizations, survival_intervals, sweep_from_intervals
 
 TARGET_KINDS = ("accuracy", "retention", "agreement")
@@ -293,8 +293,8 @@ def sigma_for_target(
         return result(s_mc, "monte-carlo-curve")
     exact = cal.exact
     try:
-        s = invert_decreasing(lambda s: float(exact.accuracy(s)[0]), accuracy,
-                              lo=s_mc * 0.97, hi=s_mc * 1.03)
+        s = solve_near(lambda s: float(exact.accuracy(s)[0]), accuracy, guess=s_mc,
+                       slope=_slope(mc, s_mc))
     except ValueError:
         return _unreachable(cal, kind, value, accuracy, saturate, result, "curve")
     return result(s, "exact-curve")
@@ -337,8 +337,14 @@ def _agreement_target(cal: Calibration, value: float, *, saturate: bool) -> Targ
         guess = _first_crossing(cal.intervals.agreement, value, lo, hi)
     except ValueError:
         guess = hi
-    s = sigma_for_agreement(cal.exact, value, guess=guess)
+    s = sigma_for_agreement(cal.exact, value, guess=guess, slope=_slope(cal.intervals.agreement, guess))
     return result(s, "exact-agreement")
+
+
+def _slope(curve: Callable, sigma: float, rel: float = 0.05) -> float:
+    """d curve / d sigma by a central difference on the (instant) Monte-Carlo curve."""
+    lo, hi = curve(np.array([sigma * (1 - rel), sigma * (1 + rel)]))
+    return float((hi - lo) / (2 * rel * sigma))
 
 
 def measured_accuracy(cal: Calibration, sigma) -> np.ndarray:
