@@ -152,6 +152,7 @@ class ExactCurves:
                 )
             self.labels = y
             self.correct = self.pred == y
+            self._correct_gaps = self._agree_gaps[self.correct]
             wrong = ~self.correct
             # Accuracy on a wrong row = survival of the true label, which trails.
             self._wrong_label_gaps = sorted_gaps(z[wrong], y[wrong])
@@ -173,7 +174,7 @@ class ExactCurves:
         sig = _check_sigma(sigma)
         out = []
         for s in sig:
-            on_correct = survival_probability(self._agree_gaps[self.correct], s).sum()
+            on_correct = survival_probability(self._correct_gaps, s).sum()
             on_wrong = survival_probability(self._wrong_label_gaps, s).sum()
             out.append((on_correct + on_wrong) / self.n_samples)
         return np.array(out)
@@ -189,7 +190,7 @@ class ExactCurves:
         n_wrong = self._deficit.size
         lower, upper = [], []
         for s in sig:
-            pi_c = survival_probability(self._agree_gaps[self.correct], s)
+            pi_c = survival_probability(self._correct_gaps, s)
             lo = a0 * (pi_c.mean() if pi_c.size else 0.0)
             if n_wrong and s > 0:
                 beta = float(np.mean(ndtr(-self._deficit / (np.sqrt(2.0) * s))))
