@@ -216,8 +216,13 @@ def _first_crossing(func: Callable, target: float, lo: float, hi: float, n_grid:
     return float(0.5 * (a + b))
 
 
+# How far past the sweep's end a target may be sought: accuracy creeps towards
+# 1/K only slowly, so targets just above chance need sigma far beyond the floor.
+_SIGMA_REACH = 1000.0
+
+
 def _max_sigma(cal: Calibration) -> float:
-    return float(cal.sweep.sigma[-1]) * 4.0
+    return float(cal.sweep.sigma[-1]) * _SIGMA_REACH
 
 
 def sigma_for_target(
@@ -259,7 +264,11 @@ def sigma_for_target(
     if inversion not in INVERSIONS:
         raise ValueError(f"inversion must be one of {INVERSIONS}, got {inversion!r}")
     value = float(value)
-    if not (np.isfinite(value) and 0.0 < value <= (1.5 if kind == "retention" else 1.0)):
+    if kind == "retention":
+        # A retention of 1 or more asks for no degradation (sigma = 0).
+        if not (np.isfinite(value) and value > 0.0):
+            raise ValueError(f"retention target must be a positive fraction of A0, got {value}")
+    elif not (np.isfinite(value) and 0.0 < value <= 1.0):
         raise ValueError(f"{kind} target must be a number in (0, 1], got {value}")
     if kind == "agreement":
         return _agreement_target(cal, value, saturate=saturate)

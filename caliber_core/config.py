@@ -148,7 +148,8 @@ def validate_config(config) -> None:
         if gone:
             raise ConfigError(f"targets[{i}] is missing field(s): {', '.join(gone)}")
         sigma = t["sigma"]
-        if sigma is not None and not (isinstance(sigma, (int, float)) and sigma >= 0):
+        valid = isinstance(sigma, (int, float)) and not isinstance(sigma, bool) and sigma >= 0
+        if sigma is not None and not valid:
             raise ConfigError(f"targets[{i}].sigma must be a number >= 0 or null, got {sigma!r}")
     scale = config["scale"]
     if not (isinstance(scale, (int, float)) and scale > 0):

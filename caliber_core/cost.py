@@ -36,8 +36,12 @@ def queries_needed(v: float, v_use: float) -> int:
         raise ValueError(f"v_use must be positive, got {v_use}")
     if v < 0:
         raise ValueError(f"v must be >= 0, got {v}")
-    # Guard the ceiling against round-off in v / v_use (e.g. 0.3 / 0.1).
-    return max(1, math.ceil(v / v_use - 1e-12))
+    ratio = v / v_use
+    # A ratio within round-off of an integer is that integer (0.3 / 0.1, 256.16 / 0.01).
+    nearest = round(ratio)
+    if abs(ratio - nearest) <= 1e-12 * max(1.0, ratio):
+        return max(1, int(nearest))
+    return max(1, math.ceil(ratio))
 
 
 def recovered_utility(fit: LogisticFit, v: float, m, *, seeding: str = "fresh") -> np.ndarray:

@@ -82,7 +82,7 @@ def invert_logistic(utility, *, v50: float, p: float, c: float, saturate: bool =
             f"normalized target {worst:.4f} is at or below the curve's floor c={c:.4f}: "
             "no noise level reaches it (pass saturate=True to get sigma = inf)"
         )
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         v = v50 * ((1.0 - u) / (u - c)) ** (1.0 / p)
     v = np.where(u >= 1.0, 0.0, np.where(unreachable, np.inf, v))
     return float(v) if v.ndim == 0 else v

@@ -116,14 +116,20 @@ def normalized_noise(sigma, scale: float):
     """v = sigma^2 / S^2 (Eq. normalized-noise)."""
     if not scale > 0:
         raise ValueError(f"scale S must be positive, got {scale}")
-    return np.square(np.asarray(sigma, dtype=np.float64)) / scale**2
+    s = np.asarray(sigma, dtype=np.float64)
+    if np.any(s < 0):
+        raise ValueError(f"sigma must be >= 0, got {s.min()}")
+    return np.square(s) / scale**2
 
 
 def sigma_from_v(v, scale: float):
     """sigma = S * sqrt(v), the inverse of :func:`normalized_noise`."""
     if not scale > 0:
         raise ValueError(f"scale S must be positive, got {scale}")
-    return scale * np.sqrt(np.asarray(v, dtype=np.float64))
+    v = np.asarray(v, dtype=np.float64)
+    if np.any(v < 0):
+        raise ValueError(f"v must be >= 0, got {v.min()}")
+    return scale * np.sqrt(v)
 
 
 def normalized_utility(accuracy, *, clean: float, n_classes: int):

@@ -32,7 +32,11 @@ from .margins import _as_logits, chance_level
 DEFAULT_REALIZATIONS = 64
 # Above this many classes the draws come from a shifted pool (see module docstring).
 POOL_MIN_CLASSES = 64
-POOL_ELEMENTS = 8_000_000
+POOL_ELEMENTS = 8_000_000       # at least this many normals in the pool...
+POOL_MAX_ELEMENTS = 32_000_000  # ...and at most this many (128 MB of float32)
+# Each pool row serves about this many (input, draw) pairs at most, read at
+# different offsets; more reuse measurably inflates the spread across seeds.
+POOL_MAX_REUSE = 16
 _CHUNK_ELEMENTS = 1 << 20  # draws per chunk: ~4 MB of float32, stays in cache
 
 
@@ -91,7 +95,9 @@ class SurvivalIntervals:
 
         Var = sum_i p_i (1 - p_i) / (R N^2) with p_i estimated per input.
         """
-        s = np.atleast_1d(np.asarray(sigma, dtype=np.float64))
+        if not self.has_labels:
+            raise ValueError("accuracy needs labels; the sweep was run without them")
+        s = np.maximum(np.atleast_1d(np.asarray(sigma, dtype=np.float64)), np.finfo(np.float64).tiny)
         out = np.empty(s.shape)
         for i, si in enumerate(s):
             p = np.mean((self.acc_lo < si) & (si < self.acc_hi), axis=1)
@@ -100,7 +106,7 @@ class SurvivalIntervals:
 
     def agreement_stderr(self, sigma) -> np.ndarray:
         """Standard error of :meth:`agreement` from the noise alone."""
-        s = np.atleast_1d(np.asarray(sigma, dtype=np.float64))
+        s = np.maximum(np.atleast_1d(np.asarray(sigma, dtype=np.float64)), np.finfo(np.float64).tiny)
         out = np.empty(s.shape)
         for i, si in enumerate(s):
             p = np.mean(si < self.agree_hi, axis=1)
@@ -114,6 +120,9 @@ def _fraction_inside(lo_sorted, hi_sorted, sigma) -> np.ndarray:
     ``lo_sorted`` None means every interval starts at 0.
     """
     s = np.atleast_1d(np.asarray(sigma, dtype=np.float64))
+    # sigma = 0 is the clean limit sigma -> 0+; the open interval (lo, hi)
+    # would otherwise miscount the empty (0, 0) intervals there.
+    s = np.maximum(s, np.finfo(np.float64).tiny)
     n = hi_sorted.size
     above_lo = n if lo_sorted is None else np.searchsorted(lo_sorted, s, side="left")
     # lo == hi == 0 marks an empty interval: it is counted by both terms and cancels.
@@ -213,7 +222,7 @@ class _DrawSource:
         self.rng, self.k, self.r = rng, k, r
         self.pool = None
         if k >= POOL_MIN_CLASSES:
-            rows = max(r, POOL_ELEMENTS // k)
+            rows = max(r, POOL_ELEMENTS // k, min(-(-n * r // POOL_MAX_REUSE), POOL_MAX_ELEMENTS // k))
             pool = rng.standard_normal((rows, k), dtype=np.float32)
             self.pool = np.concatenate([pool, pool], axis=1)  # read [s, s+K) cyclically
             self.windows = np.lib.stride_tricks.sliding_window_view(self.pool, k, axis=1)
@@ -260,12 +269,14 @@ def _label_interval(xi, z, label):
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = gaps[:, None, :] / d  # the crossing sigma for class j
     ahead = gaps > 0
-    ahead[rows, label] = False
     behind = gaps < 0
+    tied = gaps == 0
+    tied[rows, label] = False
     # Classes the label leads: sigma < g/d when d > 0.
     hi = np.min(np.where(ahead[:, None, :] & (d > 0), ratio, np.inf), axis=2)
-    # Classes ahead of the label: need d < 0 (else never), then sigma > g/d.
-    never = np.any(behind[:, None, :] & (d >= 0), axis=2)
+    # Classes ahead of the label need d < 0 (then sigma > g/d); a tied class
+    # needs d < 0 at every sigma. Either failing empties the interval.
+    never = np.any((behind | tied)[:, None, :] & (d >= 0), axis=2)
     lo = np.max(np.where(behind[:, None, :], ratio, 0.0), axis=2)
     empty = never | (lo >= hi)
     lo[empty] = 0.0

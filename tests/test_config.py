@@ -256,11 +256,6 @@ def test_an_invalid_config_is_not_saved(built, tmp_path):
     assert not path.exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug (minor): validate_config accepts a boolean sigma ('\"sigma\": true' passes, since bool "
-    "is an int) although the runtime's sigma_from_config rejects it",
-)
 def test_boolean_sigma_is_rejected(built):
     cfg = _minimal(built)
     cfg["targets"][0]["sigma"] = True

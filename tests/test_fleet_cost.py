@@ -171,9 +171,8 @@ def test_queries_needed_by_hand(v, v_use, expected):
 @settings(max_examples=300, deadline=None)
 @given(m=st.integers(1, 2_000), v_use=st.floats(1e-4, 10.0))
 def test_queries_needed_exact_multiples(m, v_use):
-    # v = m * v_use rounded: M = m, not m + 1. Up to m = 2000 the round-off of
-    # v / v_use (<= 2 m eps = 9e-13) stays inside the function's 1e-12 guard;
-    # beyond, see test_queries_needed_exact_multiples_at_large_m.
+    # v = m * v_use rounded: M = m, not m + 1. The round-off of v / v_use is a few
+    # ulps, inside the function's relative 1e-12 guard (large m below as well).
     v = m * v_use
     assert queries_needed(v, v_use) == m
     # A hair more intensity needs one more query.
@@ -191,12 +190,6 @@ def test_queries_needed_is_the_smallest_sufficient_m(v, v_use):
         assert v / (m - 1) > v_use * (1 - 1e-9)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug (minor): queries_needed guards round-off with an absolute 1e-12, too small once "
-    "v/v_use ~ 1e4: queries_needed(256.16, 0.01) returns 25617 (256.16/0.01 = 25616.000000000004), "
-    "expected 25616; likewise queries_needed(32.005, 0.001) -> 32006",
-)
 def test_queries_needed_exact_multiples_at_large_m():
     assert queries_needed(256.16, 0.01) == 25616
     assert queries_needed(32.005, 0.001) == 32005

@@ -208,11 +208,6 @@ def test_normalized_noise_needs_a_positive_scale(scale):
         M.sigma_from_v(1.0, scale)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug (minor): sigma_from_v(-1.0, 1.0) returns nan with a RuntimeWarning and "
-    "normalized_noise(-2.0, 1.0) returns 4.0, instead of rejecting a negative v / sigma",
-)
 def test_negative_noise_is_rejected():
     with pytest.raises(ValueError, match=r"v"), np.errstate(invalid="ignore"):
         M.sigma_from_v(-1.0, 1.0)

@@ -142,11 +142,6 @@ def test_invalid_sigma_is_rejected(sigma, match):
             method(sigma)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: ExactCurves(logits, labels) raises 'logits have no rows (n_samples=0)' when every "
-    "row is classified correctly (A0 = 1): sorted_gaps is called on the empty set of wrong rows",
-)
 def test_exact_curves_for_a_perfect_model():
     z = np.array([[3.0, 0.0, 1.0], [0.0, 2.0, 1.0]])
     curves = ExactCurves(z, [0, 1])

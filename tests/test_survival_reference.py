@@ -45,35 +45,19 @@ def _tolerance(n_classes: int) -> tuple[float, float]:
     return (1e-14, 1e-12) if n_classes <= 10 else (1e-9, 1e-8)
 
 
-# The K = 1000 cases miss the 1e-9 aim with the current trapezoid spacing
-# (caliber_core.survival.QUAD_STEP = 0.25): errors 1.6e-9, 1.6e-9 and 9.7e-9
-# (the last one for all-zero gaps, P = 1/1000 exactly). With spacing 0.2 the
-# worst K = 1000 error is 1.4e-10. Kept strict so the mark goes once it is fixed.
-_K1000_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason="bug: survival_probability with QUAD_STEP=0.25 is off by up to 9.7e-9 at K=1000 "
-    "(aim 1e-9; the module itself claims <5e-9); QUAD_STEP=0.2 gives 1.4e-10",
-)
-
+# The K = 1000 cases set the trapezoid spacing: 0.25 missed the 1e-9 aim (up to
+# 9.7e-9 for all-zero gaps, P = 1/1000 exactly); 0.2 keeps it under 1.5e-10.
 
 def _id(case: dict) -> str:
     return f"{case['group']}-sigma{case['sigma']:g}"
 
 
 def _case_params():
-    out = []
-    for case in CASES:
-        marks = [_K1000_XFAIL] if len(case["gaps"]) + 1 >= 1000 else []
-        out.append(pytest.param(case, id=_id(case), marks=marks))
-    return out
+    return [pytest.param(case, id=_id(case)) for case in CASES]
 
 
 def _zero_params():
-    out = []
-    for row in ZERO_GAPS:
-        marks = [_K1000_XFAIL] if row["n_classes"] >= 1000 else []
-        out.append(pytest.param(row, id=_id(row), marks=marks))
-    return out
+    return [pytest.param(row, id=_id(row)) for row in ZERO_GAPS]
 
 
 def test_reference_file_covers_the_required_ranges():

@@ -169,13 +169,6 @@ def test_intervals_reproduce_the_noisy_argmax_draw_by_draw(k):
     assert checked > 0.99 * 30 * n * r
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: survival_intervals ignores classes tied with the true label (gap 0) when the label "
-    "trails: logits [1, 1, 0] x 200, label 1 (the clean argmax is class 0 by tie-break) give "
-    "accuracy(0.1) = 1.0, truth 0.5 (ExactCurves 0.5, brute_force_accuracy 0.501); "
-    "_label_interval puts g == 0 neither in 'ahead' nor in 'behind'",
-)
 def test_label_tied_with_the_prediction():
     # Ties are common in low-precision logits (fp16 / bf16 LLM outputs).
     z = np.tile([1.0, 1.0, 0.0], (200, 1))
@@ -216,12 +209,6 @@ def test_interval_invariants(name):
     assert iv.accuracy(tiny)[0] == pytest.approx(clean_accuracy(z, y), abs=1e-15)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: SurvivalIntervals.accuracy(0.0) is negative (e.g. -0.1376 on digits_mlp-brief, "
-    "A0 = 0.806): _fraction_inside counts the (0, 0) empty intervals and the lo = 0 of correct "
-    "rows wrongly at sigma = 0 exactly, so sweep_noise(v_grid=[0, ...]) reports accuracy < 0",
-)
 def test_accuracy_at_zero_noise_is_the_clean_accuracy():
     z, y = _digits(DATA_DIR / "digits_mlp-brief.npz")
     a0 = clean_accuracy(z, y)
@@ -356,12 +343,6 @@ def test_accuracy_needs_labels():
         iv.accuracy(0.5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug (minor): SurvivalIntervals.accuracy_stderr without labels raises TypeError "
-    "(\"'>' not supported between instances of 'float' and 'NoneType'\") instead of the "
-    "ValueError 'accuracy needs labels' that accuracy() raises",
-)
 def test_accuracy_stderr_needs_labels():
     iv = survival_intervals(np.eye(3), realizations=4)
     with pytest.raises(ValueError, match=r"accuracy needs labels"):
