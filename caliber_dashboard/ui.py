@@ -1,0 +1,84 @@
+"""Widgets shared by several pages: the model picker and the target control."""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+import streamlit as st
+
+from caliber_core.calibrate import Calibration
+from caliber_core.loading import LogitsData
+
+from . import state
+from .series import KIND_LABELS, TARGET_KINDS, percent_to_fraction, slider_range
+
+_KIND_KEY = "_kind"
+
+
+def model_selector(label: str, *, key: str, labelled_only: bool = False) -> LogitsData | None:
+    """A selectbox over the loaded models; remembers the choice across pages."""
+    store = state.labelled_models() if labelled_only else state.models()
+    if not store:
+        return None
+    options = list(store)
+    current = st.session_state.get(state.SELECTED)
+    index = options.index(current) if current in options else 0
+    sha = st.selectbox(label, options, index=index, key=key,
+                       format_func=lambda s: state.model_label(store[s]))
+    if sha not in store:  # a stale widget value after a removal
+        sha = options[index]
+    st.session_state[state.SELECTED] = sha
+    return store[sha]
+
+
+def target_control(data: LogitsData, cal: Calibration, *, key_prefix: str,
+                   kinds: tuple[str, ...] = TARGET_KINDS) -> tuple[str, float, float]:
+    """Kind radio + percent slider. Returns (kind, value as a fraction, percent).
+
+    The slider's key carries the model's digest (ranges differ per model); its
+    starting value is the last target chosen for that kind on any page.
+    """
+    if not cal.has_labels:
+        kinds = tuple(k for k in kinds if k == "agreement")
+    if len(kinds) == 1:
+        kind = kinds[0]
+    else:
+        remembered = st.session_state.get(state.TARGETS, {}).get(_KIND_KEY, kinds[0])
+        kind = st.radio("Target", kinds, index=kinds.index(remembered) if remembered in kinds else 0,
+                        format_func=lambda k: KIND_LABELS[k], horizontal=True,
+                        key=f"{key_prefix}_kind")
+        st.session_state.setdefault(state.TARGETS, {})[_KIND_KEY] = kind
+    rng = slider_range(kind, clean_accuracy=cal.clean_accuracy, n_classes=cal.n_classes)
+    start = min(rng.hi, max(rng.lo, state.remembered_target(kind, rng.default)))
+    percent = st.slider(
+        f"Target {KIND_LABELS[kind]}", min_value=rng.lo, max_value=rng.hi, value=start,
+        step=rng.step, format="%.1f%%", key=f"{key_prefix}_{kind}_{data.sha256[:12]}",
+        help="Move it: σ* follows at once, the sweep is not recomputed.",
+    )
+    state.remember_target(kind, percent)
+    return kind, percent_to_fraction(percent), percent
+
+
+def csv_download(df: pd.DataFrame, *, label: str, file_name: str, key: str) -> None:
+    st.download_button(label, data=df.to_csv(index=False).encode(), file_name=file_name,
+                       mime="text/csv", key=key, on_click="ignore", icon=":material/download:")
+
+
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~<>$:])")
+
+
+def plain(text: str) -> str:
+    """Escape Markdown so an untrusted string (a file name, a message) shows verbatim."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", str(text))
+
+
+def fmt(x, spec: str = ".4g", none: str = "—") -> str:
+    """Format a number, or a dash for None/NaN/inf."""
+    try:
+        xf = float(x)
+    except (TypeError, ValueError):
+        return none
+    if xf != xf or xf in (float("inf"), float("-inf")):
+        return none
+    return format(xf, spec)

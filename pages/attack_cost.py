@@ -1,0 +1,124 @@
+"""Attack cost: what averaging M repeated queries per input buys an attacker (Proposition 2)."""
+
+import streamlit as st
+
+from caliber_dashboard import cache, figures, navigation, series, ui
+from caliber_dashboard.ui import fmt
+
+navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
+
+# Simulations up to this many (input x class x query x seeding) operations run at once;
+# larger ones wait for the button.
+AUTO_SIMULATION_BUDGET = 5e7
+
+st.title("Attack cost")
+st.caption(
+    "Zero-mean noise invites averaging: M fresh answers to one input leave noise σ/√M, so reaching "
+    "a usable level v_use costs M ≥ v/v_use queries per input (Proposition 2(i)). Per-input "
+    "deterministic seeding returns the same answer every time, and averaging recovers nothing (ii)."
+)
+
+data = ui.model_selector("Model", key="attack_model", labelled_only=True)
+if data is None:
+    st.info("The attack-cost view needs a model with labels: add one on the Data page.")
+    st.stop()
+try:
+    cal = cache.calibration(data)
+except ValueError as exc:
+    st.error(ui.plain(f"{data.name}: {exc}"))
+    st.stop()
+
+c1, c2 = st.columns(2)
+with c1:
+    kind, value, percent = ui.target_control(data, cal, key_prefix="attack", kinds=("retention",))
+try:
+    result = cache.target(data, cal, kind, value)
+except ValueError as exc:
+    st.warning(ui.plain(str(exc)))
+    st.stop()
+sigma, v_star = result.sigma, result.v
+if not sigma > 0:
+    st.info("This target needs no noise (σ* = 0): there is nothing to average away.")
+    st.stop()
+with c2:
+    usable_pct = st.slider(
+        "Usable level for the attacker (retention, % of A0)", min_value=min(percent + 0.5, 99.5),
+        max_value=99.5, value=min(99.5, max(percent + 0.5, 95.0)), step=0.5, format="%.1f%%",
+        key=f"attack_usable_{data.sha256[:12]}",
+        help="The accuracy an attacker would call usable; through the fit inverse it gives v_use.")
+bound = series.query_bound(cal, v_star, series.percent_to_fraction(usable_pct))
+
+m = st.columns(5)
+m[0].metric("σ* served", fmt(sigma, ".5g"))
+m[1].metric("v* = σ*²/S²", fmt(v_star, ".4g"))
+m[2].metric("served accuracy", fmt(result.accuracy, ".4f"))
+m[3].metric("v_use (fit inverse)", fmt(bound.v_use, ".4g"))
+m[4].metric("M ≥ v*/v_use", "∞" if bound.queries is None else f"{bound.queries:,}")
+
+if bound.queries is None:
+    st.markdown(f"A usable level of {usable_pct:.1f}% retention means the clean model itself: no finite "
+                "number of averaged queries reaches it.")
+else:
+    st.markdown(
+        f"Under fresh i.i.d. noise an attacker needs **M ≥ v*/v_use = {v_star:.4g}/{bound.v_use:.4g} → "
+        f"{bound.queries:,} queries per input** to bring the effective intensity down to the level "
+        f"where the fitted law gives {usable_pct:.1f}% retention (accuracy {bound.usable_accuracy:.4f}). "
+        "Under per-input deterministic seeding, repeats return identical logits and no M helps.")
+
+o1, o2, o3 = st.columns(3)
+m_max = o1.selectbox("largest M", [16, 64, 256, 1024], index=1, key="attack_m_max")
+repeats = o2.number_input("simulation repeats", min_value=1, max_value=50, value=1, key="attack_repeats",
+                          help="Independent passes over all inputs; more = smaller error bars.")
+seed = o3.number_input("simulation seed", min_value=0, value=0, key="attack_seed")
+m_values = series.powers_of_two(m_max)
+
+m_curve = series.m_grid(m_max)
+measured, logistic = series.analytic_attack(cal, sigma, m_curve)
+
+
+
+def _request_run(key):
+    # A callback, not `if st.button(...)`: the request survives a rerun.
+    st.session_state["attack_run_key"] = key
+
+
+work = float(data.n_samples) * data.n_classes * m_max * repeats * 2
+run_key = (data.sha256, sigma, m_max, repeats, seed)
+simulation = None
+if work <= AUTO_SIMULATION_BUDGET or st.session_state.get("attack_run_key") == run_key:
+    simulation = cache.attack(data, sigma=sigma, m_values=m_values, repeats=repeats, seed=seed)
+else:
+    st.button("Run the Monte-Carlo simulation", key="attack_run", icon=":material/play_arrow:",
+              on_click=_request_run, args=(run_key,))
+
+st.plotly_chart(
+    figures.attack_figure(
+        m_curve=m_curve, measured=measured, logistic=logistic, simulation=simulation,
+        clean=cal.clean_accuracy, chance=cal.chance, target=result.accuracy,
+        usable=bound.usable_accuracy,
+        m_bound=bound.queries if bound.queries is not None and bound.queries <= m_max else None),
+    width="stretch", key="fig_attack", config=figures.chart_config(f"{data.name}_attack_cost"))
+st.caption(
+    "Lines: Proposition 2 analytically, the measured curve at σ/√M and the logistic at v/M. "
+    "Markers: the averaging attack simulated on these logits through the serving runtime, "
+    "with fresh i.i.d. noise per query and with per-input deterministic seeding; soft average of "
+    "the M logit vectors, and the hard-label variant (majority vote of the M top-1 answers)."
+)
+
+if simulation is not None:
+    fresh = simulation[(simulation["seeding"] == "fresh") & (simulation["estimator"] == "soft-average")]
+    per_input = simulation[(simulation["seeding"] == "per-input") & (simulation["estimator"] == "soft-average")]
+    vote = simulation[(simulation["seeding"] == "fresh") & (simulation["estimator"] == "majority-vote")]
+    last = m_values[-1]
+    s = st.columns(3)
+    s[0].metric(f"fresh noise, soft average, M={last}", fmt(fresh["accuracy"].iloc[-1], ".4f"))
+    s[1].metric(f"fresh noise, majority vote, M={last}", fmt(vote["accuracy"].iloc[-1], ".4f"))
+    s[2].metric(f"per-input seeding, M={last}", fmt(per_input["accuracy"].iloc[-1], ".4f"),
+                help="Identical answers to repeats: the same accuracy as one query.")
+    with st.expander("Simulation table"):
+        st.dataframe(simulation, hide_index=True, width="stretch")
+        ui.csv_download(simulation, label="Simulation (CSV)", file_name=f"{data.name}.attack.csv",
+                        key="attack_csv")
+else:
+    st.info(f"The simulation on this file ({data.n_samples:,} × {data.n_classes} logits, M up to "
+            f"{m_max}) takes a while: press the button to run it.")

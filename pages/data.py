@@ -1,0 +1,131 @@
+"""Data: upload logits files (or use the demo set), see their margins, remove models."""
+
+import streamlit as st
+
+from caliber_core import margins
+from caliber_core.loading import LABELS_EXTENSIONS, SUPPORTED_EXTENSIONS, describe
+from caliber_dashboard import figures, navigation, series, state, ui
+
+navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
+
+st.title("Data")
+st.caption(
+    "Logits your classifier produced on a clean validation set, with the true labels. "
+    "Everything stays in this browser session; files are validated before use and never unpickled."
+)
+
+def _on_upload():
+    # Runs before the script body, so every part of this run (the sidebar's model
+    # count included) already sees the new models.
+    st.session_state[state.LAST_UPLOAD] = state.process_uploads(
+        st.session_state.get("upload_logits"), st.session_state.get("upload_labels"))
+
+
+col_up, col_labels = st.columns([3, 2])
+with col_up:
+    # No `type=`: Streamlit would raise on another extension; the core's reader
+    # refuses it with a one-line message instead.
+    uploads = st.file_uploader(
+        f"Logits files ({', '.join(SUPPORTED_EXTENSIONS)})",
+        accept_multiple_files=True, key="upload_logits", on_change=_on_upload,
+        help="npz with `logits` (N, K) and `labels` (N,), npy, pt (tensors), safetensors, "
+             "csv or parquet (a `label` column). Several files at once are fine.",
+    )
+    messages = st.container()
+with col_labels:
+    labels_upload = st.file_uploader(
+        "Labels file (optional)",
+        key="upload_labels", on_change=_on_upload,
+        help=f"({', '.join(LABELS_EXTENSIONS)}) A 1-D integer .npy, one integer per line "
+             "(.csv/.txt), or an .npz with `labels`. "
+             "Used for uploaded logits that carry no labels of their own (e.g. a bare .npy).",
+    )
+
+outcome = state.process_uploads(uploads, labels_upload)  # a no-op after the callback
+earlier = st.session_state.pop(state.LAST_UPLOAD, None)
+if earlier is not None:
+    outcome.added[:0] = earlier.added
+    outcome.duplicates[:0] = earlier.duplicates
+with messages:
+    # File names and messages come from uploads: shown verbatim, never as Markdown.
+    for message in outcome.errors:
+        st.error(ui.plain(message), icon=":material/block:")
+    for data in outcome.added:
+        st.success(ui.plain(f"Loaded {describe(data)}."), icon=":material/check_circle:")
+        for warning in data.warnings:
+            st.warning(ui.plain(f"{data.name}: {warning}"))
+    for data in outcome.duplicates:
+        st.info(ui.plain(f"{state.model_label(data)} is already loaded (same sha256)."))
+
+models = state.models()
+
+
+def _remove_selected():
+    for sha in st.session_state.get("remove_select", []):
+        state.remove_model(sha)
+    st.session_state["remove_select"] = []
+
+
+def _load_demo():
+    state.load_demo()
+
+
+def _remove_all():
+    state.clear_models()
+    st.session_state["remove_select"] = []
+
+
+st.subheader("Loaded models")
+if not models:
+    st.info("No models loaded. Upload logits files above, or load the bundled demo set.")
+else:
+    table = series.model_table(list(models.values()))
+    st.dataframe(
+        table, hide_index=True, width="stretch",
+        column_config={
+            "A0": st.column_config.NumberColumn("A0 (clean acc.)", format="%.4f"),
+            "S median": st.column_config.NumberColumn("S median", format="%.4g"),
+            "S mean": st.column_config.NumberColumn("S mean", format="%.4g"),
+            "S trimmed": st.column_config.NumberColumn("S trimmed 10%", format="%.4g"),
+            "sha256": st.column_config.TextColumn("sha256 (prefix)"),
+        },
+    )
+    ui.csv_download(table, label="Models table (CSV)", file_name="caliber_models.csv",
+                    key="models_csv")
+    unlabelled = [d.name for d in models.values() if not d.has_labels]
+    if unlabelled:
+        st.caption("Without labels only agreement targets are possible: " + ui.plain(", ".join(unlabelled)))
+
+c1, c2, c3 = st.columns([3, 1, 1], vertical_alignment="bottom")
+with c1:
+    st.multiselect("Models to remove", list(models), key="remove_select",
+                   format_func=lambda s: state.model_label(models[s]) if s in models else s)
+with c2:
+    st.button("Remove selected", key="remove_btn", on_click=_remove_selected,
+              icon=":material/delete:", disabled=not models)
+with c3:
+    st.button("Load demo set", key="demo_btn", on_click=_load_demo, icon=":material/dataset:")
+if models:
+    st.button("Remove all models", key="remove_all_btn", on_click=_remove_all, type="tertiary")
+
+if models:
+    st.subheader("Top-two margin distributions")
+    h1, h2 = st.columns([1, 3])
+    with h1:
+        scale_mode = st.radio("Axis", ["logit units", "divided by S (median)"], key="hist_mode")
+    with h2:
+        shown = st.multiselect("Models shown", list(models), default=list(models)[:10],
+                               key="hist_models", format_func=lambda s: models[s].name)
+    normalized = scale_mode != "logit units"
+    hist_data = {}
+    for sha in shown:
+        m = margins.top_two_margins(models[sha].logits)
+        hist_data[state.model_label(models[sha])] = m / margins.scale_from_margins(m) if normalized else m
+    fig = figures.margin_histogram(
+        hist_data,
+        x_title="top-two margin m / S (dimensionless)" if normalized
+        else "top-two logit margin m (logit units)",
+    )
+    st.plotly_chart(fig, width="stretch", config=figures.chart_config("caliber_margins"),
+                    key="margin_hist")
+    st.caption("S is the median margin: v = σ²/S² puts every model's noise on one scale.")

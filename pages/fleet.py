@@ -1,0 +1,119 @@
+"""Fleet: one shared logistic law over several models; calibrate a new model from S alone."""
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from caliber_core import fleet
+from caliber_core.margins import MARGIN_STATISTICS, normalized_utility
+from caliber_dashboard import cache, figures, navigation, series, state, ui
+from caliber_dashboard.ui import fmt
+
+navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
+
+st.title("Fleet")
+st.caption(
+    "Shared per-task fit: pool the (v, Ã) points of several architectures into one logistic law; "
+    "a new model serving the task then needs only its margin scale S (no sweep of its own)."
+)
+
+labelled = state.labelled_models()
+if len(labelled) < 2:
+    st.info(f"The fleet view needs at least 2 models with labels; {len(labelled)} "
+            f"{'is' if len(labelled) == 1 else 'are'} loaded. Add some on the Data page "
+            "(or load the demo set there).")
+    st.stop()
+
+statistic = st.selectbox("Margin statistic for S", MARGIN_STATISTICS, key="fleet_statistic",
+                         help="Which S normalizes v for the shared fit (the paper's ablation).")
+
+datas = list(labelled.values())
+usable, cals = [], []
+for d in datas:
+    try:
+        cals.append(cache.calibration(d))  # the CLI's fleet calibrations: median, seed 0
+        usable.append(d)
+    except ValueError as exc:
+        st.warning(ui.plain(f"{d.name} left out: {exc}"))
+datas = usable
+if len(cals) < 2:
+    st.info("Fewer than 2 models could be calibrated: nothing to pool.")
+    st.stop()
+
+report = cache.fleet_report(datas, cals, statistic=statistic)
+shared = report["shared_fit"]
+
+s = st.columns(5)
+s[0].metric("models pooled", len(cals))
+s[1].metric("shared v50", fmt(shared.v50, ".4g"))
+s[2].metric("shared p", fmt(shared.p, ".4g"))
+s[3].metric("shared c", fmt(shared.c, ".4g"))
+s[4].metric("shared R²", fmt(shared.r2, ".4f"))
+
+points = {state.model_label(d): series.fleet_points(c, statistic) for d, c in zip(datas, cals)}
+v_all = np.concatenate([p[0] for p in points.values()])
+v_curve = np.geomspace(v_all.min(), v_all.max(), 200)
+st.plotly_chart(
+    figures.fleet_figure(points, v_curve=v_curve, shared=shared.predict(v_curve), statistic=statistic),
+    width="stretch", key="fig_fleet", config=figures.chart_config(f"caliber_fleet_{statistic}"))
+
+st.subheader("Models")
+model_df = series.fleet_model_table(cals)
+st.dataframe(model_df, hide_index=True, width="stretch",
+             column_config={c: st.column_config.NumberColumn(format="%.4g")
+                            for c in model_df.columns if c not in ("model", "K")})
+
+st.subheader("Leave one architecture out")
+st.caption(
+    "Mean |relative error| (%) of each model's accuracy at the σ* a shared law gives it, over "
+    "retention targets 90/80/70/60%: in-sample (the law fit on every model) vs held out (fit "
+    "without that model), as in the paper's appendix."
+)
+loo_df = series.with_mean_row(report["leave_one_out"], "model")
+st.dataframe(
+    loo_df.rename(columns={"scale": f"S ({statistic})", "in_sample_error": "in-sample error %",
+                           "held_out_error": "held-out error %"}),
+    hide_index=True, width="stretch",
+    column_config={f"S ({statistic})": st.column_config.NumberColumn(format="%.4g"),
+                   "in-sample error %": st.column_config.NumberColumn(format="%.2f"),
+                   "held-out error %": st.column_config.NumberColumn(format="%.2f")})
+ui.csv_download(loo_df, label="Leave-one-out table (CSV)", file_name=f"caliber_loo_{statistic}.csv",
+                key="loo_csv")
+
+st.subheader("Margin-statistic ablation")
+ablation = cache.margin_ablation(datas, cals)
+abl_df = pd.DataFrame(ablation)
+st.dataframe(
+    abl_df.rename(columns={"r2": "shared R²", "in_sample_error": "in-sample error %",
+                           "held_out_error": "held-out error %"}),
+    hide_index=True, width="stretch",
+    column_config={"shared R²": st.column_config.NumberColumn(format="%.4f"),
+                   "in-sample error %": st.column_config.NumberColumn(format="%.2f"),
+                   "held-out error %": st.column_config.NumberColumn(format="%.2f")})
+
+st.subheader("Calibrate a model from its S alone")
+st.caption(f"Through the shared law above (S = {statistic} margin of the new model on a clean probe).")
+ref = cals[0]
+i = st.columns(4)
+scale = i[0].number_input(f"S ({statistic} top-two margin)", min_value=1e-6, value=float(ref.scales[statistic]),
+                          format="%.4f", key="fleet_scale")
+a0 = i[1].number_input("clean accuracy A0", min_value=0.0, max_value=1.0, value=float(ref.clean_accuracy),
+                       step=0.001, format="%.4f", key="fleet_a0")
+k = i[2].number_input("classes K", min_value=2, value=int(ref.n_classes), step=1, key="fleet_k")
+retention = i[3].slider("target retention (% of A0)", min_value=10.0, max_value=100.0,
+                        value=state.remembered_target("retention", 80.0), step=0.5, format="%.1f%%",
+                        key="fleet_retention")
+try:
+    res = fleet.calibrate_from_scale(shared, scale=scale, clean_accuracy=a0, n_classes=int(k),
+                                     value=series.percent_to_fraction(retention), kind="retention",
+                                     saturate=True)
+except ValueError as exc:
+    st.warning(ui.plain(str(exc)))
+else:
+    o = st.columns(4)
+    o[0].metric("σ*", fmt(res.sigma, ".5g"))
+    o[1].metric("v*", fmt(res.v, ".5g"))
+    o[2].metric("target accuracy", fmt(res.accuracy, ".4f"))
+    o[3].metric("target Ã", fmt(normalized_utility(res.accuracy, clean=a0, n_classes=int(k)), ".4f"))
+    if res.saturated:
+        st.warning("The target is at or below the shared curve's floor c: no finite σ reaches it.")

@@ -1,0 +1,82 @@
+"""AppTest: the Attack cost page — Proposition 2 curves, simulation, the M bound."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from streamlit.testing.v1 import AppTest
+
+from caliber_core import pipeline
+from caliber_core.attack import simulate_averaging_attack
+from caliber_core.calibrate import sigma_for_target
+from caliber_core.cost import queries_needed
+from caliber_dashboard import state
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+def _app() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    at.switch_page("pages/attack_cost.py").run()
+    assert not at.exception
+    return at
+
+
+def _metric(at, label):
+    return [m.value for m in at.metric if m.label == label][0]
+
+
+def _selected(at):
+    return at.session_state[state.MODELS][at.session_state[state.SELECTED]]
+
+
+def test_attack_page_curves_simulation_and_bound():
+    at = _app()
+    data = _selected(at)
+    cal = pipeline.calibrate_data(data)
+    target = sigma_for_target(cal, 0.8)
+    assert _metric(at, "σ* served") == f"{target.sigma:.5g}"
+    u_use = (0.95 * cal.clean_accuracy - cal.chance) / (cal.clean_accuracy - cal.chance)
+    v_use = cal.fit.inverse(u_use)
+    assert _metric(at, "M ≥ v*/v_use") == f"{queries_needed(target.v, v_use):,}"
+    fig = json.loads(at.get("plotly_chart")[0].proto.spec)
+    names = [t.get("name", "") for t in fig["data"]]
+    assert "analytic: measured curve at σ/√M" in names and "analytic: logistic at v/M" in names
+    assert sum(n.startswith("simulated") for n in names) == 4
+    assert "simulated: fresh noise, hard-label majority vote" in names
+    assert fig["layout"]["xaxis"]["type"] == "log"
+    sim = at.dataframe[0].value
+    expected = simulate_averaging_attack(data.logits, data.labels, sigma=target.sigma,
+                                         m_values=(1, 2, 4, 8, 16, 32, 64))
+    np.testing.assert_allclose(sim["accuracy"], expected["accuracy"])
+    # Per-input seeding: every M gives the single-query answer (Proposition 2(ii)).
+    per_input = sim[sim["seeding"] == "per-input"]
+    assert per_input["accuracy"].nunique() == 1
+    fresh = sim[(sim["seeding"] == "fresh") & (sim["estimator"] == "soft-average")]
+    assert fresh["accuracy"].iloc[-1] > fresh["accuracy"].iloc[0] + 0.1
+
+
+def test_usable_level_moves_the_bound():
+    at = _app()
+    sha = at.session_state[state.SELECTED]
+    low = int(_metric(at, "M ≥ v*/v_use").replace(",", ""))
+    at.slider(key=f"attack_usable_{sha[:12]}").set_value(99.0).run()
+    assert not at.exception
+    high = int(_metric(at, "M ≥ v*/v_use").replace(",", ""))
+    assert high > low
+
+
+def test_more_noise_more_queries_and_m_options():
+    at = _app()
+    sha = at.session_state[state.SELECTED]
+    base = int(_metric(at, "M ≥ v*/v_use").replace(",", ""))
+    at.slider(key=f"attack_retention_{sha[:12]}").set_value(50.0).run()
+    assert int(_metric(at, "M ≥ v*/v_use").replace(",", "")) > base
+    at.selectbox(key="attack_m_max").set_value(16).run()
+    at.number_input(key="attack_repeats").set_value(2).run()
+    assert not at.exception
+    sim = at.dataframe[0].value
+    assert sorted(sim["m"].unique()) == [1, 2, 4, 8, 16]
