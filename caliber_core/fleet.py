@@ -19,7 +19,7 @@ from .margins import MARGIN_STATISTICS
 DEFAULT_RETENTIONS = (0.9, 0.8, 0.7, 0.6)
 
 
-def _points(cal: Calibration, statistic: str) -> tuple[np.ndarray, np.ndarray]:
+def normalized_points(cal: Calibration, statistic: str = "median") -> tuple[np.ndarray, np.ndarray]:
     """(v, A~) sweep points of one model with S under ``statistic``."""
     if cal.clean_accuracy is None:
         raise ValueError(f"model {cal.name!r} has no labels: shared accuracy fits need them")
@@ -35,7 +35,7 @@ def shared_fit(calibrations: Sequence[Calibration], *, statistic: str = "median"
     """One logistic law fit to the pooled normalized points of several models."""
     if len(calibrations) < 1:
         raise ValueError("a shared fit needs at least one model")
-    pts = [_points(c, statistic) for c in calibrations]
+    pts = [normalized_points(c, statistic) for c in calibrations]
     return fit_logistic(np.concatenate([p[0] for p in pts]), np.concatenate([p[1] for p in pts]))
 
 

@@ -295,12 +295,6 @@ def verify_sigma(
 # ----------------------------------------------------------------- fleet
 
 
-def fleet_points(cal: Calibration, statistic: str) -> tuple[np.ndarray, np.ndarray]:
-    """(v, A~) sweep points of one model with S under ``statistic``."""
-    scale = cal.scales[statistic]
-    return np.square(cal.sweep.sigma / scale), cal.sweep.utility
-
-
 def fleet_model_table(cals: Sequence[Calibration]) -> pd.DataFrame:
     rows = []
     for c in cals:

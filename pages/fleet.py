@@ -50,7 +50,7 @@ s[2].metric("shared p", fmt(shared.p, ".4g"))
 s[3].metric("shared c", fmt(shared.c, ".4g"))
 s[4].metric("shared R²", fmt(shared.r2, ".4f"))
 
-points = {state.model_label(d): series.fleet_points(c, statistic) for d, c in zip(datas, cals)}
+points = {state.model_label(d): fleet.normalized_points(c, statistic) for d, c in zip(datas, cals)}
 v_all = np.concatenate([p[0] for p in points.values()])
 v_curve = np.geomspace(v_all.min(), v_all.max(), 200)
 st.plotly_chart(

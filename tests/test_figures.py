@@ -14,6 +14,7 @@ import pytest
 
 from caliber_core import pipeline
 from caliber_core.calibrate import measured_accuracy, sigma_for_target
+from caliber_core.fleet import normalized_points
 from caliber_core.loading import load_logits
 from caliber_dashboard import figures, series
 
@@ -166,7 +167,7 @@ def test_residual_figure(cal):
 
 
 def test_fleet_figure_one_trace_per_model_and_shared_curve(cal):
-    pts = {"m1": series.fleet_points(cal, "median"), "m2": series.fleet_points(cal, "mean")}
+    pts = {"m1": normalized_points(cal, "median"), "m2": normalized_points(cal, "mean")}
     np.testing.assert_allclose(pts["m1"][0], (cal.sweep.sigma / cal.scales["median"]) ** 2)
     v_curve = np.geomspace(1e-3, 100, 50)
     fig = figures.fleet_figure(pts, v_curve=v_curve, shared=cal.fit.predict(v_curve), statistic="mean")

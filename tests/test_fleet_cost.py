@@ -47,14 +47,14 @@ def test_shared_fit_pools_every_model_and_fits_well(calibrations):
     assert 0.9 < fit.r2 <= 1.0
     assert fit.v50 > 0 and fit.p > 0 and 0 <= fit.c < 1
     # The pooled points are each model's (v, A~) on its own sweep.
-    v, u = fleet._points(calibrations[0], "median")
+    v, u = fleet.normalized_points(calibrations[0], "median")
     np.testing.assert_allclose(v, calibrations[0].sweep.v, rtol=1e-12)
     np.testing.assert_array_equal(u, calibrations[0].sweep.utility)
 
 
 def test_shared_fit_under_another_statistic_moves_only_v(calibrations):
     cal = calibrations[2]
-    v_mean, u_mean = fleet._points(cal, "mean")
+    v_mean, u_mean = fleet.normalized_points(cal, "mean")
     np.testing.assert_allclose(v_mean, (cal.sweep.sigma / cal.scales["mean"]) ** 2, rtol=1e-12)
     np.testing.assert_array_equal(u_mean, cal.sweep.utility)
 
