@@ -32,7 +32,7 @@ from .margins import _as_logits, chance_level
 DEFAULT_REALIZATIONS = 64
 # Above this many classes the draws come from a shifted pool (see module docstring).
 POOL_MIN_CLASSES = 64
-POOL_ELEMENTS = 8_000_000       # at least this many normals in the pool...
+POOL_ELEMENTS = 4_000_000       # at least this many normals in the pool...
 POOL_MAX_ELEMENTS = 32_000_000  # ...and at most this many (128 MB of float32)
 # Each pool row serves about this many (input, draw) pairs at most, read at
 # different offsets; more reuse measurably inflates the spread across seeds.
@@ -91,27 +91,36 @@ class SurvivalIntervals:
         return _fraction_inside(*self._acc_sorted, sigma)
 
     def accuracy_stderr(self, sigma) -> np.ndarray:
-        """Standard error of :meth:`accuracy` from the noise alone (inputs fixed).
-
-        Var = sum_i p_i (1 - p_i) / (R N^2) with p_i estimated per input.
-        """
+        """Standard error of :meth:`accuracy` from the noise alone (inputs fixed)."""
         if not self.has_labels:
             raise ValueError("accuracy needs labels; the sweep was run without them")
-        s = np.maximum(np.atleast_1d(np.asarray(sigma, dtype=np.float64)), np.finfo(np.float64).tiny)
-        out = np.empty(s.shape)
-        for i, si in enumerate(s):
-            p = np.mean((self.acc_lo < si) & (si < self.acc_hi), axis=1)
-            out[i] = np.sqrt(np.sum(p * (1 - p)) / (self.realizations * self.n_samples**2))
-        return out
+        return np.array([_paired_stderr((self.acc_lo < s) & (s < self.acc_hi)) for s in _positive(sigma)])
 
     def agreement_stderr(self, sigma) -> np.ndarray:
         """Standard error of :meth:`agreement` from the noise alone."""
-        s = np.maximum(np.atleast_1d(np.asarray(sigma, dtype=np.float64)), np.finfo(np.float64).tiny)
-        out = np.empty(s.shape)
-        for i, si in enumerate(s):
-            p = np.mean(si < self.agree_hi, axis=1)
-            out[i] = np.sqrt(np.sum(p * (1 - p)) / (self.realizations * self.n_samples**2))
-        return out
+        return np.array([_paired_stderr(s < self.agree_hi) for s in _positive(sigma)])
+
+
+def _positive(sigma) -> np.ndarray:
+    # sigma = 0 is the clean limit sigma -> 0+; the open interval (lo, hi)
+    # would otherwise miscount the empty (0, 0) intervals there.
+    s = np.atleast_1d(np.asarray(sigma, dtype=np.float64))
+    return np.maximum(s, np.finfo(np.float64).tiny)
+
+
+def _paired_stderr(inside: np.ndarray) -> float:
+    """Noise-only standard error of the mean of an (N, R) indicator of antithetic draws.
+
+    Column r and column r + R/2 are the pair (xi, -xi); pairs are independent,
+    so per input Var = Var(pair mean) / (R/2), estimated from the pairs, and
+    the mean over N inputs has variance sum_i Var_i / N^2.
+    """
+    n, r = inside.shape
+    half = r // 2
+    pair = 0.5 * (inside[:, :half].astype(np.float64) + inside[:, half:])
+    p = pair.mean(axis=1)
+    var = np.maximum(np.mean(pair**2, axis=1) - p**2, 0.0)
+    return float(np.sqrt(np.sum(var) / half) / n)
 
 
 def _fraction_inside(lo_sorted, hi_sorted, sigma) -> np.ndarray:
@@ -119,10 +128,7 @@ def _fraction_inside(lo_sorted, hi_sorted, sigma) -> np.ndarray:
 
     ``lo_sorted`` None means every interval starts at 0.
     """
-    s = np.atleast_1d(np.asarray(sigma, dtype=np.float64))
-    # sigma = 0 is the clean limit sigma -> 0+; the open interval (lo, hi)
-    # would otherwise miscount the empty (0, 0) intervals there.
-    s = np.maximum(s, np.finfo(np.float64).tiny)
+    s = _positive(sigma)
     n = hi_sorted.size
     above_lo = n if lo_sorted is None else np.searchsorted(lo_sorted, s, side="left")
     # lo == hi == 0 marks an empty interval: it is counted by both terms and cancels.
@@ -136,12 +142,13 @@ MAX_REALIZATIONS = 256
 
 
 def default_realizations(
-    n_samples: int, n_classes: int | None = None, *, target_stderr: float = 0.0015
+    n_samples: int, n_classes: int | None = None, *, target_stderr: float = 0.0012
 ) -> int:
     """Draws per input: enough for a noise standard error of ``target_stderr``, more when cheap.
 
     The worst case per input is p(1-p) = 1/4, so R = 1 / (4 N se^2): a
-    2,000-row file needs 56 draws, a 50,000-row file 8. When N x R x K stays
+    2,000-row file needs 87 draws, a 50,000-row file 8 (a floor). Antithetic
+    pairs only lower the error further. When N x R x K stays
     under ``CHEAP_ELEMENTS`` the draws are raised to that budget (at most 256),
     so small files get a finer curve at no noticeable cost.
     """
@@ -168,7 +175,8 @@ def survival_intervals(
     logits : array_like of shape (n_samples, n_classes)
     labels : array_like of int, shape (n_samples,), optional
     realizations : int, default 64
-        Noise draws per input.
+        Noise draws per input, in antithetic pairs (xi, -xi); an odd count is
+        rounded up to even.
     seed : int or None, default 0
         Same seed, same numbers.
     progress : callable, optional
@@ -187,9 +195,12 @@ def survival_intervals(
             raise ValueError(f"inconsistent numbers of samples: logits {n}, labels {y.shape}")
         if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= k:
             raise ValueError(f"labels must be integers in [0, {k}), got range [{y.min()}, {y.max()}]")
+    # Draws come in antithetic pairs (xi, -xi): half the normals, and the pair's
+    # survival events are negatively correlated, so no precision is lost.
+    realizations += realizations % 2
     rng = np.random.default_rng(seed)
     pred = np.argmax(z, axis=1)
-    draws = _DrawSource(rng, n, k, realizations)
+    draws = _DrawSource(rng, n, k, realizations // 2)
 
     agree_hi = np.empty((n, realizations), dtype=np.float64)
     acc_lo = acc_hi = None
@@ -197,17 +208,17 @@ def survival_intervals(
         acc_lo = np.zeros((n, realizations))
         acc_hi = np.empty((n, realizations))
         wrong = pred != y
-    rows_per_chunk = max(1, _CHUNK_ELEMENTS // (realizations * k))
+    rows_per_chunk = max(1, _CHUNK_ELEMENTS // (realizations // 2 * k))
     for start in range(0, n, rows_per_chunk):
         stop = min(n, start + rows_per_chunk)
-        xi = draws.take(start, stop)  # (rows, R, K) float32
+        xi = draws.take(start, stop)  # (rows, R/2, K) float32
         zc = z[start:stop]
-        agree_hi[start:stop] = _upper_bound(xi, zc, pred[start:stop])
+        agree_hi[start:stop] = _intervals(xi, zc, pred[start:stop])[1]
         if y is not None:
             acc_hi[start:stop] = agree_hi[start:stop]
             w = np.nonzero(wrong[start:stop])[0]
             if w.size:
-                lo, hi = _label_interval(xi[w], zc[w], y[start:stop][w])
+                lo, hi = _intervals(xi[w], zc[w], y[start:stop][w])
                 acc_lo[start + w] = lo
                 acc_hi[start + w] = hi
         if progress is not None:
@@ -216,9 +227,10 @@ def survival_intervals(
 
 
 class _DrawSource:
-    """Standard-normal draws of shape (rows, R, K), reproducible for a generator."""
+    """Standard-normal draws of shape (rows, r, K), reproducible for a generator."""
 
     def __init__(self, rng: np.random.Generator, n: int, k: int, r: int):
+        # r here is the number of draws generated: half the realizations (antithetic pairs).
         self.rng, self.k, self.r = rng, k, r
         self.pool = None
         if k >= POOL_MIN_CLASSES:
@@ -239,46 +251,48 @@ class _DrawSource:
         return self.windows[pool_rows, shifts]
 
 
-def _upper_bound(xi: np.ndarray, z: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    """sup of sigma at which ``ref`` (a row's argmax) stays the argmax, per draw.
+# Stands in for 1/g on a class tied with the reference (g = 0): finite in float32,
+# so w = d * _TIE is hugely positive when d < 0 (no bound) and negative otherwise
+# (the tie is lost at every sigma).
+_TIE = np.float32(-1e30)
 
-    hi = 1 / max_j (xi_j - xi_c) / g_j over j != c; every g_j >= 0 here.
+
+def _intervals(xi: np.ndarray, z: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) per draw: class ``ref`` is the noisy argmax iff lo < sigma < hi.
+
+    With d_j = xi_j - xi_c and w_j = d_j / g_j, a class the reference leads
+    (g_j > 0) caps sigma at 1 / w_j when w_j > 0, and a class ahead of it
+    (g_j < 0) needs w_j > 0 and then floors sigma at 1 / w_j. So
+    hi = 1 / max_{g>0} w and lo = 1 / min_{g<0} w. The antithetic draw -xi
+    flips w, so its interval comes from the same array (max <-> -min).
+
+    Returns (lo, hi) of shape (rows, 2 r): the r draws of ``xi``, then their
+    r antithetic twins. Empty intervals are (0, 0).
     """
     rows = np.arange(z.shape[0])
     gaps = z[rows, ref][:, None] - z
+    gaps[rows, ref] = np.inf  # the reference itself: w = 0, neutral everywhere
+    leads = gaps > 0
     with np.errstate(divide="ignore"):
-        inv_gap = np.where(gaps > 0, 1.0 / gaps, np.inf).astype(np.float32)
-    inv_gap[rows, ref] = 0.0
-    xi_c = xi[rows, :, ref]  # (rows, R)
-    d = xi - xi_c[:, :, None]
-    # A tie (g_j = 0) survives only if xi_j < xi_c, whatever sigma: d * inf gives
-    # -inf or +inf; 0 * inf (d == 0) has probability zero.
-    with np.errstate(invalid="ignore"):
-        d *= inv_gap[:, None, :]
-    worst = np.nan_to_num(d.max(axis=2), nan=0.0)
+        inv = (1.0 / gaps).astype(np.float32)
+    inv[gaps == 0] = _TIE
+    w = xi - xi[rows, :, ref][:, :, None]
+    w *= inv[:, None, :]
+    trails = ~leads
+    if not trails.any():
+        # Every class trails the reference (the usual case): no floor, one cap per sign.
+        cap = np.concatenate([w.max(axis=2), -w.min(axis=2)], axis=1).astype(np.float64)
+        with np.errstate(divide="ignore"):
+            return np.zeros_like(cap), np.where(cap > 0, 1.0 / cap, np.inf)
+    lead_mask, trail_mask = leads[:, None, :], trails[:, None, :]
+    cap = np.concatenate([w.max(axis=2, where=lead_mask, initial=0.0),
+                          -w.min(axis=2, where=lead_mask, initial=0.0)], axis=1).astype(np.float64)
+    floor = np.concatenate([w.min(axis=2, where=trail_mask, initial=np.inf),
+                            -w.max(axis=2, where=trail_mask, initial=-np.inf)], axis=1).astype(np.float64)
     with np.errstate(divide="ignore"):
-        return np.where(worst > 0, 1.0 / worst, np.inf)
-
-
-def _label_interval(xi, z, label):
-    """(lo, hi) of sigma at which a trailing ``label`` becomes the argmax, per draw."""
-    rows = np.arange(z.shape[0])
-    gaps = z[rows, label][:, None] - z  # some negative: the label trails
-    xi_c = xi[rows, :, label]
-    d = (xi - xi_c[:, :, None]).astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = gaps[:, None, :] / d  # the crossing sigma for class j
-    ahead = gaps > 0
-    behind = gaps < 0
-    tied = gaps == 0
-    tied[rows, label] = False
-    # Classes the label leads: sigma < g/d when d > 0.
-    hi = np.min(np.where(ahead[:, None, :] & (d > 0), ratio, np.inf), axis=2)
-    # Classes ahead of the label need d < 0 (then sigma > g/d); a tied class
-    # needs d < 0 at every sigma. Either failing empties the interval.
-    never = np.any((behind | tied)[:, None, :] & (d >= 0), axis=2)
-    lo = np.max(np.where(behind[:, None, :], ratio, 0.0), axis=2)
-    empty = never | (lo >= hi)
+        hi = np.where(cap > 0, 1.0 / cap, np.inf)
+        lo = np.where(np.isfinite(floor) & (floor > 0), 1.0 / floor, 0.0)
+    empty = (floor <= 0) | (lo >= hi)
     lo[empty] = 0.0
     hi[empty] = 0.0
     return lo, hi
