@@ -22,7 +22,7 @@ import numpy as np
 
 from . import margins
 from .fit import LogisticFit, fit_logistic
-from .survival import ExactCurves, sigma_for_agreement, solve_near
+from .survival import FEW_CLASSES, QUAD_STEP, QUAD_STEP_FEW, U_MAX, ExactCurves, sigma_for_agreement, solve_near
 from .sweep import NoiseSweep, SurvivalIntervals, default_realizations, survival_intervals, sweep_from_intervals
 
 TARGET_KINDS = ("accuracy", "retention", "agreement")
@@ -177,7 +177,8 @@ def calibrate_model(
         fit = fit_logistic(sweep.v, (sweep.agreement - 1.0 / k) / (1.0 - 1.0 / k))
         quantity = "agreement"
     if curve == "auto":
-        cost = n * (k - 1) * 91 * _EXACT_EVALS_PER_TARGET * 4
+        nodes = 2 * U_MAX / (QUAD_STEP_FEW if k <= FEW_CLASSES else QUAD_STEP)
+        cost = n * (k - 1) * nodes * _EXACT_EVALS_PER_TARGET * 4
         curve = "exact" if cost <= EXACT_BUDGET else "monte-carlo"
     return Calibration(
         name=name, n_samples=n, n_classes=k, statistic=statistic, scale=scale, scales=scales,
