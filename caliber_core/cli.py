@@ -38,6 +38,19 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _add_max_elements(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-elements", type=int, default=None, metavar="N",
+                        help="refuse logits files declaring more elements than this "
+                        "(default: caliber_core.loading.DEFAULT_MAX_ELEMENTS)")
+
+
+def _load(path, args, labels_path=None):
+    from .loading import DEFAULT_MAX_ELEMENTS, load_logits
+
+    limit = DEFAULT_MAX_ELEMENTS if args.max_elements is None else args.max_elements
+    return load_logits(path, labels_path=labels_path, max_elements=limit)
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m caliber_core",
@@ -65,12 +78,14 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="return the largest sigma for unreachable targets instead of failing")
     cal.add_argument("--out", help="write the config JSON here (default: print it)")
     cal.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _add_max_elements(cal)
 
     fleet = sub.add_parser("fleet", help="shared fit and leave-one-out table over several models")
     fleet.add_argument("files", nargs="+")
     fleet.add_argument("--margin-stat", choices=("median", "mean", "trimmed"), default="median")
     fleet.add_argument("--seed", type=int, default=0)
     fleet.add_argument("--out", help="write the shared fit and tables as JSON here")
+    _add_max_elements(fleet)
 
     att = sub.add_parser("attack", help="simulate the averaging attack at a sigma")
     att.add_argument("file")
@@ -81,6 +96,7 @@ def _build_parser() -> argparse.ArgumentParser:
     att.add_argument("--target", type=int, default=0, help="index into the config's targets")
     att.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     att.add_argument("--seed", type=int, default=0)
+    _add_max_elements(att)
     return parser
 
 
@@ -96,10 +112,9 @@ def _progress(enabled: bool):
 
 def _cmd_calibrate(args) -> int:
     from .config import config_to_json
-    from .loading import load_logits
     from .pipeline import DEFAULT_TARGETS, config_for
 
-    data = load_logits(args.file, labels_path=args.labels)
+    data = _load(args.file, args, labels_path=args.labels)
     for warning in data.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     targets = getattr(args, "targets", None) or list(DEFAULT_TARGETS)
@@ -140,14 +155,14 @@ def _cmd_fleet(args) -> int:
     import numpy as np
 
     from .fleet import leave_one_out, margin_ablation, shared_fit
-    from .loading import load_logits, require_labels
+    from .loading import require_labels
     from .pipeline import calibrate_data
 
     if len(args.files) < 2:
         raise ValueError(f"fleet needs at least 2 files, got {len(args.files)}")
     cals = []
     for path in args.files:
-        data = load_logits(path)
+        data = _load(path, args)
         require_labels(data, "the fleet's accuracy fit")
         cals.append(calibrate_data(data, statistic="median", seed=args.seed))
     fit = shared_fit(cals, statistic=args.margin_stat)
@@ -184,9 +199,8 @@ def _cmd_fleet(args) -> int:
 def _cmd_attack(args) -> int:
     from .attack import format_attack_table, simulate_averaging_attack
     from .config import load_config
-    from .loading import load_logits
 
-    data = load_logits(args.file, labels_path=args.labels)
+    data = _load(args.file, args, labels_path=args.labels)
     if args.config:
         config = load_config(args.config)
         targets = config["targets"]
