@@ -182,37 +182,48 @@ class ExactCurves:
         sig = _check_sigma(sigma)
         return np.array([survival_probability(self._agree_gaps, s).mean() for s in sig])
 
+    # Per-sigma pieces. The correctly classified rows' sum of pi is shared by the
+    # expected accuracy and the corridor's floor: A0 * mean_correct(pi) = sum / N.
+    def _correct_sum(self, s: float) -> float:
+        return float(survival_probability(self._correct_gaps, s).sum())
+
+    def _wrong_sum(self, s: float) -> float:
+        return float(survival_probability(self._wrong_label_gaps, s).sum())
+
+    def _beta(self, s: float) -> float:
+        if self._deficit.size == 0 or s == 0:
+            return 0.0
+        return float(np.mean(ndtr(-self._deficit / (np.sqrt(2.0) * s))))
+
     def accuracy(self, sigma) -> np.ndarray:
         """Exact expected accuracy E[A(sigma)] over the noise, for each sigma."""
         self._need_labels()
-        sig = _check_sigma(sigma)
-        out = []
-        for s in sig:
-            on_correct = survival_probability(self._correct_gaps, s).sum()
-            on_wrong = survival_probability(self._wrong_label_gaps, s).sum()
-            out.append((on_correct + on_wrong) / self.n_samples)
-        return np.array(out)
+        return np.array([(self._correct_sum(s) + self._wrong_sum(s)) / self.n_samples
+                         for s in _check_sigma(sigma)])
 
     def corridor(self, sigma) -> tuple[np.ndarray, np.ndarray]:
         """Lower and upper accuracy envelopes of Corollary 1 (Eq. corridor).
 
         lower = A0 * mean_correct(pi), upper = lower + (1 - A0) * mean_wrong(Phi(-h / (sqrt(2) sigma))).
         """
+        _, lower, upper = self._accuracy_corridor(sigma, with_accuracy=False)
+        return lower, upper
+
+    def accuracy_with_corridor(self, sigma) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(accuracy, lower, upper) at each sigma, the correct rows' pi computed once."""
+        return self._accuracy_corridor(sigma, with_accuracy=True)
+
+    def _accuracy_corridor(self, sigma, *, with_accuracy: bool):
         self._need_labels()
-        sig = _check_sigma(sigma)
         a0 = float(np.mean(self.correct))
-        n_wrong = self._deficit.size
-        lower, upper = [], []
-        for s in sig:
-            pi_c = survival_probability(self._correct_gaps, s)
-            lo = a0 * (pi_c.mean() if pi_c.size else 0.0)
-            if n_wrong and s > 0:
-                beta = float(np.mean(ndtr(-self._deficit / (np.sqrt(2.0) * s))))
-            else:
-                beta = 0.0
-            lower.append(lo)
-            upper.append(lo + (1.0 - a0) * beta)
-        return np.array(lower), np.array(upper)
+        acc, lower, upper = [], [], []
+        for s in _check_sigma(sigma):
+            c = self._correct_sum(s)
+            lower.append(c / self.n_samples)
+            upper.append(lower[-1] + (1.0 - a0) * self._beta(s))
+            if with_accuracy:
+                acc.append((c + self._wrong_sum(s)) / self.n_samples)
+        return (np.array(acc) if with_accuracy else None), np.array(lower), np.array(upper)
 
 
 def invert_decreasing(

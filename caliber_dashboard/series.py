@@ -85,8 +85,8 @@ def exact_curves(
         s = sigma[start : start + chunk]
         agree.append(exact.agreement(s))
         if cal.has_labels:
-            acc.append(exact.accuracy(s))
-            lo, hi = exact.corridor(s)
+            a, lo, hi = exact.accuracy_with_corridor(s)
+            acc.append(a)
             lower.append(lo)
             upper.append(hi)
         if progress is not None:
