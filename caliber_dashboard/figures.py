@@ -66,6 +66,17 @@ def _band(fig: go.Figure, x, lower, upper, *, name: str, hover_x: str, hover_y: 
     ))
 
 
+def _sweep_points(fig: go.Figure, x, y, se, *, name: str, hover: str) -> None:
+    """The Monte-Carlo sweep as markers with +-1 s.e. bars (the normalized and raw views)."""
+    fig.add_trace(go.Scatter(
+        x=_arr(x), y=_arr(y), mode="markers", name=name,
+        marker=dict(color=PALETTE[0], size=7),
+        error_y=None if se is None else dict(type="data", array=_arr(se), visible=True,
+                                             thickness=1.2, width=3),
+        hovertemplate=hover,
+    ))
+
+
 def _target_marker(fig: go.Figure, x: float, y: float, *, label: str, hover: str) -> None:
     fig.add_trace(go.Scatter(
         x=[x], y=[y], mode="markers", name=label,
@@ -136,13 +147,8 @@ def normalized_figure(
             line=dict(color=PALETTE[1], width=2.5),
             hovertemplate="v=%{x:.4g}<br>logistic=%{y:.4f}<extra>fitted logistic</extra>",
         ))
-    fig.add_trace(go.Scatter(
-        x=_arr(v_points), y=_arr(u_points), mode="markers", name=points_name,
-        marker=dict(color=PALETTE[0], size=7),
-        error_y=None if u_se is None else dict(type="data", array=_arr(u_se), visible=True,
-                                               thickness=1.2, width=3),
-        hovertemplate="v=%{x:.4g}<br>value=%{y:.4f}<extra>sweep</extra>",
-    ))
+    _sweep_points(fig, v_points, u_points, u_se, name=points_name,
+                  hover="v=%{x:.4g}<br>value=%{y:.4f}<extra>sweep</extra>")
     if target is not None:
         _target_marker(fig, target[0], target[1], label="target σ*",
                        hover=f"v*={target[0]:.4g}<br>target={target[1]:.4f}")
@@ -179,13 +185,8 @@ def raw_figure(
             line=dict(color=PALETTE[1], width=2.5),
             hovertemplate="σ=%{x:.4g}<br>%{y:.4f}<extra>" + exact_name + "</extra>",
         ))
-    fig.add_trace(go.Scatter(
-        x=_arr(sigma_points), y=_arr(y_points), mode="markers", name=points_name,
-        marker=dict(color=PALETTE[0], size=7),
-        error_y=None if y_se is None else dict(type="data", array=_arr(y_se), visible=True,
-                                               thickness=1.2, width=3),
-        hovertemplate="σ=%{x:.4g}<br>%{y:.4f}<extra>sweep</extra>",
-    ))
+    _sweep_points(fig, sigma_points, y_points, y_se, name=points_name,
+                  hover="σ=%{x:.4g}<br>%{y:.4f}<extra>sweep</extra>")
     if clean is not None:
         fig.add_hline(y=clean, line=dict(color="#2ca02c", width=1, dash="dash"),
                       annotation_text=f"clean {clean:.3f}", annotation_position="top right")
