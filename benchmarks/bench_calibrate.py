@@ -3,7 +3,7 @@
 One process run does it all and prints the figures:
 
 1. builds synthetic 2,000 x 1,000 and 50,000 x 1,000 logits files
-   (caliber_core.synthetic; clearly synthetic, ImageNet-like geometry);
+   (caliber_core.simulation.synthetic; clearly synthetic, ImageNet-like geometry);
 2. times the straightforward torch sweep the issue describes as the baseline:
    24 sigma values x 64 fresh draws, add noise, argmax, mean;
 3. times ``python -m caliber_core calibrate FILE --retention 0.9 0.8 0.7 0.6``
@@ -31,8 +31,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from caliber_core.margins import margin_scale  # noqa: E402
-from caliber_core.synthetic import make_synthetic_logits  # noqa: E402
+from caliber_core.calibration.margins import margin_scale  # noqa: E402
+from caliber_core.simulation.synthetic import make_synthetic_logits  # noqa: E402
 
 RETENTIONS = (0.9, 0.8, 0.7, 0.6)
 

@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from caliber_core.runtime import Perturber  # noqa: E402
+from caliber_core.serving.runtime import Perturber  # noqa: E402
 
 BATCH = 256
 N_CLASSES = (10, 1000, 50_000)

@@ -19,9 +19,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from caliber_core.calibrate import calibrate_model, sigma_for_target  # noqa: E402
+from caliber_core.calibration.calibrate import calibrate_model, sigma_for_target  # noqa: E402
 from caliber_core.loading import load_logits  # noqa: E402
-from caliber_core.synthetic import make_synthetic_logits  # noqa: E402
+from caliber_core.simulation.synthetic import make_synthetic_logits  # noqa: E402
 
 
 def time_readouts(cal, kind: str) -> np.ndarray:

@@ -17,13 +17,13 @@ The pieces, one concept per module:
 
 __version__ = "0.1.0"
 
-from .calibrate import Calibration, TargetResult, calibrate_model, sigma_for_target  # noqa: E402
+from .calibration.calibrate import Calibration, TargetResult, calibrate_model, sigma_for_target  # noqa: E402
 from .config import SCHEMA, ConfigError, build_config, load_config, save_config  # noqa: E402
-from .fit import LogisticFit, fit_logistic, invert_logistic, logistic_decay  # noqa: E402
+from .calibration.fit import LogisticFit, fit_logistic, invert_logistic, logistic_decay  # noqa: E402
 from .loading import LogitsData, LogitsFileError, load_logits, load_logits_bytes  # noqa: E402
-from .margins import margin_scale, normalized_noise, normalized_utility, top_two_margins  # noqa: E402
-from .responses import LogitsProcessorAdapter, noisy_probabilities, noisy_top_logprobs  # noqa: E402
-from .runtime import Perturber, per_input_noise, sigma_from_config  # noqa: E402
+from .calibration.margins import margin_scale, normalized_noise, normalized_utility, top_two_margins  # noqa: E402
+from .serving.responses import LogitsProcessorAdapter, noisy_probabilities, noisy_top_logprobs  # noqa: E402
+from .serving.runtime import Perturber, per_input_noise, sigma_from_config  # noqa: E402
 
 __all__ = [
     "Calibration", "ConfigError", "LogisticFit", "LogitsData", "LogitsFileError",

@@ -112,7 +112,7 @@ def _progress(enabled: bool):
 
 def _cmd_calibrate(args) -> int:
     from .config import config_to_json
-    from .pipeline import DEFAULT_TARGETS, config_for
+    from .calibration.pipeline import DEFAULT_TARGETS, config_for
 
     data = _load(args.file, args, labels_path=args.labels)
     for warning in data.warnings:
@@ -154,9 +154,9 @@ def _target_table(config: dict) -> str:
 def _cmd_fleet(args) -> int:
     import numpy as np
 
-    from .fleet import leave_one_out, margin_ablation, shared_fit
+    from .calibration.fleet import leave_one_out, margin_ablation, shared_fit
     from .loading import require_labels
-    from .pipeline import calibrate_data
+    from .calibration.pipeline import calibrate_data
 
     if len(args.files) < 2:
         raise ValueError(f"fleet needs at least 2 files, got {len(args.files)}")
@@ -197,7 +197,7 @@ def _cmd_fleet(args) -> int:
 
 
 def _cmd_attack(args) -> int:
-    from .attack import format_attack_table, simulate_averaging_attack
+    from .simulation.attack import format_attack_table, simulate_averaging_attack
     from .config import load_config
 
     data = _load(args.file, args, labels_path=args.labels)

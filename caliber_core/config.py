@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 
 from . import __version__
-from .calibrate import Calibration, TargetResult
+from .calibration.calibrate import Calibration, TargetResult
 
 SCHEMA = "caliber.config/v1"
 _REQUIRED = ("schema", "model", "n_classes", "n_samples", "statistic", "scale", "fit", "targets")

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 from numpy.lib import format as npy_format
 
-from .margins import top_two_margins
+from .calibration.margins import top_two_margins
 
 __all__ = [
     "DEFAULT_MAX_ELEMENTS",

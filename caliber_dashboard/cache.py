@@ -20,9 +20,10 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from caliber_core import fleet, pipeline
-from caliber_core.attack import simulate_averaging_attack
-from caliber_core.calibrate import Calibration, TargetResult, sigma_for_target
+from caliber_core.calibration import fleet
+from caliber_core.calibration import pipeline
+from caliber_core.simulation.attack import simulate_averaging_attack
+from caliber_core.calibration.calibrate import Calibration, TargetResult, sigma_for_target
 from caliber_core.loading import LogitsData
 
 from .series import CalibrationCurves, data_digest, exact_curves

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from caliber_core import cost, margins
-from caliber_core.calibrate import Calibration, measured_accuracy
+from caliber_core.calibration import cost
+from caliber_core.calibration import margins
+from caliber_core.calibration.calibrate import Calibration, measured_accuracy
 from caliber_core.loading import LogitsData
-from caliber_core.sweep import brute_force_accuracy
+from caliber_core.calibration.sweep import brute_force_accuracy
 
 TARGET_KINDS = ("retention", "accuracy", "agreement")
 KIND_LABELS = {

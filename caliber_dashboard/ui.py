@@ -7,7 +7,7 @@ import re
 import pandas as pd
 import streamlit as st
 
-from caliber_core.calibrate import Calibration
+from caliber_core.calibration.calibrate import Calibration
 from caliber_core.loading import LogitsData
 
 from . import state

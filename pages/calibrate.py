@@ -5,8 +5,8 @@ import math
 import numpy as np
 import streamlit as st
 
-from caliber_core.calibrate import measured_accuracy
-from caliber_core.margins import MARGIN_STATISTICS
+from caliber_core.calibration.calibrate import measured_accuracy
+from caliber_core.calibration.margins import MARGIN_STATISTICS
 from caliber_dashboard import cache, figures, navigation, series, state, ui
 from caliber_dashboard.ui import fmt
 

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from caliber_core import margins
+from caliber_core.calibration import margins
 from caliber_core.loading import LABELS_EXTENSIONS, SUPPORTED_EXTENSIONS, describe
 from caliber_dashboard import figures, navigation, series, state, ui
 

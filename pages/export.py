@@ -6,9 +6,9 @@ import re
 import pandas as pd
 import streamlit as st
 
-from caliber_core.calibrate import measured_accuracy
+from caliber_core.calibration.calibrate import measured_accuracy
 from caliber_core.config import ConfigError, config_to_json, load_config
-from caliber_core.margins import MARGIN_STATISTICS
+from caliber_core.calibration.margins import MARGIN_STATISTICS
 from caliber_dashboard import cache, navigation, series, state, ui
 from caliber_dashboard.ui import fmt
 
@@ -16,7 +16,7 @@ navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 
 st.title("Export")
 st.caption(
-    "The config is built by `caliber_core.pipeline.config_for`, the function behind "
+    "The config is built by `caliber_core.calibration.pipeline.config_for`, the function behind "
     "`python -m caliber_core calibrate FILE --retention …`: the same file and targets give the "
     "same σ* here and there."
 )

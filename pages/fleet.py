@@ -4,8 +4,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from caliber_core import fleet
-from caliber_core.margins import MARGIN_STATISTICS, normalized_utility
+from caliber_core.calibration import fleet
+from caliber_core.calibration.margins import MARGIN_STATISTICS, normalized_utility
 from caliber_dashboard import cache, figures, navigation, series, state, ui
 from caliber_dashboard.ui import fmt
 

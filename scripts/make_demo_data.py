@@ -34,7 +34,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a plain script, the package is not installed
     sys.path.insert(0, str(REPO_ROOT))
 
-from caliber_core.margins import clean_accuracy, margin_scale  # noqa: E402
+from caliber_core.calibration.margins import clean_accuracy, margin_scale  # noqa: E402
 
 DATA_DIR = REPO_ROOT / "data"
 SPLIT_SEED = 0
@@ -287,7 +287,7 @@ and this README, about half a minute on 2 CPU cores) with
 These are logits of **real** (small) classifiers, trained in torch on scikit-learn's
 bundled digits data set (`sklearn.datasets.load_digits`: 1797 grey 8x8 images,
 pixels are integers 0..16, 10 classes). Nothing is downloaded. For large-K scale tests
-use the clearly synthetic generator `caliber_core.synthetic.make_synthetic_logits`
+use the clearly synthetic generator `caliber_core.simulation.synthetic.make_synthetic_logits`
 (`scripts/make_synthetic_logits.py`) instead; its output is not committed.
 
 ## Split
@@ -329,7 +329,7 @@ stratified with seed 0.
 {recipes}
 
 Clean accuracy A0 and median top-two logit margin S (on the calibration split;
-`caliber_core.margins.clean_accuracy`, `top_two_margins` / `margin_scale`):
+`caliber_core.calibration.margins.clean_accuracy`, `top_two_margins` / `margin_scale`):
 
 {table}
 """

@@ -6,7 +6,7 @@ Usage::
 
 The file holds ``logits`` (float32, N x K), ``labels`` (int64, N) and ``name``
 (0-d unicode, e.g. ``synthetic-2000x1000``); it loads with ``allow_pickle=False``.
-See :func:`caliber_core.synthetic.make_synthetic_logits` for the geometry.
+See :func:`caliber_core.simulation.synthetic.make_synthetic_logits` for the geometry.
 Do not commit large generated files.
 """
 
@@ -22,8 +22,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a plain script, the package is not installed
     sys.path.insert(0, str(REPO_ROOT))
 
-from caliber_core.margins import clean_accuracy, margin_scale  # noqa: E402
-from caliber_core.synthetic import make_synthetic_logits  # noqa: E402
+from caliber_core.calibration.margins import clean_accuracy, margin_scale  # noqa: E402
+from caliber_core.simulation.synthetic import make_synthetic_logits  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

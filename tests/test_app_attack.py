@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
-from caliber_core import pipeline
-from caliber_core.attack import simulate_averaging_attack
-from caliber_core.calibrate import sigma_for_target
-from caliber_core.cost import queries_needed
+from caliber_core.calibration import pipeline
+from caliber_core.simulation.attack import simulate_averaging_attack
+from caliber_core.calibration.calibrate import sigma_for_target
+from caliber_core.calibration.cost import queries_needed
 from caliber_dashboard import state
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")

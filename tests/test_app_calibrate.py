@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from caliber_core import pipeline
-from caliber_core.calibrate import measured_accuracy, sigma_for_target
+from caliber_core.calibration import pipeline
+from caliber_core.calibration.calibrate import measured_accuracy, sigma_for_target
 from caliber_dashboard import state
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from caliber_core import pipeline
-from caliber_core.calibrate import measured_accuracy
+from caliber_core.calibration import pipeline
+from caliber_core.calibration.calibrate import measured_accuracy
 from caliber_core.config import config_to_json
 from caliber_dashboard import state
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from caliber_core import fleet, pipeline
+from caliber_core.calibration import fleet
+from caliber_core.calibration import pipeline
 from caliber_dashboard import state
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")

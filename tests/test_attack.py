@@ -1,4 +1,4 @@
-"""Tests for caliber_core.attack: the averaging attack of Proposition 2.
+"""Tests for caliber_core.simulation.attack: the averaging attack of Proposition 2.
 
 The statistical checks compare the simulation with the exact single-query
 agreement of Proposition 1 (Eq. ``top1-exact``), computed here by quadrature
@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 from scipy.special import log_ndtr
 
-from caliber_core.attack import ATTACK_COLUMNS, format_attack_table, simulate_averaging_attack
-from caliber_core.runtime import Perturber
+from caliber_core.simulation.attack import ATTACK_COLUMNS, format_attack_table, simulate_averaging_attack
+from caliber_core.serving.runtime import Perturber
 
 N_SAMPLES, N_CLASSES = 2000, 10
 SIGMA = 2.0  # median top-two margin of the synthetic logits is ~0.8: single-query agreement ~0.43

@@ -18,17 +18,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from caliber_core.calibrate import (
+from caliber_core.calibration.calibrate import (
     Calibration,
     TargetResult,
     calibrate_model,
     measured_accuracy,
     sigma_for_target,
 )
-from caliber_core.margins import clean_accuracy
-from caliber_core.survival import agreement_probability, sorted_gaps, survival_probability
-from caliber_core.sweep import brute_force_accuracy
-from caliber_core.synthetic import make_synthetic_logits
+from caliber_core.calibration.margins import clean_accuracy
+from caliber_core.calibration.survival import agreement_probability, sorted_gaps, survival_probability
+from caliber_core.calibration.sweep import brute_force_accuracy
+from caliber_core.simulation.synthetic import make_synthetic_logits
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 DIGITS_FILES = sorted(DATA_DIR.glob("digits_*.npz"))

@@ -14,7 +14,7 @@ import pytest
 from caliber_core.cli import EXIT_USER_ERROR, main
 from caliber_core.config import load_config
 from caliber_core.loading import load_logits
-from caliber_core.pipeline import config_for
+from caliber_core.calibration.pipeline import config_for
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "data" / "digits_mlp-narrow.npz"

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from caliber_core.calibrate import sigma_for_target
+from caliber_core.calibration.calibrate import sigma_for_target
 from caliber_core.config import (
     SCHEMA,
     ConfigError,
@@ -21,9 +21,9 @@ from caliber_core.config import (
     save_config,
     validate_config,
 )
-from caliber_core.fleet import calibrate_from_scale
+from caliber_core.calibration.fleet import calibrate_from_scale
 from caliber_core.loading import load_logits
-from caliber_core.pipeline import config_for
+from caliber_core.calibration.pipeline import config_for
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 DIGITS_FILE = DATA_DIR / "digits_mlp-wide.npz"

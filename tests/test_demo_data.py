@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from caliber_core.margins import clean_accuracy, margin_scale
+from caliber_core.calibration.margins import clean_accuracy, margin_scale
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO_ROOT / "data"

@@ -12,9 +12,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from caliber_core import pipeline
-from caliber_core.calibrate import measured_accuracy, sigma_for_target
-from caliber_core.fleet import normalized_points
+from caliber_core.calibration import pipeline
+from caliber_core.calibration.calibrate import measured_accuracy, sigma_for_target
+from caliber_core.calibration.fleet import normalized_points
 from caliber_core.loading import load_logits
 from caliber_dashboard import figures, series
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from caliber_core.fit import LogisticFit, fit_logistic, invert_logistic, logistic_decay
+from caliber_core.calibration.fit import LogisticFit, fit_logistic, invert_logistic, logistic_decay
 
 # Parameter ranges drawn in the property tests (inside the fit's bounds).
 params = st.fixed_dictionaries(

@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from caliber_core import fleet
-from caliber_core.calibrate import calibrate_model, measured_accuracy
-from caliber_core.cost import effective_intensity, queries_needed, recovered_utility, sigma_after_averaging
-from caliber_core.fit import LogisticFit, invert_logistic
-from caliber_core.margins import margin_scale
-from caliber_core.runtime import Perturber
-from caliber_core.survival import ExactCurves, sorted_gaps, survival_probability
-from caliber_core.sweep import brute_force_accuracy
+from caliber_core.calibration import fleet
+from caliber_core.calibration.calibrate import calibrate_model, measured_accuracy
+from caliber_core.calibration.cost import effective_intensity, queries_needed, recovered_utility, sigma_after_averaging
+from caliber_core.calibration.fit import LogisticFit, invert_logistic
+from caliber_core.calibration.margins import margin_scale
+from caliber_core.serving.runtime import Perturber
+from caliber_core.calibration.survival import ExactCurves, sorted_gaps, survival_probability
+from caliber_core.calibration.sweep import brute_force_accuracy
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 DIGITS_FILES = sorted(DATA_DIR.glob("digits_*.npz"))

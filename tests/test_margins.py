@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from scipy.stats import trim_mean
 
-from caliber_core import margins as M
-from caliber_core.survival import agreement_probability
-from caliber_core.sweep import survival_intervals
+from caliber_core.calibration import margins as M
+from caliber_core.calibration.survival import agreement_probability
+from caliber_core.calibration.sweep import survival_intervals
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 DIGITS_FILES = sorted(DATA_DIR.glob("digits_*.npz"))

@@ -1,4 +1,4 @@
-"""Tests for caliber_core.runtime (Perturber) and caliber_core.responses.
+"""Tests for caliber_core.serving.runtime (Perturber) and caliber_core.serving.responses.
 
 Statistical tests use fixed keys/seeds, so they are deterministic; each
 states the false-alarm rate its threshold would have for a random key.
@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from caliber_core.responses import LogitsProcessorAdapter, noisy_probabilities, noisy_top_logprobs
-from caliber_core.runtime import Perturber, per_input_noise, sigma_from_config
+from caliber_core.serving.responses import LogitsProcessorAdapter, noisy_probabilities, noisy_top_logprobs
+from caliber_core.serving.runtime import Perturber, per_input_noise, sigma_from_config
 
 torch = pytest.importorskip("torch")
 
@@ -555,7 +555,7 @@ def test_noisy_probabilities_rejects_bad_temperature(temperature):
 
 
 def test_helpers_reject_non_perturbers():
-    with pytest.raises(TypeError, match="perturber must be a caliber_core.runtime.Perturber, got float"):
+    with pytest.raises(TypeError, match="perturber must be a caliber_core.serving.runtime.Perturber, got float"):
         noisy_top_logprobs(0.5, np.zeros((1, 3)), ["a"])
     with pytest.raises(TypeError, match="got dict"):
         LogitsProcessorAdapter({})

@@ -18,8 +18,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from caliber_core.margins import clean_accuracy, margin_scale
-from caliber_core.survival import (
+from caliber_core.calibration.margins import clean_accuracy, margin_scale
+from caliber_core.calibration.survival import (
     ExactCurves,
     agreement_probability,
     invert_decreasing,
@@ -27,7 +27,7 @@ from caliber_core.survival import (
     sorted_gaps,
     survival_probability,
 )
-from caliber_core.sweep import brute_force_accuracy
+from caliber_core.calibration.sweep import brute_force_accuracy
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 DIGITS_FILES = sorted(DATA_DIR.glob("digits_*.npz"))

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from caliber_core.survival import ExactCurves, agreement_probability, survival_probability
+from caliber_core.calibration.survival import ExactCurves, agreement_probability, survival_probability
 
 REFERENCE = Path(__file__).parent / "reference" / "survival_reference.json"
 DATA = json.loads(REFERENCE.read_text())

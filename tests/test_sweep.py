@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from caliber_core import sweep as sweep_mod
-from caliber_core.margins import clean_accuracy, margin_scale, normalized_utility
-from caliber_core.survival import ExactCurves
-from caliber_core.sweep import (
+from caliber_core.calibration import sweep as sweep_mod
+from caliber_core.calibration.margins import clean_accuracy, margin_scale, normalized_utility
+from caliber_core.calibration.survival import ExactCurves
+from caliber_core.calibration.sweep import (
     POOL_MIN_CLASSES,
     brute_force_accuracy,
     default_realizations,
@@ -26,7 +26,7 @@ from caliber_core.sweep import (
     sweep_from_intervals,
     sweep_noise,
 )
-from caliber_core.synthetic import make_synthetic_logits
+from caliber_core.simulation.synthetic import make_synthetic_logits
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 DIGITS_FILES = sorted(DATA_DIR.glob("digits_*.npz"))

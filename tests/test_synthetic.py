@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from caliber_core.margins import clean_accuracy, top_two_margins
-from caliber_core.synthetic import CHUNK_ROWS, NEAR_MISS_FRACTION, make_synthetic_logits
+from caliber_core.calibration.margins import clean_accuracy, top_two_margins
+from caliber_core.simulation.synthetic import CHUNK_ROWS, NEAR_MISS_FRACTION, make_synthetic_logits
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from caliber_core import pipeline
-from caliber_core.calibrate import sigma_for_target
+from caliber_core.calibration import pipeline
+from caliber_core.calibration.calibrate import sigma_for_target
 from caliber_core.loading import LogitsFileError, load_logits
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@
 
 computed with mpmath at ``mp.dps = 30`` for a fixed set of (gaps, sigma) cases,
 and written to ``survival_reference.json`` beside this file. The test
-``tests/test_survival_reference.py`` compares ``caliber_core.survival`` against
+``tests/test_survival_reference.py`` compares ``caliber_core.calibration.survival`` against
 these numbers; rerun this script only when the case list changes:
 
     .venv/bin/python tests/reference/make_survival_reference.py

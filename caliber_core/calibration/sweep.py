@@ -402,7 +402,7 @@ def sweep_noise(
     logits : array_like of shape (n_samples, n_classes)
     labels : array_like of int, shape (n_samples,), optional
     scale : float
-        The margin scale S (see :func:`caliber_core.margins.margin_scale`).
+        The margin scale S (see :func:`caliber_core.calibration.margins.margin_scale`).
     v_grid : array_like, optional
         Normalized noise values; default spans the whole transition.
     realizations, seed, progress

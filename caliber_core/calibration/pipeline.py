@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from .calibrate import Calibration, TargetResult, calibrate_model, sigma_for_target
-from .config import build_config
-from .loading import LogitsData, require_labels
+from ..config import build_config
+from ..loading import LogitsData, require_labels
 
 DEFAULT_TARGETS = (("retention", 0.9), ("retention", 0.8), ("retention", 0.7), ("retention", 0.6))
 

@@ -1,6 +1,6 @@
 """What a score-returning API serves, computed from the *noisy* logits.
 
-Every helper perturbs first (through a :class:`~caliber_core.runtime.Perturber`)
+Every helper perturbs first (through a :class:`~caliber_core.serving.runtime.Perturber`)
 and only then derives the served quantity, so probabilities, top-k
 log-probabilities and LLM sampling scores all carry the calibrated noise.
 """
@@ -12,12 +12,12 @@ import numbers
 
 import numpy as np
 
-from caliber_core.runtime import Perturber, _is_torch
+from caliber_core.serving.runtime import Perturber, _is_torch
 
 
 def _check_perturber(perturber) -> None:
     if not isinstance(perturber, Perturber):
-        raise TypeError(f"perturber must be a caliber_core.runtime.Perturber, got {type(perturber).__name__}")
+        raise TypeError(f"perturber must be a caliber_core.serving.runtime.Perturber, got {type(perturber).__name__}")
 
 
 def _log_softmax64(z: np.ndarray) -> np.ndarray:

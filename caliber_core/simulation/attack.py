@@ -5,7 +5,7 @@ Under fresh noise the combination recovers the clean decision (the sample
 mean has noise variance sigma^2 / M, Proposition 2(i)); under per-input
 seeding the M responses are identical and nothing is recovered
 (Proposition 2(ii)). Both seedings run through the real
-:class:`~caliber_core.runtime.Perturber`, one ``perturb`` call per query, so
+:class:`~caliber_core.serving.runtime.Perturber`, one ``perturb`` call per query, so
 the simulation also checks the deployed runtime end to end.
 """
 
@@ -19,8 +19,8 @@ import numbers
 import numpy as np
 import pandas as pd
 
-from caliber_core.margins import _as_logits
-from caliber_core.runtime import SEEDINGS, Perturber, _check_key, _check_sigma
+from caliber_core.calibration.margins import _as_logits
+from caliber_core.serving.runtime import SEEDINGS, Perturber, _check_key, _check_sigma
 
 ESTIMATORS = ("soft-average", "majority-vote")
 ATTACK_COLUMNS = ("seeding", "estimator", "m", "agreement", "agreement_se", "accuracy", "accuracy_se")

@@ -1,0 +1,1 @@
+"""Simulation: the averaging attack and synthetic logits for large-K checks."""
