@@ -1,0 +1,19 @@
+"""A private, persistent workspace per visitor: uploads, choices and long results.
+
+* :mod:`.store`: the storage protocol, its errors and the token rules;
+* :mod:`.sqlite_store`: the embedded implementation (SQLite plus blob files);
+* :mod:`.settings`: the data directory and caps from environment variables;
+* :mod:`.session`: the Streamlit glue (the ``?ws=`` token, restore, the sidebar
+  panel, ``save_result``/``load_result`` for the pages).
+
+Only the glue imports Streamlit; the store is usable from scripts and tests.
+"""
+
+from .settings import Settings, from_environment
+from .sqlite_store import SQLiteStore
+from .store import (CapExceeded, CorruptEntry, Limits, UnknownWorkspace, UploadRecord, Usage,
+                    WorkspaceError, WorkspaceStore, new_token, workspace_id)
+
+__all__ = ["CapExceeded", "CorruptEntry", "Limits", "SQLiteStore", "Settings", "UnknownWorkspace",
+           "UploadRecord", "Usage", "WorkspaceError", "WorkspaceStore", "from_environment",
+           "new_token", "workspace_id"]
