@@ -1,45 +1,79 @@
 """Caliber: margin-normalized calibration of logit noise against model extraction.
 
-The pieces, one concept per module:
+The package, by purpose:
 
-* :mod:`margins`  top-two margins, the scale S, normalized axes v and A~
-* :mod:`sweep`    Monte-Carlo accuracy/agreement under noise, all sigma in one pass
-* :mod:`survival` exact survival probabilities by quadrature, the corridor
-* :mod:`fit`      the logistic decay law and its closed-form inverse
-* :mod:`calibrate` one model: sweep, fit, target -> sigma*
-* :mod:`fleet`    shared per-task fits, leave-one-architecture-out, S ablation
-* :mod:`cost`     Proposition 2: queries an averaging attacker needs
-* :mod:`config`   the versioned config JSON
-* :mod:`loading`  safe reading of every supported logits format
-* :mod:`runtime`  applying a config to served logits (per-input seeding)
-* :mod:`attack`   Monte-Carlo simulation of the averaging attack
+* :mod:`caliber_core.config`       targets and the versioned config JSON (the shared contract)
+* :mod:`caliber_core.serving`      applying a config to served logits: ``runtime`` (Perturber,
+  per-input seeding) and ``responses`` (probabilities, top-k log-probabilities, HF processor)
+* :mod:`caliber_core.calibration`  the numerics: ``margins``, ``sweep``, ``survival``, ``fit``,
+  ``inversion``, ``calibrate``, ``fleet``, ``cost``, ``pipeline``
+* :mod:`caliber_core.loading`      safe reading of every supported logits format
+* :mod:`caliber_core.simulation`   the averaging attack, the reference argmax Monte Carlo,
+  synthetic large-K logits
+* :mod:`caliber_core.validation`   input checks shared by all of the above
+* :mod:`caliber_core.cli`          the command line
+
+Importing the package loads only the serving path and the config contract
+(numpy and the standard library); every other name below is imported on first
+use, so a serving process never loads scipy, pandas or torch.
 """
 
 __version__ = "0.1.0"
 
-from .calibration.calibrate import Calibration, TargetResult, calibrate_model, sigma_for_target  # noqa: E402
-from .config import SCHEMA, ConfigError, build_config, load_config, save_config  # noqa: E402
-from .calibration.fit import LogisticFit, fit_logistic, invert_logistic, logistic_decay  # noqa: E402
-from .loading import LogitsData, LogitsFileError, load_logits, load_logits_bytes  # noqa: E402
-from .calibration.margins import margin_scale, normalized_noise, normalized_utility, top_two_margins  # noqa: E402
+from .config import (  # noqa: E402
+    SCHEMA,
+    TARGET_KINDS,
+    ConfigError,
+    SaturatedTargetWarning,
+    TargetRecord,
+    build_config,
+    load_config,
+    save_config,
+    sigma_to_serve,
+)
 from .serving.responses import LogitsProcessorAdapter, noisy_probabilities, noisy_top_logprobs  # noqa: E402
-from .serving.runtime import Perturber, per_input_noise, sigma_from_config  # noqa: E402
+from .serving.runtime import Perturber, per_input_noise  # noqa: E402
 
-__all__ = [
-    "Calibration", "ConfigError", "LogisticFit", "LogitsData", "LogitsFileError",
-    "LogitsProcessorAdapter", "Perturber", "SCHEMA", "TargetResult", "build_config",
-    "calibrate_model", "fit_logistic", "format_attack_table", "invert_logistic",
-    "load_config", "load_logits", "load_logits_bytes", "logistic_decay", "margin_scale",
-    "noisy_probabilities", "noisy_top_logprobs", "normalized_noise", "normalized_utility",
-    "per_input_noise", "save_config", "sigma_for_target", "sigma_from_config",
-    "simulate_averaging_attack", "top_two_margins",
-]
+# Public names imported on first use: name -> module (relative to this package).
+_LAZY = {
+    "Calibration": "calibration.calibrate",
+    "calibrate_model": "calibration.calibrate",
+    "sigma_for_target": "calibration.calibrate",
+    "LogisticFit": "calibration.fit",
+    "fit_logistic": "calibration.fit",
+    "invert_logistic": "calibration.fit",
+    "logistic_decay": "calibration.fit",
+    "margin_scale": "calibration.margins",
+    "normalized_noise": "calibration.margins",
+    "normalized_utility": "calibration.margins",
+    "sigma_from_v": "calibration.margins",
+    "top_two_margins": "calibration.margins",
+    "LogitsData": "loading",
+    "LogitsFileError": "loading",
+    "load_logits": "loading",
+    "load_logits_bytes": "loading",
+    "simulate_averaging_attack": "simulation.attack",
+    "format_attack_table": "simulation.attack",
+}
+
+__all__ = sorted([
+    "SCHEMA", "TARGET_KINDS", "ConfigError", "SaturatedTargetWarning", "TargetRecord",
+    "build_config", "load_config", "save_config", "sigma_to_serve",
+    "LogitsProcessorAdapter", "noisy_probabilities", "noisy_top_logprobs",
+    "Perturber", "per_input_noise", *_LAZY,
+])
 
 
 def __getattr__(name):
-    # The attack simulation needs pandas; load it only when asked (keeps the CLI start fast).
-    if name in ("simulate_averaging_attack", "format_attack_table"):
-        from . import attack
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'caliber_core' has no attribute {name!r}")
+    import importlib
 
-        return getattr(attack, name)
-    raise AttributeError(f"module 'caliber_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

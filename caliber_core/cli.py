@@ -11,9 +11,20 @@ import argparse
 import json
 import os
 import sys
+import warnings
+
+from .config import CALIBRATED_KINDS
 
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL = 1
+
+
+# The option that asks for each kind of target calibrate solves.
+_TARGET_FLAGS = {
+    "retention": ("--retention", "fraction of the clean accuracy A0"),
+    "accuracy": ("--target-accuracy", "absolute accuracy"),
+    "agreement": ("--agreement", "agreement with the clean prediction"),
+}
 
 
 class _OrderedTarget(argparse.Action):
@@ -61,11 +72,8 @@ def _build_parser() -> argparse.ArgumentParser:
     cal = sub.add_parser("calibrate", help="calibrate one model file and write its config JSON")
     cal.add_argument("file", help="logits file (.npz, .npy, .pt, .safetensors, .csv, .parquet)")
     cal.add_argument("--labels", help="labels file for .npy logits")
-    for flag, kind, what in (
-        ("--target-accuracy", "accuracy", "absolute accuracy"),
-        ("--retention", "retention", "fraction of the clean accuracy A0"),
-        ("--agreement", "agreement", "agreement with the clean prediction"),
-    ):
+    for kind in CALIBRATED_KINDS:
+        flag, what = _TARGET_FLAGS[kind]
         cal.add_argument(flag, nargs="+", type=_fraction, action=_OrderedTarget, const=kind,
                          dest="targets", metavar="X", help=f"target(s) as {what}")
     cal.add_argument("--margin-stat", choices=("median", "mean", "trimmed"), default="median")
@@ -75,7 +83,8 @@ def _build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--inversion", choices=("curve", "logistic"), default="curve",
                      help="invert the measured curve (default) or the fitted logistic")
     cal.add_argument("--saturate", action="store_true",
-                     help="return the largest sigma for unreachable targets instead of failing")
+                     help="an unreachable target serves the largest sigma the sweep measured "
+                     "(marked saturated, with a warning) instead of failing")
     cal.add_argument("--out", help="write the config JSON here (default: print it)")
     cal.add_argument("--quiet", action="store_true", help="no progress on stderr")
     _add_max_elements(cal)
@@ -111,8 +120,8 @@ def _progress(enabled: bool):
 
 
 def _cmd_calibrate(args) -> int:
-    from .config import config_to_json
     from .calibration.pipeline import DEFAULT_TARGETS, config_for
+    from .config import config_to_json, saturation_message
 
     data = _load(args.file, args, labels_path=args.labels)
     for warning in data.warnings:
@@ -124,6 +133,9 @@ def _cmd_calibrate(args) -> int:
         progress=_progress(not args.quiet),
     )
     text = config_to_json(config)
+    for result in results:
+        if result.saturated:
+            print(f"warning: {saturation_message(result)}", file=sys.stderr)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -144,10 +156,8 @@ def _target_table(config: dict) -> str:
     for t in config["targets"]:
         label = f"{t['kind']} {t['requested']:g}"
         acc = "" if t["accuracy"] is None else f"{t['accuracy']:.4f}"
-        sig = "inf" if t["sigma"] is None else f"{t['sigma']:.5g}"
-        v = "inf" if t["v"] is None else f"{t['v']:.5g}"
         slog = "" if t["sigma_logistic"] is None else f"{t['sigma_logistic']:.5g}"
-        lines.append(f"{label:>22} {acc:>9} {v:>10} {sig:>10} {slog:>10}  {t['method']}")
+        lines.append(f"{label:>22} {acc:>9} {t['v']:>10.5g} {t['sigma']:>10.5g} {slog:>10}  {t['method']}")
     return "\n".join(lines)
 
 
@@ -197,18 +207,16 @@ def _cmd_fleet(args) -> int:
 
 
 def _cmd_attack(args) -> int:
+    from .config import SaturatedTargetWarning, sigma_to_serve
     from .simulation.attack import format_attack_table, simulate_averaging_attack
-    from .config import load_config
 
     data = _load(args.file, args, labels_path=args.labels)
     if args.config:
-        config = load_config(args.config)
-        targets = config["targets"]
-        if not 0 <= args.target < len(targets):
-            raise ValueError(f"--target {args.target} out of range: the config has {len(targets)} targets")
-        sigma = targets[args.target]["sigma"]
-        if sigma is None:
-            raise ValueError(f"target {args.target} in the config is saturated (sigma = null)")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", SaturatedTargetWarning)
+            sigma = sigma_to_serve(args.config, target=args.target)
+        for w in caught:
+            print(f"warning: {w.message}", file=sys.stderr)
     else:
         sigma = args.sigma
     table = simulate_averaging_attack(data.logits, data.labels, sigma=sigma, m_values=tuple(args.m),

@@ -23,7 +23,8 @@ import streamlit as st
 from caliber_core.calibration import fleet
 from caliber_core.calibration import pipeline
 from caliber_core.simulation.attack import simulate_averaging_attack
-from caliber_core.calibration.calibrate import Calibration, TargetResult, sigma_for_target
+from caliber_core.calibration.calibrate import Calibration, sigma_for_target
+from caliber_core.config import TargetRecord
 from caliber_core.loading import LogitsData
 
 from .series import CalibrationCurves, data_digest, exact_curves
@@ -136,7 +137,7 @@ def curves(data: LogitsData, cal: Calibration, *, n_points: int = 60) -> Calibra
 
 
 def target(data: LogitsData, cal: Calibration, kind: str, value: float, *,
-           inversion: str = "curve", saturate: bool = False) -> TargetResult:
+           inversion: str = "curve", saturate: bool = False) -> TargetRecord:
     """``sigma_for_target`` cached per (content, statistic, kind, value).
 
     Raises ValueError (not cached) for an unreachable target.

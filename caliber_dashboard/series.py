@@ -20,7 +20,7 @@ from caliber_core.calibration import cost
 from caliber_core.calibration import margins
 from caliber_core.calibration.calibrate import Calibration, measured_accuracy
 from caliber_core.loading import LogitsData
-from caliber_core.calibration.sweep import brute_force_accuracy
+from caliber_core.simulation.reference import argmax_monte_carlo
 
 TARGET_KINDS = ("retention", "accuracy", "agreement")
 KIND_LABELS = {
@@ -275,8 +275,9 @@ def verify_sigma(
     chunks = max(1, min(chunks, realizations))
     sizes = [realizations // chunks + (1 if i < realizations % chunks else 0) for i in range(chunks)]
     acc_sum = agr_sum = 0.0
+    rng = np.random.default_rng(int(seed))  # one stream over all chunks
     for i, r in enumerate(sizes):
-        a, g = brute_force_accuracy(z, y, [sigma], realizations=r, seed=[int(seed), i])
+        a, g = argmax_monte_carlo(z, y, [sigma], realizations=r, seed=rng)
         acc_sum += float(a[0]) * r
         agr_sum += float(g[0]) * r
         if progress is not None:

@@ -239,9 +239,9 @@ def test_invalid_options(kwargs, exc, match):
         (np.zeros((3, 1)), None, "at least 2 classes, got n_classes=1"),
         (np.array([[0.0, np.inf]]), None, "logits must be finite, got inf at row 0, class 1"),
         (np.array([["a", "b"]]), None, "logits must be real numbers, got dtype <U1"),
-        (np.zeros((3, 4)), [0, 1], r"labels must have shape \(3,\) to match logits, got \(2,\)"),
-        (np.zeros((3, 4)), [0.0, 1.0, 2.0], "labels must be integer class indices, got dtype float64"),
-        (np.zeros((3, 4)), [0, 1, 4], r"labels must lie in \[0, 4\), got range \[0, 4\]"),
+        (np.zeros((3, 4)), [0, 1], r"inconsistent numbers of samples: logits 3, labels \(2,\)"),
+        (np.zeros((3, 4)), [0.0, 1.0, 2.0], r"labels must be integers in \[0, 4\) \(class indices\), got dtype float64"),
+        (np.zeros((3, 4)), [0, 1, 4], r"labels must be integers in \[0, 4\), got range \[0, 4\]"),
     ],
 )
 def test_invalid_data(logits, labels, match):

@@ -1,6 +1,6 @@
 """End to end: target in, sigma* out, then the delivered accuracy measured with fresh noise.
 
-Measurements use ``brute_force_accuracy`` (add noise, take argmax) with a seed the
+Measurements use ``argmax_monte_carlo`` (add noise, take argmax) with a seed the
 calibration never saw. Its standard error is computed from the exact per-input
 probabilities p_i at sigma* (quadrature, Proposition 1 with the label as the
 reference class): SE = sqrt(sum_i p_i (1 - p_i) / R) / N. The calibration's own
@@ -20,14 +20,14 @@ from hypothesis import strategies as st
 
 from caliber_core.calibration.calibrate import (
     Calibration,
-    TargetResult,
     calibrate_model,
     measured_accuracy,
     sigma_for_target,
 )
 from caliber_core.calibration.margins import clean_accuracy
+from caliber_core.config import TargetRecord
 from caliber_core.calibration.survival import agreement_probability, sorted_gaps, survival_probability
-from caliber_core.calibration.sweep import brute_force_accuracy
+from caliber_core.simulation.reference import argmax_monte_carlo
 from caliber_core.simulation.synthetic import make_synthetic_logits
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
@@ -79,7 +79,7 @@ def test_accuracy_targets_are_delivered_on_every_digits_model(calibrations, name
         results.append(sigma_for_target(cal, chance + u * (a0 - chance), kind="accuracy"))
     sigmas = np.array([t.sigma for t in results])
     assert np.all(sigmas > 0)
-    measured, _ = brute_force_accuracy(z, y, sigmas, realizations=MEASURE_REALIZATIONS, seed=MEASURE_SEED)
+    measured, _ = argmax_monte_carlo(z, y, sigmas, realizations=MEASURE_REALIZATIONS, seed=MEASURE_SEED)
     for t, got in zip(results, measured):
         assert t.method == "exact-curve"
         assert t.v == pytest.approx((t.sigma / cal.scale) ** 2, rel=1e-12)
@@ -95,7 +95,7 @@ def test_agreement_targets_are_delivered_on_every_digits_model(calibrations, nam
     results = [sigma_for_target(cal, a, kind="agreement") for a in AGREEMENTS]
     sigmas = np.array([t.sigma for t in results])
     assert np.all(np.diff(sigmas) > 0)
-    _, measured = brute_force_accuracy(z, y, sigmas, realizations=MEASURE_REALIZATIONS, seed=MEASURE_SEED + 1)
+    _, measured = argmax_monte_carlo(z, y, sigmas, realizations=MEASURE_REALIZATIONS, seed=MEASURE_SEED + 1)
     for t, got in zip(results, measured):
         assert t.kind == "agreement" and t.method == "exact-agreement"
         assert t.agreement == t.requested and t.accuracy is None
@@ -267,7 +267,7 @@ def test_calibration_records_what_it_did(calibrations):
     lo, hi = cal.sigma_range()
     assert 0 < lo < hi
     t = sigma_for_target(cal, 0.8)
-    assert isinstance(t, TargetResult)
+    assert isinstance(t, TargetRecord)
     d = t.to_dict()
     assert d["kind"] == "retention" and d["requested"] == 0.8 and isinstance(d["sigma"], float)
 
@@ -299,7 +299,7 @@ def test_monte_carlo_curve_hits_retention_targets_at_k1000():
     assert all(t.method == "monte-carlo-curve" for t in results)
     sigmas = np.array([t.sigma for t in results])
     assert np.all(np.diff(sigmas) > 0)
-    measured, _ = brute_force_accuracy(z, y, sigmas, realizations=32, seed=77)
+    measured, _ = argmax_monte_carlo(z, y, sigmas, realizations=32, seed=77)
     targets = np.array([t.accuracy for t in results])
     rel = np.abs(measured - targets) / targets
     assert rel.mean() < 0.005, rel

@@ -1,4 +1,4 @@
-"""The versioned config JSON (caliber.config/v1): build, save, load, validate."""
+"""The versioned config JSON (caliber.config/v2, v1 upgraded): build, save, load, validate."""
 
 from __future__ import annotations
 
@@ -11,14 +11,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from caliber_core.calibration.calibrate import sigma_for_target
+from caliber_core.calibration.calibrate import saturated_sigma, sigma_for_target
 from caliber_core.config import (
     SCHEMA,
+    TARGET_KINDS,
     ConfigError,
+    TargetRecord,
     build_config,
     config_to_json,
+    inversion_of_method,
     load_config,
     save_config,
+    target_records,
     validate_config,
 )
 from caliber_core.calibration.fleet import calibrate_from_scale
@@ -90,7 +94,7 @@ def test_config_is_plain_json(built):
 
 def test_required_fields_and_values(built):
     data, cal, results, config = built
-    assert config["schema"] == SCHEMA == "caliber.config/v1"
+    assert config["schema"] == SCHEMA == "caliber.config/v2"
     assert config["model"] == data.name == "digits-mlp-wide"
     assert config["n_classes"] == 10 and config["n_samples"] == 500
     assert config["sha256"] == hashlib.sha256(DIGITS_FILE.read_bytes()).hexdigest()
@@ -126,25 +130,105 @@ def test_targets_keep_the_requested_order_and_carry_every_field(built):
         assert again.sigma == t["sigma"]
 
 
-def test_saturated_sigma_is_written_as_null(built, tmp_path):
+def test_a_saturated_target_serves_the_largest_sigma_swept(built, tmp_path):
     data, cal, _, _ = built
-    # The logistic answer for an unreachable target is inf; a shared-law target
-    # saturates to sigma = v = inf.
     unreachable = sigma_for_target(cal, 0.05, kind="accuracy", saturate=True)
     assert unreachable.saturated and math.isinf(unreachable.sigma_logistic)
-    shared = calibrate_from_scale(cal.fit, scale=cal.scale, clean_accuracy=cal.clean_accuracy, n_classes=10,
-                                  value=0.05, kind="accuracy", saturate=True)
-    assert shared.saturated and math.isinf(shared.sigma) and math.isinf(shared.v)
-    config = build_config(cal, [unreachable, shared], sha256=data.sha256, source=data.source)
+    assert unreachable.sigma == saturated_sigma(cal) == cal.sweep.sigma[-1]
+    assert unreachable.v == pytest.approx(cal.sweep.v[-1], rel=1e-12)
+    config = build_config(cal, [unreachable], sha256=data.sha256, source=data.source)
     path = tmp_path / "saturated.json"
     save_config(config, path)
-    text = path.read_text(encoding="utf-8")
-    parsed = json.loads(text)  # valid, strict JSON
-    assert parsed["targets"][0]["sigma_logistic"] is None
-    assert parsed["targets"][1]["sigma"] is None and parsed["targets"][1]["v"] is None
-    assert parsed["targets"][1]["saturated"] is True
-    loaded = load_config(path)
-    assert loaded["targets"][1]["sigma"] is None
+    parsed = json.loads(path.read_text(encoding="utf-8"))  # valid, strict JSON
+    t = parsed["targets"][0]
+    assert t["saturated"] is True and t["sigma"] == unreachable.sigma and t["v"] == unreachable.v
+    assert t["sigma_logistic"] is None  # the closed form has no finite answer: shown as null
+    assert load_config(path)["targets"][0]["sigma"] == unreachable.sigma
+
+
+def test_an_infinite_sigma_is_not_a_config(built):
+    data, cal, _, _ = built
+    # A shared law saturates to sigma = inf when it is not told where its sweeps ended.
+    shared = calibrate_from_scale(cal.fit, scale=cal.scale, clean_accuracy=cal.clean_accuracy, n_classes=10,
+                                  value=0.05, kind="accuracy", saturate=True)
+    assert shared.saturated and math.isinf(shared.sigma)
+    with pytest.raises(ConfigError, match=r"targets\[0\].sigma must be a finite number >= 0, got inf"):
+        config_to_json(build_config(cal, [shared], sha256=data.sha256, source=data.source))
+    bounded = calibrate_from_scale(cal.fit, scale=cal.scale, clean_accuracy=cal.clean_accuracy, n_classes=10,
+                                   value=0.05, kind="accuracy", saturate=True, v_max=float(cal.sweep.v[-1]))
+    assert bounded.saturated and bounded.v == cal.sweep.v[-1]
+    assert bounded.sigma == pytest.approx(cal.sweep.sigma[-1], rel=1e-12)
+    assert bounded.method == "saturated-shared-logistic"
+
+
+def test_v1_configs_are_upgraded_on_load(built):
+    cfg = _minimal(built)
+    cfg["schema"] = "caliber.config/v1"
+    for t in cfg["targets"]:
+        del t["side"], t["interval"], t["attacker"]
+    # v1 wrote a saturated sigma as null; the sweep's end is recovered from sweep.v_max and S.
+    cfg["targets"][0].update(sigma=None, v=None, saturated=True, method="saturated-exact-curve")
+    before = copy.deepcopy(cfg)
+    loaded = load_config(cfg)
+    assert cfg == before  # the caller's dict is left alone
+    assert loaded["schema"] == SCHEMA
+    assert all(t["side"] == "point" and t["interval"] is None for t in loaded["targets"])
+    v_max = cfg["sweep"]["v_max"]
+    assert loaded["targets"][0]["v"] == v_max
+    assert loaded["targets"][0]["sigma"] == pytest.approx(cfg["scale"] * math.sqrt(v_max), rel=1e-15)
+    assert loaded["targets"][1:] == [{**t, "side": "point", "interval": None} for t in cfg["targets"][1:]]
+    del cfg["sweep"]
+    with pytest.raises(ConfigError, match=r"targets\[0\] is saturated with sigma null"):
+        load_config(cfg)
+
+
+def test_target_record_is_keyword_only_and_round_trips(built):
+    _, _, results, config = built
+    with pytest.raises(TypeError):
+        TargetRecord("retention", 0.9, 0.8, 0.9, None, 0.1, 1.0, 1.0, "exact-curve")  # noqa
+    assert target_records(config) == results
+    assert [r.to_dict() for r in results] == config["targets"]
+    assert results[0].side == "point" and results[0].interval is None and results[0].attacker is None
+
+
+@pytest.mark.parametrize("method, inversion", [
+    ("exact-curve", "curve"), ("monte-carlo-curve", "curve"), ("saturated-curve", "curve"),
+    ("exact-agreement", "curve"), ("saturated-exact-agreement", "curve"), ("none-needed", "curve"),
+    ("logistic", "logistic"), ("saturated-logistic", "logistic"), ("shared-logistic", "logistic"),
+    ("saturated-shared-logistic", "logistic"),
+])
+def test_the_inversion_is_read_from_the_recorded_method(method, inversion):
+    assert inversion_of_method(method) == inversion
+
+
+def test_target_kinds_are_one_tuple():
+    assert TARGET_KINDS == ("retention", "accuracy", "agreement", "surrogate-retention")
+
+
+def test_side_interval_and_attacker_are_validated(built):
+    cfg = _minimal(built)
+    cfg["targets"][0]["side"] = "at-least"
+    cfg["targets"][0]["interval"] = {"level": 0.95, "method": "bootstrap", "accuracy": [0.7, 0.72],
+                                     "retention": None, "agreement": None}
+    validate_config(cfg)
+    for key, bad, match in [
+        ("side", "above", r"targets\[0\].side must be one of \('point', 'at-least', 'at-most'\), got 'above'"),
+        ("interval", {"level": 1.5, "method": "x"}, r"targets\[0\].interval.level must be a number in \(0, 1\)"),
+        ("interval", {"level": 0.9, "method": "x", "accuracy": [0.8, 0.7]},
+         r"targets\[0\].interval.accuracy must be \[lo, hi\] with lo <= hi"),
+        ("attacker", "distill", r"targets\[0\].attacker must be an object or null"),
+        ("kind", "loss", r"targets\[0\].kind must be one of .*got 'loss'"),
+    ]:
+        bad_cfg = _minimal(built)
+        bad_cfg["targets"][0][key] = bad
+        with pytest.raises(ConfigError, match=match):
+            validate_config(bad_cfg)
+    surrogate = _minimal(built)
+    surrogate["targets"][0]["kind"] = "surrogate-retention"
+    with pytest.raises(ConfigError, match=r"needs an 'attacker' object"):
+        validate_config(surrogate)
+    surrogate["targets"][0]["attacker"] = {"recipe": "distillation", "seeds": [0, 1]}
+    validate_config(surrogate)
 
 
 # --------------------------------------------------------------------------- errors
@@ -157,7 +241,7 @@ def _minimal(built):
 def test_wrong_schema_is_rejected(built):
     cfg = _minimal(built)
     cfg["schema"] = "caliber.config/v0"
-    with pytest.raises(ConfigError, match=r"schema must be 'caliber.config/v1', got 'caliber.config/v0'"):
+    with pytest.raises(ConfigError, match=r"schema must be 'caliber.config/v2', got 'caliber.config/v0'"):
         load_config(cfg)
     del cfg["schema"]
     with pytest.raises(ConfigError, match=r"got None"):
@@ -180,11 +264,12 @@ def test_missing_target_field_is_rejected(built, field):
         validate_config(cfg)
 
 
-@pytest.mark.parametrize("sigma, shown", [(-0.5, "-0.5"), ("1.0", "'1.0'"), (float("nan"), "nan")])
+@pytest.mark.parametrize("sigma, shown", [(-0.5, "-0.5"), ("1.0", "'1.0'"), (float("nan"), "nan"),
+                                          (None, "None"), (float("inf"), "inf")])
 def test_bad_sigma_is_rejected(built, sigma, shown):
     cfg = _minimal(built)
     cfg["targets"][1]["sigma"] = sigma
-    with pytest.raises(ConfigError, match=rf"targets\[1\].sigma must be a number >= 0 or null, got {shown}"):
+    with pytest.raises(ConfigError, match=rf"targets\[1\].sigma must be a finite number >= 0, got {shown}"):
         validate_config(cfg)
 
 
@@ -193,7 +278,7 @@ def test_negative_sigma_in_a_file_is_rejected(built, tmp_path):
     assert '"sigma": -1.0' in text
     path = tmp_path / "neg.json"
     path.write_text(text, encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"targets\[0\].sigma must be a number >= 0 or null, got -1.0"):
+    with pytest.raises(ConfigError, match=r"targets\[0\].sigma must be a finite number >= 0, got -1.0"):
         load_config(path)
 
 
@@ -208,7 +293,7 @@ def test_bad_scale_is_rejected(built, scale):
 @pytest.mark.parametrize(
     "text, match",
     [
-        ('{"schema": "caliber.config/v1", ', r"not valid JSON \(line 1: "),
+        ('{"schema": "caliber.config/v2", ', r"not valid JSON \(line 1: "),
         ("{nope}", r"not valid JSON"),
         (b"\xff\xfe{", r"not valid JSON"),
     ],
@@ -259,5 +344,5 @@ def test_an_invalid_config_is_not_saved(built, tmp_path):
 def test_boolean_sigma_is_rejected(built):
     cfg = _minimal(built)
     cfg["targets"][0]["sigma"] = True
-    with pytest.raises(ConfigError, match=r"targets\[0\].sigma must be a number"):
+    with pytest.raises(ConfigError, match=r"targets\[0\].sigma must be a finite number"):
         validate_config(cfg)

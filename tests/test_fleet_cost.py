@@ -21,7 +21,7 @@ from caliber_core.calibration.fit import LogisticFit, invert_logistic
 from caliber_core.calibration.margins import margin_scale
 from caliber_core.serving.runtime import Perturber
 from caliber_core.calibration.survival import ExactCurves, sorted_gaps, survival_probability
-from caliber_core.calibration.sweep import brute_force_accuracy
+from caliber_core.simulation.reference import argmax_monte_carlo
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 DIGITS_FILES = sorted(DATA_DIR.glob("digits_*.npz"))
@@ -249,7 +249,7 @@ def test_averaging_m_fresh_draws_equals_one_draw_at_sigma_over_sqrt_m(path):
     se = np.sqrt(np.sum(p * (1 - p)) / r) / n
     assert abs(averaged - p.mean()) <= N_SE * se, (averaged, p.mean(), se)
     # One draw at sigma / sqrt(M) (brute force, its own R draws): same accuracy.
-    one_draw, _ = brute_force_accuracy(z, y, [s_eff], realizations=r, seed=5)
+    one_draw, _ = argmax_monte_carlo(z, y, [s_eff], realizations=r, seed=5)
     assert abs(averaged - one_draw[0]) <= N_SE * np.sqrt(2) * se
     # And clearly not the accuracy of one draw at sigma itself.
     at_sigma = ExactCurves(z, y).accuracy(sigma)[0]

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from caliber_core.serving.responses import LogitsProcessorAdapter, noisy_probabilities, noisy_top_logprobs
-from caliber_core.serving.runtime import Perturber, per_input_noise, sigma_from_config
+from caliber_core.config import ConfigError, sigma_to_serve
+from caliber_core.serving.runtime import Perturber, per_input_noise
 
 torch = pytest.importorskip("torch")
 
@@ -438,10 +439,13 @@ def test_per_input_noise_argument_errors():
 
 
 def make_config(*sigmas):
+    """A minimal v1 config (as older releases wrote them): it is upgraded on load."""
     return {
-        "schema": "caliber.config/v1",
+        "schema": "caliber.config/v1", "model": "m", "n_classes": 5, "n_samples": 10,
+        "statistic": "median", "scale": 1.0, "fit": {},
         "targets": [
-            {"accuracy": 0.8 - 0.1 * i, "retention": 0.9 - 0.1 * i, "v": 0.5 + i, "sigma": s}
+            {"kind": "retention", "accuracy": 0.8 - 0.1 * i, "retention": 0.9 - 0.1 * i, "v": 0.5 + i,
+             "sigma": s}
             for i, s in enumerate(sigmas)
         ],
     }
@@ -465,16 +469,17 @@ def test_from_config_dict_and_path(tmp_path):
 @pytest.mark.parametrize(
     "config, target, exc, match",
     [
-        (make_config(0.4), 1, ValueError, r"target index must be in \[0, 1\), got 1"),
-        (make_config(0.4), -1, ValueError, r"target index must be in \[0, 1\), got -1"),
+        (make_config(0.4), 1, ConfigError, r"target index 1 is out of range: it must be in \[0, 1\)"),
+        (make_config(0.4), -1, ConfigError, r"target index -1 is out of range: it must be in \[0, 1\)"),
         (make_config(0.4), "0", TypeError, "target must be an integer index, got '0'"),
-        ({"schema": "other/v1", "targets": []}, 0, ValueError, "'schema' must start with 'caliber.config/', got 'other/v1'"),
-        ({"targets": [{"sigma": 1.0}]}, 0, ValueError, "'schema' must start with 'caliber.config/', got None"),
-        ({"schema": "caliber.config/v1", "targets": []}, 0, ValueError, "'targets' must be a non-empty list, got \\[\\]"),
-        ({"schema": "caliber.config/v1", "targets": [{"v": 1.0}]}, 0, ValueError,
-         r"targets\[0\] has no 'sigma' field \(has \['v'\]\)"),
-        (make_config(-2.0), 0, ValueError, r"targets\[0\]: sigma must be finite and >= 0, got -2\.0"),
-        ([1, 2], 0, TypeError, "config must be a dict or a path to a JSON file, got list"),
+        ({"schema": "other/v1", "targets": []}, 0, ConfigError,
+         "config schema must be 'caliber.config/v2', got 'other/v1'"),
+        ({"targets": [{"sigma": 1.0}]}, 0, ConfigError, "config schema must be 'caliber.config/v2', got None"),
+        ({**make_config(0.4), "targets": []}, 0, ConfigError, "'targets' is empty: there is no sigma to serve"),
+        ({**make_config(0.4), "targets": [{"kind": "retention", "accuracy": 0.8, "retention": 0.9, "v": 1.0}]},
+         0, ConfigError, r"targets\[0\] is missing field\(s\): sigma"),
+        (make_config(-2.0), 0, ConfigError, r"targets\[0\].sigma must be a finite number >= 0, got -2\.0"),
+        ([1, 2], 0, ConfigError, "config must be a path, JSON text or a dict, got list"),
     ],
 )
 def test_from_config_errors(config, target, exc, match):
@@ -485,10 +490,10 @@ def test_from_config_errors(config, target, exc, match):
 def test_from_config_bad_json(tmp_path):
     path = tmp_path / "broken.json"
     path.write_text("{not json")
-    with pytest.raises(ValueError, match="is not valid JSON"):
-        sigma_from_config(path)
-    with pytest.raises(FileNotFoundError):
-        sigma_from_config(tmp_path / "missing.json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        sigma_to_serve(path)
+    with pytest.raises(ConfigError, match="cannot read config"):
+        sigma_to_serve(tmp_path / "missing.json")
 
 
 # --------------------------------------------------------------------------

@@ -19,15 +19,14 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from caliber_core.calibration.margins import clean_accuracy, margin_scale
+from caliber_core.calibration.inversion import invert_decreasing, sigma_for_agreement
 from caliber_core.calibration.survival import (
     ExactCurves,
     agreement_probability,
-    invert_decreasing,
-    sigma_for_agreement,
     sorted_gaps,
     survival_probability,
 )
-from caliber_core.calibration.sweep import brute_force_accuracy
+from caliber_core.simulation.reference import argmax_monte_carlo
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 DIGITS_FILES = sorted(DATA_DIR.glob("digits_*.npz"))
@@ -216,7 +215,7 @@ def test_exact_accuracy_matches_brute_force_monte_carlo(path):
     curves = ExactCurves(z, y)
     exact = curves.accuracy(sigma)
     r = 100
-    acc, agr = brute_force_accuracy(z, y, sigma, realizations=r, seed=7)
+    acc, agr = argmax_monte_carlo(z, y, sigma, realizations=r, seed=7)
     exact_agr = curves.agreement(sigma)
     for i, si in enumerate(sigma):
         # Noise-only variance of the brute force mean: sum_i p_i (1 - p_i) / (R N^2).

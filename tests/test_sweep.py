@@ -19,19 +19,25 @@ from caliber_core.calibration.margins import clean_accuracy, margin_scale, norma
 from caliber_core.calibration.survival import ExactCurves
 from caliber_core.calibration.sweep import (
     POOL_MIN_CLASSES,
-    brute_force_accuracy,
     default_realizations,
     default_v_grid,
     survival_intervals,
     sweep_from_intervals,
-    sweep_noise,
 )
+from caliber_core.simulation.reference import argmax_monte_carlo
 from caliber_core.simulation.synthetic import make_synthetic_logits
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 DIGITS_FILES = sorted(DATA_DIR.glob("digits_*.npz"))
 N_SE = 4.0
 V_POINTS = np.array([0.1, 0.5, 1.0, 2.0, 5.0])
+
+
+def sweep_noise(logits, labels=None, *, scale, v_grid=None, realizations, seed):
+    """Intervals, then the sweep on a v grid: what calibrate_model does before its fit."""
+    intervals = survival_intervals(logits, labels, realizations=realizations, seed=seed)
+    a0 = clean_accuracy(logits, labels) if labels is not None else None
+    return sweep_from_intervals(intervals, scale=scale, clean_accuracy=a0, v_grid=v_grid)
 
 
 def _digits(path):
@@ -63,7 +69,7 @@ def test_sweep_matches_brute_force_monte_carlo(name):
     sw = sweep_noise(z, y, scale=s, v_grid=V_POINTS, realizations=r, seed=11)
     if k >= POOL_MIN_CLASSES:
         assert name.endswith(("K100", "K1000"))  # these exercise the pooled draws
-    acc, agr = brute_force_accuracy(z, y, sw.sigma, realizations=r_brute, seed=12345)
+    acc, agr = argmax_monte_carlo(z, y, sw.sigma, realizations=r_brute, seed=12345)
     se_acc = sw.accuracy_se * np.sqrt(1 + r / r_brute)
     se_agr = sw.agreement_se * np.sqrt(1 + r / r_brute)
     assert np.all(se_acc > 0) and np.all(se_agr > 0)

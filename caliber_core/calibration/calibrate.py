@@ -16,16 +16,18 @@ Agreement targets always invert the exact pi(sigma) by quadrature.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..config import CALIBRATED_KINDS, TargetRecord
+from ..validation import as_labels, as_logits
 from . import margins
 from .fit import LogisticFit, fit_logistic
-from .survival import FEW_CLASSES, QUAD_STEP, QUAD_STEP_FEW, U_MAX, ExactCurves, sigma_for_agreement, solve_near
+from .inversion import first_crossing, logistic_sigma, sigma_for_agreement, solve_near
+from .survival import FEW_CLASSES, QUAD_STEP, QUAD_STEP_FEW, U_MAX, ExactCurves
 from .sweep import NoiseSweep, SurvivalIntervals, default_realizations, survival_intervals, sweep_from_intervals
 
-TARGET_KINDS = ("accuracy", "retention", "agreement")
 INVERSIONS = ("curve", "logistic")
 CURVE_METHODS = ("auto", "exact", "monte-carlo")
 # Quadrature budget (node x class x row evaluations) under which "auto" inverts
@@ -34,52 +36,7 @@ EXACT_BUDGET = 4e8
 _EXACT_EVALS_PER_TARGET = 6
 
 
-@dataclass(frozen=True)
-class TargetResult:
-    """sigma* for one target, with what it is predicted to deliver.
-
-    Attributes
-    ----------
-    kind : {"accuracy", "retention", "agreement"}
-    requested : float
-        The value as asked for.
-    accuracy, retention : float or None
-        Target accuracy in absolute terms and as a fraction of A0 (None for
-        agreement targets on a file without labels).
-    agreement : float or None
-        Target agreement (agreement targets only).
-    v, sigma : float
-        Normalized and raw noise; sigma = S sqrt(v).
-    sigma_logistic : float or None
-        The closed-form logistic answer, for comparison.
-    method : str
-        Which inversion produced ``sigma``.
-    saturated : bool
-        The target was out of reach and ``saturate`` returned the largest sigma.
-    """
-
-    kind: str
-    requested: float
-    accuracy: float | None
-    retention: float | None
-    agreement: float | None
-    v: float
-    sigma: float
-    sigma_logistic: float | None
-    method: str
-    saturated: bool = False
-
-    def to_dict(self) -> dict:
-        return {k: _plain(val) for k, val in asdict(self).items()}
-
-
-def _plain(x):
-    if isinstance(x, (np.floating, np.integer)):
-        return x.item()
-    return x
-
-
-@dataclass
+@dataclass(kw_only=True)
 class Calibration:
     """Everything one model's calibration knows (the sweep is done once).
 
@@ -151,7 +108,7 @@ def calibrate_model(
     progress : callable, optional
         Called with the fraction done in [0, 1].
     """
-    z = margins._as_logits(logits)
+    z = as_logits(logits)
     n, k = z.shape
     if curve not in CURVE_METHODS:
         raise ValueError(f"curve must be one of {CURVE_METHODS}, got {curve!r}")
@@ -161,7 +118,7 @@ def calibrate_model(
     a0 = None
     y = None
     if labels is not None:
-        y = np.asarray(labels)
+        y = as_labels(labels, n_samples=n, n_classes=k)
         a0 = margins.clean_accuracy(z, y)
         if not a0 > 1.0 / k:
             raise ValueError(
@@ -194,36 +151,24 @@ def _try_scale(m, statistic):
         return float("nan")
 
 
-def _first_crossing(func: Callable, target: float, lo: float, hi: float, n_grid: int = 2000) -> float:
-    """Smallest sigma in [lo, hi] where func falls to target (func starts above it).
-
-    A log grid finds the first bracket; bisection then pins the crossing.
-    """
-    grid = np.geomspace(lo, hi, n_grid)
-    vals = func(grid)
-    below = np.nonzero(vals <= target)[0]
-    if below.size == 0:
-        raise ValueError("target not reached")
-    i = below[0]
-    if i == 0:
-        return float(grid[0])
-    a, b = grid[i - 1], grid[i]
-    for _ in range(60):
-        mid = 0.5 * (a + b)
-        if func(np.array([mid]))[0] <= target:
-            b = mid
-        else:
-            a = mid
-    return float(0.5 * (a + b))
+# How far past the sweep's end a target is sought: accuracy creeps towards 1/K
+# only slowly, so targets just above chance need sigma beyond the sweep's end.
+SEARCH_REACH = 1000.0
 
 
-# How far past the sweep's end a target may be sought: accuracy creeps towards
-# 1/K only slowly, so targets just above chance need sigma far beyond the floor.
-_SIGMA_REACH = 1000.0
+def _search_range(cal: Calibration) -> tuple[float, float]:
+    return float(cal.sweep.sigma[0]) / 10.0, float(cal.sweep.sigma[-1]) * SEARCH_REACH
 
 
-def _max_sigma(cal: Calibration) -> float:
-    return float(cal.sweep.sigma[-1]) * _SIGMA_REACH
+def saturated_sigma(cal: Calibration) -> float:
+    """What a saturated target serves: the largest sigma the sweep measured."""
+    return float(cal.sweep.sigma[-1])
+
+
+def _record(cal: Calibration, **fields) -> TargetRecord:
+    sigma = float(fields.pop("sigma"))
+    v = float(margins.normalized_noise(sigma, cal.scale))
+    return TargetRecord(sigma=sigma, v=v, **fields)
 
 
 def sigma_for_target(
@@ -233,7 +178,7 @@ def sigma_for_target(
     kind: str = "retention",
     inversion: str = "curve",
     saturate: bool = False,
-) -> TargetResult:
+) -> TargetRecord:
     """The noise sigma* that delivers a target on this model.
 
     Parameters
@@ -242,16 +187,16 @@ def sigma_for_target(
     value : float
         Absolute accuracy (kind="accuracy"), fraction of A0 (kind="retention")
         or agreement with the clean prediction (kind="agreement").
-    kind : {"accuracy", "retention", "agreement"}
+    kind : {"retention", "accuracy", "agreement"}
     inversion : {"curve", "logistic"}, default "curve"
         Ignored for agreement (always the exact pi(sigma)).
     saturate : bool, default False
-        A target the curve cannot reach returns the largest sigma of the
-        sweep (flagged ``saturated``) instead of raising.
+        A target the curve cannot reach returns the largest sigma the sweep
+        measured (:func:`saturated_sigma`, flagged ``saturated``) instead of raising.
 
     Returns
     -------
-    TargetResult
+    TargetRecord
         sigma = 0 when the target asks for no degradation (A* >= A0, agreement >= 1).
 
     Raises
@@ -260,8 +205,8 @@ def sigma_for_target(
         Unknown kind, a value outside (0, 1], labels missing for accuracy
         targets, or an unreachable target without ``saturate``.
     """
-    if kind not in TARGET_KINDS:
-        raise ValueError(f"kind must be one of {TARGET_KINDS}, got {kind!r}")
+    if kind not in CALIBRATED_KINDS:
+        raise ValueError(f"kind must be one of {CALIBRATED_KINDS}, got {kind!r}")
     if inversion not in INVERSIONS:
         raise ValueError(f"inversion must be one of {INVERSIONS}, got {inversion!r}")
     value = float(value)
@@ -277,15 +222,14 @@ def sigma_for_target(
         raise ValueError(f"{kind} targets need labels; this file has none (agreement targets do not)")
     a0 = cal.clean_accuracy
     accuracy = value if kind == "accuracy" else value * a0
-    retention = accuracy / a0
-    chance = cal.chance
-    u_target = (accuracy - chance) / (a0 - chance)
-    sig_log = _logistic_sigma(cal, u_target, saturate=True)
+    u_target = float(margins.normalized_utility(accuracy, clean=a0, n_classes=cal.n_classes))
+    sig_log = (logistic_sigma(cal.fit, u_target, scale=cal.scale, saturate=True)
+               if cal.fit_quantity == "accuracy" else float("nan"))
 
     def result(sigma, method, saturated=False):
-        v = float((sigma / cal.scale) ** 2) if np.isfinite(sigma) else float("inf")
-        return TargetResult(kind, value, accuracy, retention, None, v, float(sigma),
-                            sig_log, method, saturated)
+        return _record(cal, kind=kind, requested=value, accuracy=accuracy, retention=accuracy / a0,
+                       agreement=None, sigma=sigma, sigma_logistic=sig_log, method=method,
+                       saturated=saturated)
 
     if accuracy >= a0:
         return result(0.0, "none-needed")
@@ -293,10 +237,10 @@ def sigma_for_target(
         if not np.isfinite(sig_log):
             return _unreachable(cal, kind, value, accuracy, saturate, result, "logistic")
         return result(sig_log, "logistic")
-    lo, hi = cal.sweep.sigma[0] / 10.0, _max_sigma(cal)
+    lo, hi = _search_range(cal)
     mc = cal.intervals.accuracy
     try:
-        s_mc = _first_crossing(mc, accuracy, lo, hi)
+        s_mc = first_crossing(mc, accuracy, lo=lo, hi=hi)
     except ValueError:
         return _unreachable(cal, kind, value, accuracy, saturate, result, "curve")
     if cal.curve_method == "monte-carlo":
@@ -312,7 +256,7 @@ def sigma_for_target(
 
 def _unreachable(cal, kind, value, accuracy, saturate, result, how):
     if saturate:
-        return result(_max_sigma(cal), f"saturated-{how}", saturated=True)
+        return result(saturated_sigma(cal), f"saturated-{how}", saturated=True)
     raise ValueError(
         f"{kind} target {value:g} (accuracy {accuracy:.4f}) is out of reach: accuracy under noise "
         f"only falls towards chance 1/K={cal.chance:.4f} and the {how} never reaches it "
@@ -320,31 +264,24 @@ def _unreachable(cal, kind, value, accuracy, saturate, result, how):
     )
 
 
-def _logistic_sigma(cal: Calibration, u_target: float, *, saturate: bool) -> float:
-    if cal.fit_quantity != "accuracy":
-        return float("nan")
-    v = cal.fit.inverse(u_target, saturate=saturate)
-    return float(cal.scale * np.sqrt(v))
-
-
-def _agreement_target(cal: Calibration, value: float, *, saturate: bool) -> TargetResult:
+def _agreement_target(cal: Calibration, value: float, *, saturate: bool) -> TargetRecord:
     def result(sigma, method, saturated=False):
-        v = float((sigma / cal.scale) ** 2) if np.isfinite(sigma) else float("inf")
-        acc = ret = None
-        return TargetResult("agreement", value, acc, ret, value, v, float(sigma), None, method, saturated)
+        return _record(cal, kind="agreement", requested=value, accuracy=None, retention=None,
+                       agreement=value, sigma=sigma, sigma_logistic=None, method=method,
+                       saturated=saturated)
 
     if value >= 1.0:
         return result(0.0, "none-needed")
     if value <= cal.chance:
         if saturate:
-            return result(_max_sigma(cal), "saturated-exact-agreement", saturated=True)
+            return result(saturated_sigma(cal), "saturated-exact-agreement", saturated=True)
         raise ValueError(
             f"agreement target {value:g} is out of reach: agreement only falls towards chance "
             f"1/K={cal.chance:.4f}, and never reaches it"
         )
-    lo, hi = cal.sweep.sigma[0] / 10.0, _max_sigma(cal)
+    lo, hi = _search_range(cal)
     try:
-        guess = _first_crossing(cal.intervals.agreement, value, lo, hi)
+        guess = first_crossing(cal.intervals.agreement, value, lo=lo, hi=hi)
     except ValueError:
         guess = hi
     s = sigma_for_agreement(cal.exact, value, guess=guess, slope=_slope(cal.intervals.agreement, guess))

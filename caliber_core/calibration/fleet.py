@@ -12,9 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .calibrate import Calibration, TargetResult, measured_accuracy
+from ..config import TargetRecord
+from .calibrate import Calibration, measured_accuracy
 from .fit import LogisticFit, fit_logistic
-from .margins import MARGIN_STATISTICS
+from .margins import MARGIN_STATISTICS, normalized_noise, normalized_utility, sigma_from_v
 
 DEFAULT_RETENTIONS = (0.9, 0.8, 0.7, 0.6)
 
@@ -27,8 +28,7 @@ def normalized_points(cal: Calibration, statistic: str = "median") -> tuple[np.n
     if not np.isfinite(scale):
         raise ValueError(f"model {cal.name!r} has no positive {statistic} margin scale")
     # The sweep's sigma grid is statistic-free; only its v coordinates change.
-    sigma = cal.sweep.sigma
-    return (sigma / scale) ** 2, cal.sweep.utility
+    return normalized_noise(cal.sweep.sigma, scale), cal.sweep.utility
 
 
 def shared_fit(calibrations: Sequence[Calibration], *, statistic: str = "median") -> LogisticFit:
@@ -48,10 +48,26 @@ def calibrate_from_scale(
     value: float,
     kind: str = "retention",
     saturate: bool = False,
-) -> TargetResult:
+    v_max: float | None = None,
+) -> TargetRecord:
     """sigma* for a model known only by S, A0 and K, through a shared law.
 
     No sweep of the model is needed: v* from Eq. inverse-v, sigma* = S sqrt(v*).
+
+    Parameters
+    ----------
+    fit : LogisticFit
+        The shared law.
+    scale, clean_accuracy, n_classes : float, float, int
+        S, A0 and K of the new model.
+    value : float
+    kind : {"retention", "accuracy"}, default "retention"
+    saturate : bool, default False
+        A target at or below the law's floor c is flagged ``saturated``
+        instead of raising. Its sigma is S sqrt(v_max) when ``v_max`` is given,
+        else inf (nothing to serve).
+    v_max : float, optional
+        The largest v the shared law was fit on (the end of the pooled sweeps).
     """
     if kind not in ("accuracy", "retention"):
         raise ValueError(f"kind must be 'accuracy' or 'retention', got {kind!r}")
@@ -61,11 +77,17 @@ def calibrate_from_scale(
     if not clean_accuracy > chance:
         raise ValueError(f"clean accuracy {clean_accuracy} is not above chance {chance:.4f}")
     accuracy = value if kind == "accuracy" else value * clean_accuracy
-    u = (accuracy - chance) / (clean_accuracy - chance)
-    v = fit.inverse(min(u, 1.0), saturate=saturate)
-    sigma = float(scale * np.sqrt(v))
-    return TargetResult(kind, float(value), accuracy, accuracy / clean_accuracy, None, float(v),
-                        sigma, sigma, "shared-logistic", not np.isfinite(v))
+    u = float(normalized_utility(accuracy, clean=clean_accuracy, n_classes=n_classes))
+    v = float(fit.inverse(min(u, 1.0), saturate=saturate))
+    sigma_law = float(sigma_from_v(v, scale))
+    saturated = not np.isfinite(v)
+    if saturated and v_max is not None:
+        v = float(v_max)
+    return TargetRecord(kind=kind, requested=float(value), accuracy=accuracy,
+                        retention=accuracy / clean_accuracy, agreement=None, v=v,
+                        sigma=float(sigma_from_v(v, scale)), sigma_logistic=sigma_law,
+                        method="saturated-shared-logistic" if saturated else "shared-logistic",
+                        saturated=saturated)
 
 
 def transfer_error(

@@ -9,21 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..validation import as_labels, as_logits
+
 MARGIN_STATISTICS = ("median", "mean", "trimmed")
 TRIM_FRACTION = 0.10  # the paper's 10%-trimmed mean
-
-
-def _as_logits(logits) -> np.ndarray:
-    arr = np.asarray(logits)
-    if arr.ndim != 2:
-        raise ValueError(f"logits must be 2-D (n_samples, n_classes), got shape {arr.shape}")
-    if arr.shape[1] < 2:
-        raise ValueError(f"logits need at least 2 classes, got n_classes={arr.shape[1]}")
-    if arr.shape[0] < 1:
-        raise ValueError("logits have no rows (n_samples=0)")
-    if not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
-        raise ValueError(f"logits must be real numbers, got dtype {arr.dtype}")
-    return arr.astype(np.float64, copy=False)
 
 
 def top_two_margins(logits) -> np.ndarray:
@@ -37,7 +26,7 @@ def top_two_margins(logits) -> np.ndarray:
     -------
     margins : ndarray of shape (n_samples,), non-negative.
     """
-    z = _as_logits(logits)
+    z = as_logits(logits)
     top2 = np.partition(z, z.shape[1] - 2, axis=1)[:, -2:]
     return top2[:, 1] - top2[:, 0]
 
@@ -96,12 +85,8 @@ def all_scales(logits) -> dict[str, float]:
 
 def clean_accuracy(logits, labels) -> float:
     """A0: top-1 accuracy of the noise-free logits (ties go to the lowest index)."""
-    z = _as_logits(logits)
-    y = np.asarray(labels)
-    if y.shape != (z.shape[0],):
-        raise ValueError(
-            f"inconsistent numbers of samples: logits {z.shape[0]}, labels {y.shape}"
-        )
+    z = as_logits(logits)
+    y = as_labels(labels, n_samples=z.shape[0], n_classes=z.shape[1])
     return float(np.mean(np.argmax(z, axis=1) == y))
 
 

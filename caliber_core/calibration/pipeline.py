@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from .calibrate import Calibration, TargetResult, calibrate_model, sigma_for_target
-from ..config import build_config
+from ..config import TargetRecord, build_config
 from ..loading import LogitsData, require_labels
+from .calibrate import Calibration, calibrate_model, sigma_for_target
 
 DEFAULT_TARGETS = (("retention", 0.9), ("retention", 0.8), ("retention", 0.7), ("retention", 0.6))
 
@@ -37,7 +37,7 @@ def resolve_targets(
     *,
     inversion: str = "curve",
     saturate: bool = False,
-) -> list[TargetResult]:
+) -> list[TargetRecord]:
     """sigma* for each (kind, value), in the order given."""
     out = []
     for kind, value in targets:
@@ -57,7 +57,7 @@ def config_for(
     inversion: str = "curve",
     saturate: bool = False,
     progress: Callable[[float], None] | None = None,
-) -> tuple[Calibration, list[TargetResult], dict]:
+) -> tuple[Calibration, list[TargetRecord], dict]:
     """Calibrate a loaded file and build its config dict."""
     if any(kind != "agreement" for kind, _ in targets):
         require_labels(data, "accuracy and retention targets")

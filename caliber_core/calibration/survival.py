@@ -18,13 +18,10 @@ uniform grid converges geometrically; nodes on [-U_MAX, U_MAX] match mpmath to
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
-from scipy import optimize
 from scipy.special import ndtr
 
-from .margins import _as_logits
+from ..validation import as_labels, as_logits, as_sigmas
 
 U_MAX = 8.0  # 2 (1 - Phi(8)) ~ 1e-15: the mass beyond cannot move P in float64
 # Trapezoid spacing in u. The integrand sharpens as K grows (it is the law of a
@@ -49,16 +46,6 @@ _RULE_FEW = _rule(QUAD_STEP_FEW)
 _RULE = _rule(QUAD_STEP)
 
 
-def _check_sigma(sigma) -> np.ndarray:
-    s = np.atleast_1d(np.asarray(sigma, dtype=np.float64))
-    if s.ndim != 1:
-        raise ValueError(f"sigma must be a scalar or 1-D, got shape {s.shape}")
-    if not np.all(np.isfinite(s)) or np.any(s < 0):
-        bad = s[~(np.isfinite(s) & (s >= 0))][0]
-        raise ValueError(f"sigma must be finite and >= 0, got {bad}")
-    return s
-
-
 def sorted_gaps(logits, reference) -> np.ndarray:
     """Gaps z_c - z_j to every other class, sorted ascending per row.
 
@@ -72,7 +59,7 @@ def sorted_gaps(logits, reference) -> np.ndarray:
     -------
     gaps : ndarray of shape (n_samples, n_classes - 1)
     """
-    z = _as_logits(logits)
+    z = as_logits(logits)
     c = np.asarray(reference, dtype=np.int64)
     if c.shape != (z.shape[0],):
         raise ValueError(f"reference must have shape ({z.shape[0]},), got {c.shape}")
@@ -96,7 +83,7 @@ def survival_probability(gaps_sorted: np.ndarray, sigma: float) -> np.ndarray:
     -------
     prob : ndarray of shape (n_samples,)
     """
-    sigma = float(_check_sigma(sigma)[0])
+    sigma = float(as_sigmas(sigma)[0])
     g = gaps_sorted
     n = g.shape[0]
     if sigma == 0.0:
@@ -131,8 +118,8 @@ def agreement_probability(logits, sigma) -> np.ndarray:
     -------
     pi : ndarray of shape (n_samples,) for scalar sigma, else (len(sigma), n_samples)
     """
-    z = _as_logits(logits)
-    sig = _check_sigma(sigma)
+    z = as_logits(logits)
+    sig = as_sigmas(sigma)
     gaps = sorted_gaps(z, np.argmax(z, axis=1))
     res = np.stack([survival_probability(gaps, s) for s in sig])
     return res[0] if np.ndim(sigma) == 0 else res
@@ -151,17 +138,13 @@ class ExactCurves:
     """
 
     def __init__(self, logits, labels=None):
-        z = _as_logits(logits)
+        z = as_logits(logits)
         self.n_samples, self.n_classes = z.shape
         self.pred = np.argmax(z, axis=1)
         self._agree_gaps = sorted_gaps(z, self.pred)
         self.labels = None
         if labels is not None:
-            y = np.asarray(labels, dtype=np.int64)
-            if y.shape != (z.shape[0],):
-                raise ValueError(
-                    f"inconsistent numbers of samples: logits {z.shape[0]}, labels {y.shape}"
-                )
+            y = as_labels(labels, n_samples=z.shape[0], n_classes=z.shape[1])
             self.labels = y
             self.correct = self.pred == y
             self._correct_gaps = self._agree_gaps[self.correct]
@@ -179,7 +162,7 @@ class ExactCurves:
 
     def agreement(self, sigma) -> np.ndarray:
         """Mean pi(sigma) over all inputs, for each sigma."""
-        sig = _check_sigma(sigma)
+        sig = as_sigmas(sigma)
         return np.array([survival_probability(self._agree_gaps, s).mean() for s in sig])
 
     # Per-sigma pieces. The correctly classified rows' sum of pi is shared by the
@@ -199,7 +182,7 @@ class ExactCurves:
         """Exact expected accuracy E[A(sigma)] over the noise, for each sigma."""
         self._need_labels()
         return np.array([(self._correct_sum(s) + self._wrong_sum(s)) / self.n_samples
-                         for s in _check_sigma(sigma)])
+                         for s in as_sigmas(sigma)])
 
     def corridor(self, sigma) -> tuple[np.ndarray, np.ndarray]:
         """Lower and upper accuracy envelopes of Corollary 1 (Eq. corridor).
@@ -217,98 +200,10 @@ class ExactCurves:
         self._need_labels()
         a0 = float(np.mean(self.correct))
         acc, lower, upper = [], [], []
-        for s in _check_sigma(sigma):
+        for s in as_sigmas(sigma):
             c = self._correct_sum(s)
             lower.append(c / self.n_samples)
             upper.append(lower[-1] + (1.0 - a0) * self._beta(s))
             if with_accuracy:
                 acc.append((c + self._wrong_sum(s)) / self.n_samples)
         return (np.array(acc) if with_accuracy else None), np.array(lower), np.array(upper)
-
-
-def invert_decreasing(
-    func: Callable[[float], float],
-    target: float,
-    *,
-    lo: float,
-    hi: float,
-    rtol: float = 1e-6,
-    max_expand: int = 60,
-) -> float:
-    """Smallest-bracket root of ``func(sigma) = target`` for a decreasing func.
-
-    Expands [lo, hi] geometrically until it brackets the target, then Brent.
-    Raises ValueError if no bracket is found (target unreachable).
-    """
-    f_lo, f_hi = func(lo) - target, func(hi) - target
-    for _ in range(max_expand):
-        if f_lo >= 0:
-            break
-        hi, f_hi = lo, f_lo
-        lo /= 2.0
-        f_lo = func(lo) - target
-    for _ in range(max_expand):
-        if f_hi <= 0:
-            break
-        lo, f_lo = hi, f_hi
-        hi *= 2.0
-        f_hi = func(hi) - target
-    if f_lo < 0 or f_hi > 0:
-        raise ValueError(f"target {target:g} is not reachable in sigma range [{lo:g}, {hi:g}]")
-    if f_lo == 0:
-        return lo
-    if f_hi == 0:
-        return hi
-    return float(optimize.brentq(lambda s: func(s) - target, lo, hi, rtol=rtol, xtol=1e-12))
-
-
-def solve_near(
-    func: Callable[[float], float],
-    target: float,
-    *,
-    guess: float,
-    slope: float | None = None,
-    rtol: float = 1e-4,
-    max_iter: int = 8,
-) -> float:
-    """Root of ``func(sigma) = target`` near a good ``guess`` (e.g. from the Monte-Carlo curve).
-
-    Secant steps from the guess (the first along ``slope`` when given) stop once
-    a step is below ``rtol`` relative; secant convergence is superlinear, so the
-    error left is of the order of that step times the one before (~1e-6 relative
-    here), in two or three evaluations of an expensive exact curve. If the steps
-    wander, a bracketing search takes over (:func:`invert_decreasing`).
-    """
-    x0 = float(guess)
-    f0 = func(x0) - target
-    if f0 == 0.0:
-        return x0
-    x1 = x0 - f0 / slope if slope is not None and slope < 0 else x0 * (1.01 if f0 > 0 else 0.99)
-    for _ in range(max_iter):
-        if not (np.isfinite(x1) and x1 > 0):
-            break
-        f1 = func(x1) - target
-        if f1 == 0.0 or f1 == f0:
-            if f1 == 0.0:
-                return x1
-            break
-        step = f1 * (x1 - x0) / (f1 - f0)
-        x0, f0, x1 = x1, f1, x1 - step
-        if abs(step) <= rtol * abs(x1):
-            return float(x1)
-    return invert_decreasing(func, target, lo=guess * 0.97, hi=guess * 1.03, rtol=rtol)
-
-
-def sigma_for_agreement(
-    curves: ExactCurves, target: float, *, guess: float, slope: float | None = None
-) -> float:
-    """sigma at which the exact mean agreement equals ``target`` (in (1/K, 1)).
-
-    pi is strictly decreasing (Proposition 1), so the root is unique.
-    """
-    chance = 1.0 / curves.n_classes
-    if not chance < target < 1.0:
-        raise ValueError(
-            f"agreement target must lie strictly between 1/K={chance:.4g} and 1, got {target}"
-        )
-    return solve_near(lambda s: float(curves.agreement(s)[0]), target, guess=guess, slope=slope)

@@ -16,7 +16,8 @@ Draws for large K come from a pool of standard-normal rows read at random
 cyclic offsets: every vector is still i.i.d. N(0, 1) (a permutation of i.i.d.
 normals), each input's draws use distinct pool rows, and generating normals
 is what dominates the cost otherwise. tests/test_sweep.py checks the result
-against a straightforward argmax Monte Carlo within its standard error.
+against the straightforward argmax Monte Carlo
+(:mod:`caliber_core.simulation.reference`) within its standard error.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from functools import cached_property
 
 import numpy as np
 
-from .margins import _as_logits, chance_level
+from ..validation import as_labels, as_logits
+from .margins import chance_level, normalized_utility, sigma_from_v
 
 DEFAULT_REALIZATIONS = 64
 # Above this many classes the draws come from a shifted pool (see module docstring).
@@ -40,7 +42,7 @@ POOL_MAX_REUSE = 16
 _CHUNK_ELEMENTS = 1 << 20  # draws per chunk: ~4 MB of float32, stays in cache
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SurvivalIntervals:
     """Per (input, draw) sigma-intervals on which the prediction survives.
 
@@ -182,19 +184,13 @@ def survival_intervals(
     progress : callable, optional
         Called with the fraction done in [0, 1].
     """
-    z = _as_logits(logits)
+    z = as_logits(logits)
     n, k = z.shape
     if isinstance(realizations, bool) or not isinstance(realizations, (int, np.integer)):
         raise TypeError(f"realizations must be an int, got {realizations!r}")
     if realizations < 1:
         raise ValueError(f"realizations must be >= 1, got {realizations}")
-    y = None
-    if labels is not None:
-        y = np.asarray(labels)
-        if y.shape != (n,):
-            raise ValueError(f"inconsistent numbers of samples: logits {n}, labels {y.shape}")
-        if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= k:
-            raise ValueError(f"labels must be integers in [0, {k}), got range [{y.min()}, {y.max()}]")
+    y = None if labels is None else as_labels(labels, n_samples=n, n_classes=k)
     # Draws come in antithetic pairs (xi, -xi): half the normals, and the pair's
     # survival events are negatively correlated, so no precision is lost.
     realizations += realizations % 2
@@ -223,7 +219,7 @@ def survival_intervals(
                 acc_hi[start + w] = hi
         if progress is not None:
             progress(stop / n)
-    return SurvivalIntervals(agree_hi, acc_lo, acc_hi, k, seed)
+    return SurvivalIntervals(agree_hi=agree_hi, acc_lo=acc_lo, acc_hi=acc_hi, n_classes=k, seed=seed)
 
 
 class _DrawSource:
@@ -298,7 +294,7 @@ def _intervals(xi: np.ndarray, z: np.ndarray, ref: np.ndarray) -> tuple[np.ndarr
     return lo, hi
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NoiseSweep:
     """Accuracy and agreement on a sigma grid, with the normalized axes.
 
@@ -338,19 +334,18 @@ def sweep_from_intervals(
     if v_grid is None:
         v_grid = default_v_grid(intervals, scale=scale, clean_accuracy=clean_accuracy)
     v = np.asarray(v_grid, dtype=np.float64)
-    sigma = scale * np.sqrt(v)
+    sigma = sigma_from_v(v, scale)
     agreement = intervals.agreement(sigma)
     agreement_se = intervals.agreement_stderr(sigma)
     accuracy = accuracy_se = utility = None
     if intervals.has_labels and clean_accuracy is not None:
-        from .margins import normalized_utility
-
         accuracy = intervals.accuracy(sigma)
         accuracy_se = intervals.accuracy_stderr(sigma)
         utility = normalized_utility(accuracy, clean=clean_accuracy, n_classes=intervals.n_classes)
     return NoiseSweep(
-        sigma, v, accuracy, accuracy_se, agreement, agreement_se, utility, scale,
-        clean_accuracy, intervals.n_classes, intervals.realizations, intervals.seed,
+        sigma=sigma, v=v, accuracy=accuracy, accuracy_se=accuracy_se, agreement=agreement,
+        agreement_se=agreement_se, utility=utility, scale=scale, clean_accuracy=clean_accuracy,
+        n_classes=intervals.n_classes, realizations=intervals.realizations, seed=intervals.seed,
     )
 
 
@@ -371,7 +366,7 @@ def default_v_grid(
     chance = chance_level(intervals.n_classes)
 
     def level(v):
-        s = scale * np.sqrt(v)
+        s = sigma_from_v(v, scale)
         if intervals.has_labels and clean_accuracy is not None and clean_accuracy > chance:
             return (intervals.accuracy(s) - chance) / (clean_accuracy - chance)
         return (intervals.agreement(s) - chance) / (1 - chance)
@@ -383,56 +378,3 @@ def default_v_grid(
     while v_hi < 1e6 and level(v_hi)[0] > floor:
         v_hi *= 2
     return np.geomspace(v_lo, v_hi, n_points)
-
-
-def sweep_noise(
-    logits,
-    labels=None,
-    *,
-    scale: float,
-    v_grid=None,
-    realizations: int = DEFAULT_REALIZATIONS,
-    seed: int | None = 0,
-    progress: Callable[[float], None] | None = None,
-) -> NoiseSweep:
-    """Accuracy and agreement under i.i.d. N(0, sigma^2) logit noise on a v grid.
-
-    Parameters
-    ----------
-    logits : array_like of shape (n_samples, n_classes)
-    labels : array_like of int, shape (n_samples,), optional
-    scale : float
-        The margin scale S (see :func:`caliber_core.calibration.margins.margin_scale`).
-    v_grid : array_like, optional
-        Normalized noise values; default spans the whole transition.
-    realizations, seed, progress
-        See :func:`survival_intervals`.
-    """
-    from .margins import clean_accuracy as _clean
-
-    intervals = survival_intervals(
-        logits, labels, realizations=realizations, seed=seed, progress=progress
-    )
-    a0 = _clean(logits, labels) if labels is not None else None
-    return sweep_from_intervals(intervals, scale=scale, clean_accuracy=a0, v_grid=v_grid)
-
-
-def brute_force_accuracy(logits, labels, sigma, *, realizations: int, seed: int | None = 0):
-    """Straightforward Monte Carlo: add noise, take argmax, average. For checks.
-
-    Returns (accuracy, agreement) arrays over ``sigma``, each draw fresh.
-    """
-    z = _as_logits(logits)
-    y = np.asarray(labels)
-    pred = np.argmax(z, axis=1)
-    rng = np.random.default_rng(seed)
-    acc, agr = [], []
-    for s in np.atleast_1d(sigma):
-        a = g = 0.0
-        for _ in range(realizations):
-            noisy = np.argmax(z + s * rng.standard_normal(z.shape), axis=1)
-            a += np.mean(noisy == y)
-            g += np.mean(noisy == pred)
-        acc.append(a / realizations)
-        agr.append(g / realizations)
-    return np.array(acc), np.array(agr)

@@ -12,7 +12,8 @@ import numbers
 
 import numpy as np
 
-from caliber_core.serving.runtime import Perturber, _is_torch
+from ..validation import is_torch
+from .runtime import Perturber
 
 
 def _check_perturber(perturber) -> None:
@@ -54,7 +55,7 @@ def noisy_probabilities(perturber, logits, ids=None, *, temperature: float = 1.0
             or not math.isfinite(temperature) or temperature <= 0:
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
     noisy = perturber.perturb(logits, ids)
-    if _is_torch(noisy):
+    if is_torch(noisy):
         import torch
 
         return torch.softmax(noisy.double() / float(temperature), dim=-1).to(noisy.dtype)
@@ -83,7 +84,7 @@ def noisy_top_logprobs(perturber, logits, ids=None, *, k: int = 5):
     """
     _check_perturber(perturber)
     noisy = perturber.perturb(logits, ids)
-    if _is_torch(noisy):
+    if is_torch(noisy):
         noisy = noisy.detach().cpu().double().numpy()
     rows = np.atleast_2d(np.asarray(noisy, dtype=np.float64))
     n_classes = rows.shape[1]
@@ -138,7 +139,7 @@ class LogitsProcessorAdapter:
         self.id_fn = _token_ids_bytes if id_fn is None else id_fn
 
     def __call__(self, input_ids, scores):
-        if not (_is_torch(input_ids) and _is_torch(scores)):
+        if not (is_torch(input_ids) and is_torch(scores)):
             raise TypeError(
                 f"input_ids and scores must be torch tensors, got "
                 f"{type(input_ids).__name__} and {type(scores).__name__}"

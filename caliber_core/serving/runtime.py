@@ -21,50 +21,20 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
-import math
 import numbers
-import os
 import struct
 from collections.abc import Sequence
 
 import numpy as np
 
+from ..config import sigma_to_serve
+from ..validation import check_key, check_sigma, is_torch
+
 SEEDINGS = ("per-input", "fresh")
-CONFIG_SCHEMA_PREFIX = "caliber.config/"
 
 # Domain separation for the per-row HMAC: a later change to the noise
 # derivation bumps the version so old and new noise never coincide by accident.
 _NOISE_DOMAIN = b"caliber.runtime.noise/v1\x00"
-
-
-# --------------------------------------------------------------------------
-# validation helpers
-# --------------------------------------------------------------------------
-
-
-def _is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch")
-
-
-def _check_sigma(sigma) -> float:
-    if isinstance(sigma, bool) or not isinstance(sigma, numbers.Real):
-        raise TypeError(f"sigma must be a real number, got {sigma!r} of type {type(sigma).__name__}")
-    value = float(sigma)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"sigma must be finite and >= 0, got {sigma!r}")
-    return value
-
-
-def _check_key(key) -> bytes:
-    if not isinstance(key, (bytes, bytearray, memoryview)):
-        raise TypeError(
-            f"key must be bytes (e.g. secret.encode()), got {type(key).__name__}"
-        )
-    key = bytes(key)
-    if not key:
-        raise ValueError("key must be a non-empty secret for per-input seeding, got b''")
-    return key
 
 
 def _encode_id(one_id, position: int) -> bytes:
@@ -109,7 +79,7 @@ def _as_rows(logits):
     write into it. ``restore(values)`` turns a float64 (N, K) result back into
     the input's type, shape, dtype and (torch) device.
     """
-    if _is_torch(logits):
+    if is_torch(logits):
         import torch
 
         if not isinstance(logits, torch.Tensor):
@@ -209,7 +179,7 @@ def per_input_noise(ids, n_classes: int, *, key: bytes) -> np.ndarray:
     """
     if isinstance(n_classes, bool) or not isinstance(n_classes, numbers.Integral) or n_classes < 1:
         raise ValueError(f"n_classes must be a positive integer, got {n_classes!r}")
-    key = _check_key(key)
+    key = check_key(key)
     if not hasattr(ids, "__len__") or isinstance(ids, (str, bytes, bytearray, memoryview)):
         raise TypeError(f"ids must be a sequence of str/bytes, got {type(ids).__name__}")
     encoded = _encode_ids(ids, len(ids), single_row=False)
@@ -277,7 +247,7 @@ class Perturber:
     """
 
     def __init__(self, sigma, *, seeding: str = "per-input", key: bytes | None = None, generator=None):
-        self._sigma = _check_sigma(sigma)
+        self._sigma = check_sigma(sigma)
         if seeding not in SEEDINGS:
             raise ValueError(f"seeding must be one of {SEEDINGS}, got {seeding!r}")
         self._seeding = seeding
@@ -285,7 +255,7 @@ class Perturber:
         if seeding == "per-input":
             if key is None:
                 raise ValueError("per-input seeding needs key=<secret bytes>, got key=None")
-            self._key = _check_key(key)
+            self._key = check_key(key)
             # Keyed once; each row then copies this state (cheaper than re-keying).
             self._hmac = hmac.new(self._key, digestmod=hashlib.sha256)
         if generator is not None and not isinstance(generator, np.random.Generator):
@@ -296,13 +266,13 @@ class Perturber:
     @classmethod
     def from_config(cls, config, *, target: int = 0, seeding: str = "per-input", key: bytes | None = None,
                     generator=None) -> "Perturber":
-        """A Perturber with ``config["targets"][target]["sigma"]``.
+        """A Perturber serving ``config["targets"][target]`` (see :func:`caliber_core.config.sigma_to_serve`).
 
         Parameters
         ----------
         config : dict or str or os.PathLike
-            A ``caliber.config/v1`` dict (as returned by
-            ``caliber_core.config.load_config``) or the path of its JSON file.
+            A config dict, its JSON text, or the path of its JSON file
+            (``caliber.config/v2``, or v1, upgraded on load).
         target : int, default 0
             Index into ``config["targets"]``.
         seeding, key, generator
@@ -310,11 +280,17 @@ class Perturber:
 
         Raises
         ------
-        ValueError
-            Wrong schema, no targets, target out of range, missing ``sigma``,
-            unreadable JSON.
+        caliber_core.config.ConfigError
+            An invalid or unreadable config, no targets, target out of range.
+        TypeError
+            ``target`` is not an integer.
+
+        Warns
+        -----
+        caliber_core.config.SaturatedTargetWarning
+            The target is saturated: it serves the largest sigma the sweep measured.
         """
-        return cls(sigma_from_config(config, target=target), seeding=seeding, key=key, generator=generator)
+        return cls(sigma_to_serve(config, target=target), seeding=seeding, key=key, generator=generator)
 
     @property
     def sigma(self) -> float:
@@ -376,7 +352,7 @@ class Perturber:
         else:
             encoded = _encode_ids(ids, n_rows, single_row=single_row)
         if self._sigma == 0.0:
-            return logits.detach().clone() if _is_torch(logits) else np.array(logits, copy=True)
+            return logits.detach().clone() if is_torch(logits) else np.array(logits, copy=True)
         if self._seeding == "per-input":
             noise = _per_input_noise(self._hmac, encoded, n_classes)
         else:
@@ -384,45 +360,3 @@ class Perturber:
         noise *= self._sigma
         noise += arr  # in float64: the mixed-dtype add upcasts arr exactly
         return restore(noise)
-
-
-def sigma_from_config(config, *, target: int = 0) -> float:
-    """``config["targets"][target]["sigma"]`` after checking the schema.
-
-    Parameters
-    ----------
-    config : dict or str or os.PathLike
-        The config dict, or the path of its JSON file.
-    target : int, default 0
-
-    Returns
-    -------
-    sigma : float, validated finite and >= 0.
-    """
-    if isinstance(config, (str, os.PathLike)):
-        path = os.fspath(config)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                config = json.load(fh)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"config file {path!r} is not valid JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise TypeError(f"config must be a dict or a path to a JSON file, got {type(config).__name__}")
-    schema = config.get("schema")
-    if not isinstance(schema, str) or not schema.startswith(CONFIG_SCHEMA_PREFIX):
-        raise ValueError(f"config 'schema' must start with {CONFIG_SCHEMA_PREFIX!r}, got {schema!r}")
-    targets = config.get("targets")
-    if not isinstance(targets, list) or not targets:
-        raise ValueError(f"config 'targets' must be a non-empty list, got {targets!r}")
-    if isinstance(target, bool) or not isinstance(target, numbers.Integral):
-        raise TypeError(f"target must be an integer index, got {target!r}")
-    if not 0 <= target < len(targets):
-        raise ValueError(f"target index must be in [0, {len(targets)}), got {target}")
-    entry = targets[target]
-    if not isinstance(entry, dict) or "sigma" not in entry:
-        fields = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
-        raise ValueError(f"config targets[{target}] has no 'sigma' field (has {fields})")
-    try:
-        return _check_sigma(entry["sigma"])
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"config targets[{target}]: {exc}") from None

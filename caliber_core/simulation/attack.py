@@ -19,8 +19,8 @@ import numbers
 import numpy as np
 import pandas as pd
 
-from caliber_core.calibration.margins import _as_logits
-from caliber_core.serving.runtime import SEEDINGS, Perturber, _check_key, _check_sigma
+from ..serving.runtime import SEEDINGS, Perturber
+from ..validation import as_labels, as_logits, check_key, check_sigma
 
 ESTIMATORS = ("soft-average", "majority-vote")
 ATTACK_COLUMNS = ("seeding", "estimator", "m", "agreement", "agreement_se", "accuracy", "accuracy_se")
@@ -50,24 +50,6 @@ def _check_count(value, name: str, *, allow_none: bool = False):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
-
-
-def _check_logits_labels(logits, labels):
-    z = _as_logits(logits)  # 2-D, >= 1 row, >= 2 classes, real; float64
-    n_samples, n_classes = z.shape
-    if not np.isfinite(z).all():
-        bad = np.argwhere(~np.isfinite(z))[0]
-        raise ValueError(f"logits must be finite, got {z[bad[0], bad[1]]} at row {bad[0]}, class {bad[1]}")
-    if labels is None:
-        return z, None
-    y = np.asarray(labels)
-    if y.shape != (n_samples,):
-        raise ValueError(f"labels must have shape ({n_samples},) to match logits, got {y.shape}")
-    if not np.issubdtype(y.dtype, np.integer):
-        raise ValueError(f"labels must be integer class indices, got dtype {y.dtype}")
-    if y.min() < 0 or y.max() >= n_classes:
-        raise ValueError(f"labels must lie in [0, {n_classes}), got range [{y.min()}, {y.max()}]")
-    return z, y.astype(np.int64, copy=False)
 
 
 def _repeat_key(key: bytes, repeat: int) -> bytes:
@@ -148,8 +130,9 @@ def simulate_averaging_attack(
     responses are identical, so both estimators return the single-query
     decision for every M, exactly (part (ii)).
     """
-    z, y = _check_logits_labels(logits, labels)
-    sigma = _check_sigma(sigma)
+    z = as_logits(logits, finite=True)
+    y = None if labels is None else as_labels(labels, n_samples=z.shape[0], n_classes=z.shape[1])
+    sigma = check_sigma(sigma)
     if isinstance(m_values, numbers.Integral):
         m_values = (m_values,)
     m_list = [_check_count(m, "each of m_values") for m in m_values]
@@ -162,7 +145,7 @@ def simulate_averaging_attack(
     estimators = _check_choice_tuple(estimators, ESTIMATORS, "estimators")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    key = _check_key(key)
+    key = check_key(key)
     repeats = _check_count(repeats, "repeats")
     chunk_size = _check_count(chunk_size, "chunk_size", allow_none=True)
     if progress is not None and not callable(progress):

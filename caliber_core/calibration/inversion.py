@@ -1,0 +1,231 @@
+"""Target -> sigma on a curve that falls as sigma grows: the one home of every inversion.
+
+Accuracy, agreement and their confidence bounds all fall (in expectation)
+as the noise grows, so a target value is met where the curve crosses it.
+
+* :func:`first_crossing` scans a vectorized curve (the instant Monte-Carlo
+  curve of a sweep, or a tabulated curve) on a log grid for the first bracket,
+  then bisects it.
+* :func:`solve_near` refines on an expensive scalar curve (the exact
+  quadrature) from a good guess by secant steps, falling back to
+  :func:`invert_decreasing` (a growing bracket, then Brent).
+* :func:`logistic_sigma` is the closed form of the fitted law
+  (``fit.invert_logistic``, Eq. inverse-v) mapped to sigma.
+
+Which side is returned (``side``), as the Opacus accountants do for their
+noise search:
+
+* ``"point"`` -- the best estimate of the crossing itself;
+* ``"at-most"`` -- the upper end of the final bracket, where the curve is
+  known to be <= target (the delivered value is at most the target);
+* ``"at-least"`` -- the lower end, where the curve is known to be >= target.
+
+A curve is either a callable (vectorized: array of sigma in, array out) or a
+tabulated pair ``(sigma, values)`` with sigma increasing and positive,
+interpolated linearly in log sigma (:func:`as_curve`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from scipy import optimize
+
+from ..config import SIDES
+from .margins import sigma_from_v
+
+Curve = Callable[[np.ndarray], np.ndarray]
+
+
+def check_side(side: str) -> str:
+    if side not in SIDES:
+        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+    return side
+
+
+def as_curve(curve) -> Curve:
+    """A vectorized callable from a callable or a tabulated ``(sigma, values)`` pair."""
+    if callable(curve):
+        return curve
+    try:
+        x, y = (np.asarray(a, dtype=np.float64) for a in curve)
+    except (TypeError, ValueError):
+        raise TypeError(f"curve must be a callable or a (sigma, values) pair, got {type(curve).__name__}") from None
+    if x.ndim != 1 or x.shape != y.shape or x.size < 2:
+        raise ValueError(f"a tabulated curve needs two 1-D arrays of equal length >= 2, got {x.shape} and {y.shape}")
+    if not (np.all(x > 0) and np.all(np.diff(x) > 0) and np.all(np.isfinite(y))):
+        raise ValueError("a tabulated curve needs increasing sigma > 0 and finite values")
+    log_x = np.log(x)
+
+    def tabulated(sigma):
+        s = np.maximum(np.atleast_1d(np.asarray(sigma, dtype=np.float64)), np.finfo(float).tiny)
+        return np.interp(np.log(s), log_x, y)
+
+    return tabulated
+
+
+def first_crossing(curve, target: float, *, lo: float, hi: float, n_grid: int = 2000,
+                   side: str = "point") -> float:
+    """Smallest sigma in [lo, hi] where the curve falls to ``target`` (it starts above it).
+
+    A log grid finds the first bracket; bisection then pins the crossing.
+
+    Raises
+    ------
+    ValueError
+        The curve stays above the target on the whole range.
+    """
+    check_side(side)
+    func = as_curve(curve)
+    if not (0 < lo < hi and np.isfinite(hi)):
+        raise ValueError(f"need 0 < lo < hi < inf, got lo={lo}, hi={hi}")
+    grid = np.geomspace(lo, hi, n_grid)
+    below = np.nonzero(func(grid) <= target)[0]
+    if below.size == 0:
+        raise ValueError(f"target {target:g} not reached for sigma in [{lo:g}, {hi:g}]")
+    i = below[0]
+    if i == 0:
+        # Already at or below the target where the range starts; no noise is the only "at least".
+        return 0.0 if side == "at-least" else float(grid[0])
+    a, b = grid[i - 1], grid[i]
+    for _ in range(60):
+        mid = 0.5 * (a + b)
+        if func(np.array([mid]))[0] <= target:
+            b = mid
+        else:
+            a = mid
+    return float({"point": 0.5 * (a + b), "at-most": b, "at-least": a}[side])
+
+
+def invert_decreasing(
+    func: Callable[[float], float],
+    target: float,
+    *,
+    lo: float,
+    hi: float,
+    rtol: float = 1e-6,
+    max_expand: int = 60,
+    side: str = "point",
+) -> float:
+    """Root of ``func(sigma) = target`` for a decreasing scalar func, from a growing bracket.
+
+    Expands [lo, hi] geometrically until it brackets the target, then Brent;
+    ``side`` then moves to the bracket end that satisfies the target.
+
+    Raises
+    ------
+    ValueError
+        No bracket is found (the target is out of reach).
+    """
+    check_side(side)
+    f_lo, f_hi = func(lo) - target, func(hi) - target
+    for _ in range(max_expand):
+        if f_lo >= 0:
+            break
+        hi, f_hi = lo, f_lo
+        lo /= 2.0
+        f_lo = func(lo) - target
+    for _ in range(max_expand):
+        if f_hi <= 0:
+            break
+        lo, f_lo = hi, f_hi
+        hi *= 2.0
+        f_hi = func(hi) - target
+    if f_lo < 0 or f_hi > 0:
+        raise ValueError(f"target {target:g} is not reachable in sigma range [{lo:g}, {hi:g}]")
+    if f_lo == 0:
+        root = lo
+    elif f_hi == 0:
+        root = hi
+    else:
+        root = float(optimize.brentq(lambda s: func(s) - target, lo, hi, rtol=rtol, xtol=1e-12))
+    return settle(func, target, root, side=side, rtol=rtol)
+
+
+def solve_near(
+    func: Callable[[float], float],
+    target: float,
+    *,
+    guess: float,
+    slope: float | None = None,
+    rtol: float = 1e-4,
+    max_iter: int = 8,
+    side: str = "point",
+) -> float:
+    """Root of ``func(sigma) = target`` near a good ``guess`` (e.g. from the Monte-Carlo curve).
+
+    Secant steps from the guess (the first along ``slope`` when given) stop once
+    a step is below ``rtol`` relative; secant convergence is superlinear, so the
+    error left is of the order of that step times the one before (~1e-6 relative
+    here), in two or three evaluations of an expensive exact curve. If the steps
+    wander, a bracketing search takes over (:func:`invert_decreasing`).
+    """
+    check_side(side)
+    x0 = float(guess)
+    f0 = func(x0) - target
+    if f0 == 0.0:
+        return settle(func, target, x0, side=side, rtol=rtol)
+    x1 = x0 - f0 / slope if slope is not None and slope < 0 else x0 * (1.01 if f0 > 0 else 0.99)
+    for _ in range(max_iter):
+        if not (np.isfinite(x1) and x1 > 0):
+            break
+        f1 = func(x1) - target
+        if f1 == 0.0 or f1 == f0:
+            if f1 == 0.0:
+                return settle(func, target, x1, side=side, rtol=rtol)
+            break
+        step = f1 * (x1 - x0) / (f1 - f0)
+        x0, f0, x1 = x1, f1, x1 - step
+        if abs(step) <= rtol * abs(x1):
+            return settle(func, target, float(x1), side=side, rtol=rtol)
+    return invert_decreasing(func, target, lo=guess * 0.97, hi=guess * 1.03, rtol=rtol, side=side)
+
+
+def settle(func: Callable[[float], float], target: float, sigma: float, *, side: str,
+           rtol: float = 1e-4, max_steps: int = 60) -> float:
+    """Move an estimated crossing to the nearby sigma known to satisfy ``side``.
+
+    "point" returns ``sigma`` unchanged. "at-most" steps sigma up (relative
+    steps rtol, 2 rtol, 4 rtol, ...) until func(sigma) <= target; "at-least"
+    steps down until func(sigma) >= target (sigma = 0, the clean model, if
+    needed).
+    """
+    check_side(side)
+    if side == "point":
+        return float(sigma)
+    s = float(sigma)
+    ok = (lambda v: v <= target) if side == "at-most" else (lambda v: v >= target)
+    step = rtol
+    for _ in range(max_steps):
+        if ok(func(s)):
+            return s
+        s = s * (1.0 + step) if side == "at-most" else s * max(0.0, 1.0 - step)
+        step *= 2.0
+        if s == 0.0:
+            return 0.0
+    raise ValueError(f"no sigma near {sigma:g} satisfies the {side} side of target {target:g}")
+
+
+def logistic_sigma(fit, utility: float, *, scale: float, saturate: bool = False) -> float:
+    """sigma* = S sqrt(v*) with v* the fitted law's closed-form inverse (Eq. inverse-v).
+
+    ``fit`` is a :class:`~caliber_core.calibration.fit.LogisticFit`; with
+    ``saturate`` a target at or below its floor gives inf.
+    """
+    return float(sigma_from_v(fit.inverse(utility, saturate=saturate), scale))
+
+
+def sigma_for_agreement(curves, target: float, *, guess: float, slope: float | None = None,
+                        side: str = "point") -> float:
+    """sigma at which the exact mean agreement equals ``target`` (in (1/K, 1)).
+
+    ``curves`` is an :class:`~caliber_core.calibration.survival.ExactCurves`.
+    pi is strictly decreasing (Proposition 1), so the root is unique.
+    """
+    chance = 1.0 / curves.n_classes
+    if not chance < target < 1.0:
+        raise ValueError(
+            f"agreement target must lie strictly between 1/K={chance:.4g} and 1, got {target}"
+        )
+    return solve_near(lambda s: float(curves.agreement(s)[0]), target, guess=guess, slope=slope, side=side)
