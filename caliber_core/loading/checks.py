@@ -1,0 +1,89 @@
+"""What a file holds, checked before any numerics.
+
+2-D real logits with at least one row and two classes, every value finite;
+integer labels in ``[0, K)``, one per row; and a positive median top-two
+margin (the margin scale S of ``margins.margin_scale``; v = sigma^2 / S^2 is
+undefined otherwise). Every message names the file and the first offender.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..calibration.margins import top_two_margins
+from .safety import check_count, check_dtype, fail
+
+
+def validate_logits(raw, src: str, *, max_elements: int) -> np.ndarray:
+    """Logits as a float64, C-contiguous array of our own.
+
+    Raises
+    ------
+    LogitsFileError
+        Wrong dtype, not 2-D, no rows, fewer than 2 classes, too many elements,
+        or a non-finite value (named by row and column).
+    """
+    arr = np.asarray(raw)
+    check_dtype(src, "logits", arr.dtype)
+    if arr.ndim != 2:
+        raise fail(src, f"logits must be 2-D (n_samples, n_classes), got shape {arr.shape}")
+    n, k = arr.shape
+    if n < 1:
+        raise fail(src, f"logits have no rows (shape {arr.shape}); need at least 1")
+    if k < 2:
+        raise fail(
+            src, f"logits have {k} class column(s) (shape {arr.shape}); need at least 2 classes"
+        )
+    check_count(src, "logits", arr.shape, max_elements)
+    z = np.asarray(arr, dtype=np.float64, order="C")
+    if not z.flags.writeable:  # a view of the caller's bytes: hand back our own copy
+        z = z.copy()
+    finite = np.isfinite(z)
+    if not finite.all():
+        row, col = divmod(int(np.argmin(finite.ravel())), k)
+        raise fail(src, f"logits row {row}, column {col} is {float(z[row, col])!r} "
+                   "(every value must be finite)")
+    return z
+
+
+def validate_labels(
+    raw, src: str, *, n_samples: int, n_classes: int, logits_src: str
+) -> np.ndarray:
+    """Labels as int64 in ``[0, n_classes)``, one per logits row.
+
+    ``src`` is where the labels came from; ``logits_src`` is named in the
+    length message when the labels came from a separate file.
+    """
+    y = np.asarray(raw)
+    check_dtype(src, "labels", y.dtype)
+    if y.ndim != 1:
+        raise fail(src, f"labels must be 1-D (n_samples,), got shape {y.shape}")
+    if y.shape[0] != n_samples:
+        where = "" if src == logits_src else f" in {logits_src}"
+        raise fail(src, f"labels have {y.shape[0]} entries but the logits{where} "
+                   f"have {n_samples} rows")
+    if y.dtype.kind == "f":
+        ok = np.isfinite(y)
+        ok[ok] = y[ok] == np.floor(y[ok])
+        if not ok.all():
+            i = int(np.argmin(ok))
+            raise fail(src, f"labels index {i} is {float(y[i])!r} (labels must be integers)")
+    bad = (y < 0) | (y >= n_classes)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise fail(src, f"labels index {i} is {int(y[i])}, outside [0, {n_classes}) "
+                   f"for K={n_classes} classes")
+    return np.array(y, dtype=np.int64, order="C")
+
+
+def check_margin_scale(logits: np.ndarray, src: str) -> None:
+    """The margin scale S = median top-two margin must be positive (Eq. normalized-noise)."""
+    margins = top_two_margins(logits)
+    median = float(np.median(margins))
+    if not median > 0:
+        tied = float(np.mean(margins == 0))
+        raise fail(
+            src,
+            f"logits are degenerate: the median top-two margin is {median:g} because "
+            f"{tied:.0%} of rows tie at the top logit (the margin scale must be > 0)",
+        )

@@ -1,0 +1,85 @@
+"""``.csv`` files: pandas parses the text once the row × column estimate fits the budget.
+
+A header row names one numeric column per class plus an optional ``label``
+column. A file whose first row is all numbers (``np.savetxt``) is read as
+headerless logits without labels, except the header ``0,1,...,K-1`` that pandas
+writes for a DataFrame with default column names. An unnamed first column that
+holds 0..N-1 (a saved DataFrame index) is dropped with a warning.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from .columns import split_columns, stack_columns
+from .safety import Unvalidated, decode_text, fail, is_number, library_errors, rule
+
+
+def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
+    """A CSV of logits (and optionally labels)."""
+    text = decode_text(content, src)
+    first = next((ln.strip() for ln in io.StringIO(text) if ln.strip()), None)
+    if first is None:
+        raise fail(src, "the CSV has no rows")
+    n_lines = text.count("\n") + 1
+    n_fields = first.count(",") + 1
+    if n_lines * n_fields > max_elements + n_fields:  # checked before pandas allocates
+        raise fail(
+            src,
+            f"about {n_lines:,} rows × {n_fields:,} columns, more than "
+            f"max_elements={max_elements:,}",
+        )
+    fields = [f.strip() for f in first.split(",")]
+    # pandas writes integer column names 0..K-1 as the header: that row is not data
+    class_index_header = fields == [str(i) for i in range(len(fields))]
+    headerless = all(map(is_number, fields)) and not class_index_header
+
+    import pandas as pd
+
+    # exact float64 values as written; the default from pandas 3 on
+    exact = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}
+    with library_errors(src, "not a valid CSV file"):
+        df = pd.read_csv(io.StringIO(text), header=None if headerless else 0, sep=",", **exact)
+
+    warnings = []
+    names = [str(c) for c in df.columns]
+    if headerless:
+        warnings.append("no header row: every column is read as a class logit, no labels")
+    if names and names[0] == "Unnamed: 0" and _is_row_index(df.iloc[:, 0]):
+        df, names = df.iloc[:, 1:], names[1:]
+        warnings.append("dropped an unnamed first column holding the row numbers (an index)")
+    if headerless:
+        classes, label = list(range(len(names))), None
+    else:
+        for i, name in enumerate(names):
+            if name.startswith("Unnamed: "):
+                raise fail(src, f"column {i + 1} has an empty header; name every column")
+        classes, label = split_columns(names, src)
+    logits = stack_columns([_column(df.iloc[:, i], names[i], src) for i in classes], len(df))
+    labels = None
+    if label is not None:
+        labels = _column(df.iloc[:, label], names[label], src, field="labels")
+    return Unvalidated(logits=logits, labels=labels, warnings=tuple(warnings))
+
+
+def _is_row_index(column) -> bool:
+    values = column.to_numpy()
+    return values.dtype.kind in "iu" and np.array_equal(values, np.arange(len(values)))
+
+
+def _column(column, header: str, src: str, *, field: str = "logits") -> np.ndarray:
+    import pandas as pd
+
+    values = column.to_numpy()
+    if values.dtype.kind in "iuf":
+        return values
+    if values.dtype.kind == "b":
+        raise fail(src, f"column {header!r} is bool; {rule(field)}")
+    converted = pd.to_numeric(column, errors="coerce")
+    bad = converted.isna().to_numpy() & column.notna().to_numpy()
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise fail(src, f"column {header!r} row {row} is {str(values[row])[:40]!r}, not a number")
+    return converted.to_numpy(dtype=np.float64)

@@ -1,0 +1,267 @@
+"""The entry points: a file (or uploaded bytes) in, a validated :class:`LogitsData` out."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import csv_file, npy, npz, parquet_file, pt, safetensors_file
+from .checks import check_margin_scale, validate_labels, validate_logits
+from .labels_file import EXTENSIONS as LABELS_EXTENSIONS
+from .labels_file import read_labels_file
+from .safety import (
+    DEFAULT_MAX_ELEMENTS,
+    LogitsFileError,
+    check_max_elements,
+    clean_name,
+    describe_exception,
+    display_name,
+    fail,
+    max_file_bytes,
+)
+
+READERS = {
+    ".npz": npz.read,
+    ".npy": npy.read,
+    ".pt": pt.read,
+    ".pth": pt.read,
+    ".safetensors": safetensors_file.read,
+    ".csv": csv_file.read,
+    ".parquet": parquet_file.read,
+}
+SUPPORTED_EXTENSIONS: tuple[str, ...] = tuple(READERS)
+MIN_ROWS_FOR_PRECISION = 200  # below this, warn: accuracy estimates are too noisy
+
+
+@dataclass(frozen=True, eq=False)
+class LogitsData:
+    """Validated logits (and optional labels) read from one file.
+
+    Attributes
+    ----------
+    name : str
+        From an npz ``name`` entry (or a ``name`` in a .pt dict / safetensors
+        metadata) if present, else the file stem.
+    logits : ndarray of shape (n_samples, n_classes), float64, C-contiguous
+    labels : ndarray of shape (n_samples,), int64, or None when the file has none
+    sha256 : str
+        Hex SHA-256 of the logits file's bytes.
+    source : str
+        The logits file name as given.
+    labels_source : str or None
+        Where the labels came from (the logits file or a separate labels file).
+    warnings : tuple of str
+        Non-fatal remarks, e.g. ``"N=57 rows: calibration precision will be poor"``.
+    """
+
+    name: str
+    logits: np.ndarray
+    labels: np.ndarray | None
+    sha256: str
+    source: str
+    labels_source: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.logits.shape[0])
+
+    @property
+    def n_classes(self) -> int:
+        return int(self.logits.shape[1])
+
+    @property
+    def has_labels(self) -> bool:
+        return self.labels is not None
+
+
+def load_logits(path, *, labels_path=None, max_elements: int = DEFAULT_MAX_ELEMENTS) -> LogitsData:
+    """Read and validate a logits file (and optionally a separate labels file).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The logits file; its extension picks the format (``SUPPORTED_EXTENSIONS``).
+    labels_path : str or os.PathLike, optional
+        A labels file (``LABELS_EXTENSIONS``) for logits files that carry none;
+        it replaces labels found in the logits file (with a warning).
+    max_elements : int, default DEFAULT_MAX_ELEMENTS
+        Largest number of elements accepted for the logits (and for the labels).
+
+    Returns
+    -------
+    LogitsData
+
+    Raises
+    ------
+    LogitsFileError
+        Missing or unreadable file, unsupported format, or invalid contents.
+    """
+    check_max_elements(max_elements)
+    content = _read_file(path, max_elements=max_elements, allowed=SUPPORTED_EXTENSIONS,
+                         what="logits")
+    labels_content = labels_filename = None
+    if labels_path is not None:
+        labels_filename = str(labels_path)
+        labels_content = _read_file(labels_path, max_elements=max_elements,
+                                    allowed=LABELS_EXTENSIONS, what="labels")
+    return load_logits_bytes(
+        content, str(path), labels_content=labels_content, labels_filename=labels_filename,
+        max_elements=max_elements,
+    )
+
+
+def load_logits_bytes(
+    content: bytes,
+    filename: str,
+    *,
+    labels_content: bytes | None = None,
+    labels_filename: str | None = None,
+    max_elements: int = DEFAULT_MAX_ELEMENTS,
+) -> LogitsData:
+    """Validate logits from in-memory bytes (an upload); the format follows ``filename``.
+
+    Parameters
+    ----------
+    content : bytes
+        The logits file's bytes.
+    filename : str
+        Its name; the extension picks the format and messages name it.
+    labels_content, labels_filename : bytes and str, optional
+        A separate labels file (``.npy`` 1-D integers, ``.csv``/``.txt`` one
+        integer per line, or ``.npz`` with a ``labels`` array). Give both or neither.
+    max_elements : int, default DEFAULT_MAX_ELEMENTS
+
+    Returns
+    -------
+    LogitsData
+
+    Raises
+    ------
+    LogitsFileError
+        Unsupported extension or invalid contents (see the package docstring).
+    """
+    check_max_elements(max_elements)
+    if (labels_content is None) != (labels_filename is None):
+        raise TypeError("labels_content and labels_filename must be given together")
+    content = _as_bytes(content, "content")
+    src = display_name(filename)
+    ext = _extension(filename, SUPPORTED_EXTENSIONS, src, what="logits")
+    if labels_content is not None:
+        labels_content = _as_bytes(labels_content, "labels_content")
+        labels_src = display_name(labels_filename)
+        labels_ext = _extension(labels_filename, LABELS_EXTENSIONS, labels_src, what="labels")
+    if len(content) == 0:
+        raise fail(src, "the file is empty (0 bytes)")
+
+    raw = READERS[ext](content, src, max_elements=max_elements)
+    logits = validate_logits(raw.logits, src, max_elements=max_elements)
+    warnings = list(raw.warnings)
+    labels, labels_from, labels_origin = raw.labels, src, str(filename)
+    if labels_content is not None:
+        if len(labels_content) == 0:
+            raise fail(labels_src, "the file is empty (0 bytes)")
+        if labels is not None:
+            warnings.append(f"labels from {labels_src} replace the labels stored in {src}")
+        labels = read_labels_file(labels_content, labels_ext, labels_src,
+                                  max_elements=max_elements)
+        labels_from, labels_origin = labels_src, str(labels_filename)
+    if labels is not None:
+        labels = validate_labels(labels, labels_from, n_samples=logits.shape[0],
+                                 n_classes=logits.shape[1], logits_src=src)
+    check_margin_scale(logits, src)
+    if logits.shape[0] < MIN_ROWS_FOR_PRECISION:
+        warnings.append(f"N={logits.shape[0]} rows: calibration precision will be poor")
+
+    return LogitsData(
+        name=raw.name or _stem(filename),
+        logits=logits,
+        labels=labels,
+        sha256=hashlib.sha256(content).hexdigest(),
+        source=str(filename),
+        labels_source=labels_origin if labels is not None else None,
+        warnings=tuple(warnings),
+    )
+
+
+def require_labels(data: LogitsData, purpose: str) -> np.ndarray:
+    """Return ``data.labels``, or raise when the file had none.
+
+    Raises
+    ------
+    LogitsFileError
+        ``"<file>: no labels in the file; <purpose> needs labels (...)"``.
+    """
+    if data.labels is None:
+        raise fail(
+            display_name(data.source),
+            f"no labels in the file; {purpose} needs labels "
+            "(add a `labels` array or pass a labels file)",
+        )
+    return data.labels
+
+
+def describe(data: LogitsData) -> str:
+    """One display line: ``"name: N=…, K=…, labels yes/no"``."""
+    return (
+        f"{data.name}: N={data.n_samples}, K={data.n_classes}, "
+        f"labels {'yes' if data.has_labels else 'no'}"
+    )
+
+
+# ------------------------------------------------------------------------ plumbing
+
+
+def _as_bytes(content, argname: str) -> bytes:
+    if isinstance(content, (bytearray, memoryview)):
+        return bytes(content)
+    if not isinstance(content, bytes):
+        raise TypeError(f"{argname} must be bytes, got {type(content).__name__}")
+    return content
+
+
+def _basename(filename) -> str:
+    return re.split(r"[\\/]", str(filename))[-1]
+
+
+def _stem(filename) -> str:
+    base = _basename(filename)
+    stem = base.rsplit(".", 1)[0] if "." in base[1:] else base
+    return clean_name(stem) or "logits"
+
+
+def _extension(filename, allowed: tuple[str, ...], src: str, *, what: str) -> str:
+    base = _basename(filename)
+    ext = "." + base.rsplit(".", 1)[1].lower() if "." in base[1:] else ""
+    if ext not in allowed:
+        shown = repr(ext) if ext else "no extension"
+        raise fail(src, f"unsupported {what} file type ({shown}); supported: {', '.join(allowed)}")
+    return ext
+
+
+def _read_file(path, *, max_elements: int, allowed: tuple[str, ...], what: str) -> bytes:
+    """The file's bytes, after its extension and its size on disk are checked."""
+    src = display_name(path)
+    try:
+        p = Path(path)
+    except TypeError as err:
+        raise TypeError(f"path must be str or os.PathLike, got {type(path).__name__}") from err
+    _extension(p.name, allowed, src, what=what)
+    try:
+        if not p.exists():
+            raise fail(src, "no such file")
+        if not p.is_file():
+            raise fail(src, "not a regular file")
+        size, limit = p.stat().st_size, max_file_bytes(max_elements)
+        if size > limit:
+            raise fail(src, f"the file is {size:,} bytes, more than the {limit:,} allowed "
+                       f"for max_elements={max_elements:,}")
+        return p.read_bytes()
+    except LogitsFileError:
+        raise
+    except (OSError, ValueError) as err:  # ValueError: e.g. an embedded NUL in the path
+        raise fail(src, f"cannot read the file ({describe_exception(err)})") from None

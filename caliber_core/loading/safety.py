@@ -1,0 +1,251 @@
+"""The safety layer every format reader shares.
+
+* :class:`LogitsFileError`, the one error type, built only by :func:`fail` so
+  that every message is one bounded line ``"<file>: <rule and value>"``;
+* :func:`one_line`, the one sanitizer for text that comes from a file (names,
+  keys, library messages) or from the user (file names);
+* the budgets: :func:`check_count` refuses a declared shape whose element count
+  exceeds ``max_elements`` *before* anything is allocated for it, and
+  :func:`max_unpacked_bytes` / :func:`max_file_bytes` bound raw byte counts;
+* the dtype rules: real numbers only, object arrays never (nothing is unpickled);
+* :func:`library_errors`, which turns whatever a parsing library raises on a
+  malformed file into a :class:`LogitsFileError`, and :func:`open_zip`, the
+  zip container that .npz and .pt files share.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+import zipfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+DEFAULT_MAX_ELEMENTS = 200_000_000  # 1.6 GB once converted to float64
+MAX_ITEMSIZE = 16  # largest real numeric itemsize (longdouble); bounds unpacked bytes
+MESSAGE_MAX_CHARS = 400
+FILENAME_MAX_CHARS = 120
+NAME_MAX_CHARS = 200
+
+# control characters other than the whitespace that `str.split` folds into one space
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f]")
+
+
+class LogitsFileError(ValueError):
+    """The one error type for a bad logits or labels file.
+
+    ``str(err)`` is a single short line naming the file, the field and the
+    offending value or index, e.g.
+    ``"bad.npz: logits row 12, column 3 is nan (every value must be finite)"``.
+    """
+
+
+@dataclass
+class Unvalidated:
+    """What a format reader found in a file, before the contents are validated.
+
+    Attributes
+    ----------
+    logits : ndarray
+        Whatever array the file holds under ``logits`` (any shape, real dtype).
+    labels : ndarray or None
+        The labels array, if the file has one.
+    name : str or None
+        A display name stored in the file, already passed through :func:`clean_name`.
+    warnings : tuple of str
+        Non-fatal remarks about how the file was read.
+    """
+
+    logits: np.ndarray
+    labels: np.ndarray | None = None
+    name: str | None = None
+    warnings: tuple[str, ...] = ()
+
+
+# ------------------------------------------------------------------------- text
+
+
+def one_line(text, *, max_chars: int, keep: str = "head") -> str:
+    """``text`` as one printable line of at most ``max_chars`` characters.
+
+    Runs of whitespace (line breaks included) become one space, other control
+    characters become ``?``; an over-long line keeps its ``"head"`` or its
+    ``"tail"`` (file names: the end is the informative part) and marks the cut
+    with ``…``.
+    """
+    line = " ".join(_CONTROL.sub("?", str(text)).split())
+    if len(line) <= max_chars:
+        return line
+    if keep == "tail":
+        return "…" + line[-(max_chars - 1) :]
+    return line[: max_chars - 1] + "…"
+
+
+def display_name(filename) -> str:
+    """A file name as messages show it."""
+    return one_line(filename, max_chars=FILENAME_MAX_CHARS, keep="tail")
+
+
+def clean_name(text) -> str:
+    """A model name read from a file (may be empty)."""
+    return one_line(text, max_chars=NAME_MAX_CHARS)
+
+
+def fail(src: str, message: str) -> LogitsFileError:
+    """The error for file ``src``; ``message`` states the rule and shows the value."""
+    return LogitsFileError(one_line(f"{src}: {message}", max_chars=MESSAGE_MAX_CHARS))
+
+
+def describe_exception(err: BaseException) -> str:
+    """A library exception as a short clause: its type and first line."""
+    lines = [ln for ln in str(err).splitlines() if ln.strip()]
+    text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+    return one_line(text, max_chars=120)
+
+
+@contextmanager
+def library_errors(src: str, what: str, *, where: str | None = None):
+    """Re-raise a parsing library's error as ``"<src>: <what> (<where>: <error>)"``.
+
+    Our own :class:`LogitsFileError` and ``MemoryError`` pass through unchanged.
+    """
+    try:
+        yield
+    except (LogitsFileError, MemoryError):
+        raise
+    except Exception as err:
+        detail = describe_exception(err)
+        raise fail(src, f"{what} ({where + ': ' if where else ''}{detail})") from None
+
+
+def decode_text(content: bytes, src: str) -> str:
+    """UTF-8 text (a BOM is dropped); NUL bytes mean binary data and are refused."""
+    try:
+        text = content.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise fail(src, f"not UTF-8 text (invalid byte at offset {err.start})") from None
+    if "\x00" in text:
+        raise fail(
+            src, f"contains a NUL byte at character {text.index(chr(0))} (binary data, not text)"
+        )
+    return text
+
+
+def is_number(text: str) -> bool:
+    """Whether ``float(text)`` succeeds."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def list_keys(keys) -> str:
+    """Up to eight sorted keys for a message (``"none"`` when empty)."""
+    keys = sorted(one_line(k, max_chars=40) for k in keys)
+    shown = ", ".join(keys[:8]) + (", …" if len(keys) > 8 else "")
+    return shown or "none"
+
+
+# ---------------------------------------------------------------------- budgets
+
+
+def check_max_elements(max_elements) -> None:
+    """The ``max_elements`` argument must be an int >= 1."""
+    if isinstance(max_elements, bool) or not isinstance(max_elements, (int, np.integer)):
+        raise TypeError(f"max_elements must be an int, got {type(max_elements).__name__}")
+    if max_elements < 1:
+        raise ValueError(f"max_elements must be >= 1, got {max_elements}")
+
+
+def check_count(src: str, field: str, shape, max_elements: int) -> int:
+    """The element count of a declared ``shape``, refused above ``max_elements``.
+
+    Every reader calls this on the shape a file *declares*, before allocating
+    or converting anything of that size.
+    """
+    shape = tuple(int(d) for d in shape)
+    count = math.prod(shape)
+    if count > max_elements:
+        raise fail(
+            src,
+            f"{field} shape {shape} has {count:,} elements, more than "
+            f"max_elements={max_elements:,}",
+        )
+    return count
+
+
+def max_unpacked_bytes(max_elements: int) -> int:
+    """Upper bound on the unpacked bytes of the archive members or row groups read."""
+    return MAX_ITEMSIZE * max_elements + 1024 * 1024
+
+
+def max_file_bytes(max_elements: int) -> int:
+    """A sane upper bound on a file's size for a given element budget.
+
+    Text formats spend up to a few dozen bytes per value, and archives may carry
+    arrays that are never read; the bound only stops absurd files before reading.
+    """
+    return 64 * max_elements + 256 * 1024 * 1024
+
+
+def check_unpacked_size(
+    src: str, total: int, max_elements: int, what: str, *, bomb: str = "zip bomb"
+) -> None:
+    """Refuse ``what`` when its declared unpacked size exceeds the element budget."""
+    limit = max_unpacked_bytes(max_elements)
+    if total > limit:
+        raise fail(
+            src,
+            f"{what} unpack to {total:,} bytes, more than the {limit:,} allowed "
+            f"for max_elements={max_elements:,} (refusing a possible {bomb})",
+        )
+
+
+# ----------------------------------------------------------------------- dtypes
+
+_KIND_NAMES = {
+    "b": "bool",
+    "c": "complex",
+    "U": "string",
+    "S": "bytes string",
+    "V": "structured/void",
+    "M": "datetime",
+    "m": "timedelta",
+}
+
+
+def rule(field: str) -> str:
+    """The dtype rule for ``field``, as messages state it."""
+    return "labels must be integers" if field == "labels" else "logits must be real numbers"
+
+
+def dtype_problem(dtype: np.dtype) -> str | None:
+    """Why ``dtype`` is not a real numeric dtype, or None when it is."""
+    if dtype.kind in "iuf":
+        return None
+    if dtype.hasobject or dtype.kind == "O":
+        return "an object array (pickled Python objects are never loaded)"
+    return _KIND_NAMES.get(dtype.kind, f"unsupported kind {dtype.kind!r}")
+
+
+def check_dtype(src: str, field: str, dtype: np.dtype, *, allow_text: bool = False) -> None:
+    """Refuse a dtype that is not real numeric (or, with ``allow_text``, plain text)."""
+    problem = dtype_problem(dtype)
+    if problem is None or (allow_text and dtype.kind in "US" and not dtype.hasobject):
+        return
+    if problem.startswith("an object array"):
+        raise fail(src, f"{field} is {problem}")
+    raise fail(src, f"{field} has dtype {dtype} ({problem}); {rule(field)}")
+
+
+# ------------------------------------------------------------------- archives
+
+
+def open_zip(content: bytes, src: str, kind: str) -> zipfile.ZipFile:
+    """A zip archive over ``content``; zipfile reads only its central directory here."""
+    with library_errors(src, f"not a valid {kind} archive"):
+        return zipfile.ZipFile(io.BytesIO(content))
