@@ -18,7 +18,8 @@ import threading
 
 import streamlit as st
 
-from . import state
+from . import state, ui
+from .workspace import session as workspace
 
 _run = threading.local()  # a script-run marker (per script thread), not session data
 
@@ -35,23 +36,55 @@ def pages() -> list:
 
 def _setup():
     st.set_page_config(page_title="Caliber", page_icon=":material/tune:", layout="wide")
-    state.init()  # the per-session model store; the demo set on a first visit
+    state.init()  # the session's workspace: restored on its first run, demo set included
     nav = st.navigation(pages())
     with st.sidebar:
-        n = len(state.models())
-        st.caption(f"{n} model{'s' if n != 1 else ''} loaded in this session "
-                   f"({len(state.labelled_models())} with labels).")
+        _workspace_panel()
     return nav
 
 
+def _workspace_panel() -> None:
+    """Model count, the privacy rule, storage used, new/delete, and what the restore skipped."""
+    n = len(state.models())
+    st.caption(f"{n} model{'s' if n != 1 else ''} loaded in this workspace "
+               f"({len(state.labelled_models())} with labels).")
+    reason = workspace.unavailable_reason()
+    if reason is not None:
+        st.warning(ui.plain(f"Workspace storage is unavailable ({reason}): uploads and choices "
+                            "last only as long as this browser tab."), icon=":material/cloud_off:")
+    else:
+        st.caption("**This workspace is private to its link.** Anyone who has this page's URL "
+                   "(its `?ws=` part) can see and change these uploads and choices: sharing "
+                   "the URL shares the workspace. Bookmark it to come back.")
+        used = workspace.usage()
+        if used is not None:
+            st.caption(f"Stored here: {_megabytes(used.workspace_bytes)} of "
+                       f"{_megabytes(used.limits.workspace_bytes)}.")
+        st.button("Start a new workspace", key="ws_new", on_click=state.start_new_workspace,
+                  icon=":material/add_circle:",
+                  help="Opens an empty workspace with a new URL; this one stays at its own URL.")
+        with st.popover("Delete this workspace", icon=":material/delete_forever:"):
+            st.markdown("Deletes every upload and choice stored in this workspace, for good, "
+                        "and opens a new empty one.")
+            st.button("Delete for good", key="ws_delete", type="primary",
+                      on_click=state.delete_workspace)
+    for message in st.session_state.get(state.WARNINGS, []):
+        st.warning(ui.plain(message), icon=":material/warning:")
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB" if n < 1e9 else f"{n / 1e9:,.2f} GB"
+
+
 def run_app() -> None:
-    """The body of ``app.py``: set-up, then the chosen page."""
+    """The body of ``app.py``: set-up, then the chosen page; choices are saved after it."""
     nav = _setup()
     _run.inside_app = True
     try:
         nav.run()
     finally:
         _run.inside_app = False
+        state.sync_choices()  # failures become sidebar warnings, never exceptions
 
 
 def page_prelude() -> None:

@@ -1,40 +1,69 @@
-"""The per-session model store, in plain ``st.session_state`` keys.
+"""The session's models and choices, backed by its persistent workspace.
 
 Widget-keyed values vanish from the session state when their widget is not
 drawn (a page switch), so everything that must outlive a page lives under the
 plain keys below, never in module globals: each browser session has its own
-models.
+models. Every change is also written to the session's workspace
+(:mod:`caliber_dashboard.workspace.session`), and a session's first run
+restores it, so a reload, a reconnect or a server restart loses nothing.
 
 * ``MODELS``: dict sha256 -> LogitsData, in load order (a file loaded twice is kept once);
 * ``PROCESSED``: upload keys already handled, so the uploader's persisted value
   does not re-add a removed model on every rerun;
-* ``UPLOAD_ERRORS``: upload key -> the one-line LogitsFileError message, shown
-  while that file stays in the uploader;
+* ``UPLOAD_ERRORS``: upload key -> the one-line message, shown while that file
+  stays in the uploader;
 * ``SELECTED``: sha256 of the model the pages last worked on;
-* ``TARGETS``: the last target chosen per kind (percent), shared by the pages.
+* ``TARGETS``: the last target chosen per kind (percent), shared by the pages;
+* ``OPTIONS``: sha256 -> that model's chosen options (margin statistic, target
+  kind, target per kind), persisted per model;
+* ``WARNINGS``: what the restore skipped (unreadable entries), shown in the sidebar.
+
+The demo set is never copied into a workspace: the workspace records only
+which demo models the user removed.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import streamlit as st
 
+from caliber_core.calibration.margins import MARGIN_STATISTICS
 from caliber_core.loading import LogitsData, LogitsFileError, load_logits, load_logits_bytes
+
+from .workspace import CapExceeded
+from .workspace import session as workspace
+from .workspace.store import blob_digest
 
 MODELS = "caliber_models"
 PROCESSED = "caliber_processed_uploads"
 UPLOAD_ERRORS = "caliber_upload_errors"
-DEMO_DONE = "caliber_demo_loaded"
 SELECTED = "caliber_selected"
 TARGETS = "caliber_targets"
+OPTIONS = "caliber_model_options"
+WARNINGS = "caliber_workspace_warnings"
 VERIFY_COUNTER = "caliber_verify_counter"
 LAST_UPLOAD = "caliber_last_upload"
+_SAVED = "caliber_saved_choices"  # what the workspace holds now, to write only changes
+_SEEDED = "caliber_seeded_widgets"  # widget key -> the model its value was set for
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 DEMO_GLOB = "digits_*.npz"
+
+SETTINGS_KIND, OPTIONS_KIND = "settings", "options"
+KIND_KEY = "_kind"  # the entry of TARGETS holding the last chosen target kind
+
+# Per-model options carried by page widgets: widget key -> (its page's model
+# selector key, option name). The option is restored when the widget is drawn
+# for that model again (after a reload, a page switch or a model switch).
+MODEL_WIDGETS = {
+    "calibrate_statistic": ("calibrate_model", "statistic"),
+    "export_statistic": ("export_model", "statistic"),
+}
+_OPTION_VALUES = {"statistic": tuple(MARGIN_STATISTICS)}
 
 
 @st.cache_resource(max_entries=1, show_spinner=False)
@@ -44,20 +73,76 @@ def demo_models() -> tuple[LogitsData, ...]:
 
 
 def init() -> None:
-    """Create the plain keys; on a session's first run, load the demo set."""
+    """Create the plain keys; on a session's first run, restore its workspace."""
     ss = st.session_state
-    ss.setdefault(MODELS, {})
-    ss.setdefault(PROCESSED, set())
-    ss.setdefault(UPLOAD_ERRORS, {})
-    ss.setdefault(TARGETS, {})
+    for key, empty in ((MODELS, dict), (PROCESSED, set), (UPLOAD_ERRORS, dict), (TARGETS, dict),
+                       (OPTIONS, dict), (WARNINGS, list), (_SAVED, dict), (_SEEDED, dict)):
+        ss.setdefault(key, empty())
     ss.setdefault(VERIFY_COUNTER, 0)
-    if not ss.get(DEMO_DONE):
-        ss[DEMO_DONE] = True
-        load_demo()
+    if workspace.open_session():
+        _restore()
+    _seed_widgets()
+
+
+def _restore() -> None:
+    """Demo models (less the removed ones), stored uploads, then the stored choices."""
+    ss = st.session_state
+    stored, bad = workspace.load_results(SETTINGS_KIND)
+    options, bad_options = workspace.load_results(OPTIONS_KIND)
+    hidden = set(_strings(stored.get("demo_hidden")))
+    for data in demo_models():
+        if data.sha256 not in hidden:
+            add_model(data)
+    with st.spinner("Restoring this workspace's files…"):
+        restored = workspace.restore_uploads()
+    for data in restored.models:
+        add_model(data)
+    ss[WARNINGS] = restored.warnings + [
+        f"Skipped unreadable stored choices ({what})." for what in bad + bad_options]
+    ss[OPTIONS] = {sha: o for sha, o in options.items() if isinstance(o, dict)}
+    targets = stored.get("targets")
+    if isinstance(targets, dict):
+        ss[TARGETS] = {k: v for k, v in targets.items()
+                       if (k == KIND_KEY and isinstance(v, str)) or _finite(v)}
+    selected = stored.get("selected")
+    if selected in models():
+        ss[SELECTED] = selected
+        kind = ss[OPTIONS].get(selected, {}).get("kind")
+        if isinstance(kind, str):
+            ss[TARGETS][KIND_KEY] = kind
+    ss[_SAVED] = {("settings", k): v for k, v in stored.items()}
+    ss[_SAVED].update({("options", k): v for k, v in ss[OPTIONS].items()})
+
+
+def start_new_workspace() -> None:
+    """Leave this workspace (kept, reachable by its URL) for a fresh one with the demo set."""
+    workspace.start_new()
+    _reset()
+
+
+def delete_workspace() -> None:
+    """Delete this workspace and everything in it, then start a fresh one."""
+    try:
+        workspace.delete_current()
+    except workspace.STORE_ERRORS as exc:
+        st.session_state[WARNINGS] = [f"The workspace could not be deleted: {exc}"]
+        return
+    _reset()
+
+
+def _reset() -> None:
+    ss = st.session_state
+    # PROCESSED stays: files still sitting in the uploader belong to the old workspace.
+    for key in (MODELS, TARGETS, OPTIONS, WARNINGS, _SAVED, _SEEDED):
+        ss.pop(key, None)
+    ss.pop(SELECTED, None)
+    init()
+    load_demo()
 
 
 def load_demo() -> int:
     """Add the demo models not loaded yet; returns how many were added."""
+    _save_setting("demo_hidden", [])
     return sum(add_model(d) for d in demo_models())
 
 
@@ -74,23 +159,41 @@ def add_model(data: LogitsData) -> bool:
 
     A file first loaded without labels and now given labels replaces the old entry.
     """
-    store = models()
-    old = store.get(data.sha256)
-    if old is not None and (old.has_labels or not data.has_labels):
+    if not _is_new(data):
         return False
-    store[data.sha256] = data
+    models()[data.sha256] = data
     return True
 
 
+def _is_new(data: LogitsData) -> bool:
+    old = models().get(data.sha256)
+    return old is None or (not old.has_labels and data.has_labels)
+
+
 def remove_model(sha256: str) -> None:
-    models().pop(sha256, None)
-    if st.session_state.get(SELECTED) == sha256:
-        st.session_state.pop(SELECTED, None)
+    remove_models([sha256])
+
+
+def remove_models(shas: Iterable[str]) -> None:
+    """Remove models from the session and the workspace (demo ones are only hidden)."""
+    demo = {d.sha256 for d in demo_models()}
+    hidden = set(_strings(st.session_state.get(_SAVED, {}).get(("settings", "demo_hidden"))))
+    for sha in list(shas):
+        models().pop(sha, None)
+        st.session_state.get(OPTIONS, {}).pop(sha, None)
+        if st.session_state.get(SELECTED) == sha:
+            st.session_state.pop(SELECTED, None)
+        if sha in demo:
+            hidden.add(sha)
+        else:
+            _guard("remove the file from the workspace", workspace.forget_upload, sha)
+        _guard("remove its choices", workspace.delete_result, OPTIONS_KIND, sha)
+        st.session_state.get(_SAVED, {}).pop(("options", sha), None)
+    _save_setting("demo_hidden", sorted(hidden))
 
 
 def clear_models() -> None:
-    models().clear()
-    st.session_state.pop(SELECTED, None)
+    remove_models(list(models()))
 
 
 def model_label(data: LogitsData) -> str:
@@ -98,18 +201,122 @@ def model_label(data: LogitsData) -> str:
     return f"{data.name} · {data.sha256[:8]}"
 
 
+# ------------------------------------------------------------------- choices
+
+
+def model_options(sha256: str) -> dict:
+    """The stored options of one model (a copy; empty when none)."""
+    return dict(st.session_state.get(OPTIONS, {}).get(sha256, {}))
+
+
+def set_model_option(sha256: str, name: str, value) -> None:
+    """Record one option of a model and persist it (written only when it changed)."""
+    if sha256 not in models():
+        return
+    options = st.session_state.setdefault(OPTIONS, {}).setdefault(sha256, {})
+    options[name] = value
+    _save(OPTIONS_KIND, sha256, options)
+
+
 def remember_target(kind: str, percent: float) -> None:
-    st.session_state.setdefault(TARGETS, {})[kind] = float(percent)
+    """The target just chosen: for every page, and for the selected model."""
+    targets = st.session_state.setdefault(TARGETS, {})
+    targets[kind] = float(percent)
+    _save_setting("targets", targets)
+    sha = st.session_state.get(SELECTED)
+    if sha in models():
+        options = st.session_state.setdefault(OPTIONS, {}).setdefault(sha, {})
+        options["kind"] = kind
+        options.setdefault("targets", {})[kind] = float(percent)
+        _save(OPTIONS_KIND, sha, options)
 
 
 def remembered_target(kind: str, default: float) -> float:
-    return float(st.session_state.get(TARGETS, {}).get(kind, default))
+    """The selected model's last target of this kind, else the last one on any model."""
+    sha = st.session_state.get(SELECTED)
+    own = st.session_state.get(OPTIONS, {}).get(sha, {}).get("targets", {})
+    for value in (own.get(kind) if isinstance(own, dict) else None,
+                  st.session_state.get(TARGETS, {}).get(kind)):
+        if _finite(value):
+            return float(value)
+    return float(default)
+
+
+def sync_choices() -> None:
+    """End of a script run: persist the selected model and the per-model widget options."""
+    ss = st.session_state
+    if ss.get(SELECTED) in models():
+        _save_setting("selected", ss[SELECTED])
+    for widget, (selector, name) in MODEL_WIDGETS.items():
+        # Pair the widget with its own page's model selector: both are this run's
+        # values, or both the previous page's (not yet dropped at this point).
+        sha, value = ss.get(selector), ss.get(widget)
+        if sha in models() and value in _OPTION_VALUES[name]:
+            if model_options(sha).get(name) != value:
+                set_model_option(sha, name, value)
+            ss.setdefault(_SEEDED, {})[widget] = sha
+
+
+def _seed_widgets() -> None:
+    """Set a per-model widget to its model's stored option when drawn for a new model."""
+    ss = st.session_state
+    seeded = ss.setdefault(_SEEDED, {})
+    for widget, (selector, name) in MODEL_WIDGETS.items():
+        sha = ss.get(selector) if ss.get(selector) in models() else ss.get(SELECTED)
+        if widget in ss and seeded.get(widget) == sha:
+            continue
+        seeded[widget] = sha
+        value = model_options(sha).get(name) if sha else None
+        if value in _OPTION_VALUES[name]:
+            ss[widget] = value
 
 
 def next_verify_seed() -> int:
     """A fresh seed for every verify click in this session (a counter)."""
     st.session_state[VERIFY_COUNTER] = st.session_state.get(VERIFY_COUNTER, 0) + 1
     return 1_000 + st.session_state[VERIFY_COUNTER]
+
+
+def _save_setting(name: str, value) -> None:
+    _save(SETTINGS_KIND, name, value)
+
+
+def _save(kind: str, key: str, value) -> None:
+    """Persist a JSON-able choice unless the workspace already holds that value."""
+    saved = st.session_state.setdefault(_SAVED, {})
+    if saved.get((kind, key)) == value:
+        return
+    if _guard("save your choices", workspace.save_result, kind, key, value):
+        saved[(kind, key)] = _copy(value)
+
+
+def _guard(what: str, func, *args) -> bool:
+    """Run a workspace write; a failure becomes a sidebar warning, never a crash."""
+    try:
+        func(*args)
+    except (CapExceeded, *workspace.STORE_ERRORS, ValueError) as exc:
+        warnings = st.session_state.setdefault(WARNINGS, [])
+        message = f"Could not {what} in the workspace: {exc}"
+        if message not in warnings:
+            warnings.append(message)
+        return False
+    return True
+
+
+def _copy(value):
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _strings(value) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
 # ------------------------------------------------------------------------ uploads
@@ -127,10 +334,11 @@ def _upload_key(upload, labels) -> str:
 
 
 def process_uploads(uploads: Iterable, labels_upload=None) -> UploadOutcome:
-    """Load the uploader's files that were not handled yet (by file_id).
+    """Load the uploader's files that were not handled yet (by file_id), and store them.
 
-    A bad file records its one-line message and changes nothing else. The
-    labels file, when given, is used for logits files that carry no labels.
+    A bad file, or one a workspace cap refuses, records its one-line message and
+    changes nothing else. The labels file, when given, is used for logits files
+    that carry no labels.
     """
     ss = st.session_state
     processed: set = ss.setdefault(PROCESSED, set())
@@ -141,13 +349,15 @@ def process_uploads(uploads: Iterable, labels_upload=None) -> UploadOutcome:
         if key not in processed:
             processed.add(key)
             try:
-                data = _load_upload(upload, labels_upload)
-            except LogitsFileError as exc:
+                data, labels = _load_upload(upload, labels_upload)
+                if _is_new(data):
+                    _store_upload(upload, labels, data)
+            except (LogitsFileError, CapExceeded) as exc:
                 errors[key] = str(exc)
             else:
                 if add_model(data):
                     out.added.append(data)
-                    st.session_state[SELECTED] = data.sha256  # the pages open on the new model
+                    ss[SELECTED] = data.sha256  # the pages open on the new model
                 else:
                     out.duplicates.append(data)
         if key in errors:
@@ -155,10 +365,40 @@ def process_uploads(uploads: Iterable, labels_upload=None) -> UploadOutcome:
     return out
 
 
-def _load_upload(upload, labels_upload) -> LogitsData:
+def _load_upload(upload, labels_upload):
+    """The validated model, and the labels upload if it was used."""
     content = upload.getvalue()
     data = load_logits_bytes(content, upload.name)
     if labels_upload is not None and not data.has_labels:
         data = load_logits_bytes(content, upload.name, labels_content=labels_upload.getvalue(),
                                  labels_filename=labels_upload.name)
-    return data
+        return data, labels_upload
+    return data, None
+
+
+def _store_upload(upload, labels_upload, data: LogitsData) -> None:
+    """Write a validated upload to the workspace; CapExceeded passes through."""
+    labels_content = labels_upload.getvalue() if labels_upload is not None else None
+    labels_name = labels_upload.name if labels_upload is not None else None
+    try:
+        stored = workspace.persist_upload(upload.getvalue(), upload.name,
+                                          labels_content=labels_content,
+                                          labels_filename=labels_name)
+    except CapExceeded:
+        raise
+    except (*workspace.STORE_ERRORS, ValueError) as exc:
+        _guard_message(f"{upload.name} is loaded for this browser session only: "
+                       f"saving it failed ({exc}).")
+        return
+    if stored:
+        labels_blob = blob_digest(labels_content) if labels_content is not None else None
+        workspace.remember_parsed(data, filename=upload.name, labels_blob=labels_blob,
+                                  labels_filename=labels_name)
+
+
+def _guard_message(message: str) -> None:
+    warnings = st.session_state.setdefault(WARNINGS, [])
+    if message not in warnings:
+        warnings.append(message)
+
+

@@ -4,14 +4,15 @@ import streamlit as st
 
 from caliber_core.calibration import margins
 from caliber_core.loading import LABELS_EXTENSIONS, SUPPORTED_EXTENSIONS, describe
-from caliber_dashboard import figures, navigation, series, state, ui
+from caliber_dashboard import figures, navigation, state, tables, ui
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 
 st.title("Data")
 st.caption(
     "Logits your classifier produced on a clean validation set, with the true labels. "
-    "Everything stays in this browser session; files are validated before use and never unpickled."
+    "Uploads are kept in this workspace (its link is in the address bar; see the sidebar) and "
+    "come back after a reload; files are validated before use and never unpickled."
 )
 
 def _on_upload():
@@ -79,7 +80,7 @@ st.subheader("Loaded models")
 if not models:
     st.info("No models loaded. Upload logits files above, or load the bundled demo set.")
 else:
-    table = series.model_table(list(models.values()))
+    table = tables.model_table(list(models.values()))
     st.dataframe(
         table, hide_index=True, width="stretch",
         column_config={
