@@ -1,0 +1,412 @@
+"""What a person waits for in the dashboard, measured in a real Chromium.
+
+Starts its own Streamlit servers on free ports of 127.0.0.1 and drives Debian's
+Chromium (``/usr/bin/chromium``) through Playwright. It prints:
+
+* **slider steps**: the target slider of the Calibrate page (demo model) next to
+  ``benchmarks/minimal_slider_page.py`` (one plotly figure of the same size),
+  one step on each in turn, in the same run: median, quartiles and extremes;
+* **first visits**: Data, Calibrate and Fleet for the first visitor after a
+  server start (cold) and for a second visitor (warm), plus deep links to
+  ``/calibrate`` and ``/fleet`` on fresh servers;
+* **the corridor on a large file**: a 2,000 x 1,000 SYNTHETIC upload
+  (``caliber_core.simulation.synthetic``, written to a temporary folder), the
+  time from opening Calibrate with it selected to the corridor being drawn,
+  and whether its legend calls it exact or estimated.
+
+How "done" is decided, for every action: the app's script state is back to
+``notRunning``; for a step, the metric values have changed; for a visit, the
+page's title is shown and every plotly chart has drawn; and then the page has
+been quiet (no DOM mutation, plotly redraws included) for ``--quiet`` ms. The
+time reported is from the key press or click (or navigation start) to the
+frame painted after the last mutation, read from ``performance.now()`` in the
+page itself. Other processes share the CPUs: compare the two pages only
+within one run, and look at the spreads.
+
+Usage: python benchmarks/bench_dashboard.py [--steps 30] [--skip-cold] [--skip-large]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CHROMIUM = os.environ.get("CALIBER_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+MINIMAL_PAGE = str(Path(__file__).resolve().parent / "minimal_slider_page.py")
+VIEWPORT = {"width": 1400, "height": 1000}
+
+# Installed in every document before the app's own code: the last DOM mutation,
+# the frame painted after it, and when the last key press or click happened.
+PROBE = """
+(() => {
+  if (window.__bench) return;
+  const b = window.__bench = {t0: 0, last: performance.now(), painted: performance.now()};
+  const mark = () => {
+    const t = performance.now();
+    b.last = t;
+    requestAnimationFrame(() => requestAnimationFrame(() => {
+      if (b.last === t) b.painted = performance.now();
+    }));
+  };
+  new MutationObserver(mark).observe(document, {subtree: true, childList: true,
+                                                attributes: true, characterData: true});
+  for (const kind of ["keydown", "click"]) {
+    document.addEventListener(kind, () => { b.t0 = performance.now(); }, true);
+  }
+})();
+"""
+
+IDLE_JS = """
+(() => {
+  const app = document.querySelector("[data-testid='stApp']");
+  return !!app && app.getAttribute("data-test-script-state") === "notRunning";
+})()
+"""
+
+READOUT_JS = """
+[...document.querySelectorAll("[data-testid='stMetricValue']")].map(e => e.innerText).join("|")
+"""
+
+STEP_DONE_JS = """
+([old, quiet]) => {
+  const b = window.__bench, app = document.querySelector("[data-testid='stApp']");
+  if (!b || !app || app.getAttribute("data-test-script-state") !== "notRunning") return false;
+  const now = [...document.querySelectorAll("[data-testid='stMetricValue']")]
+    .map(e => e.innerText).join("|");
+  return now !== old && performance.now() - b.last > quiet && b.painted >= b.last;
+}
+"""
+
+VISIT_DONE_JS = """
+([title, quiet]) => {
+  const b = window.__bench, app = document.querySelector("[data-testid='stApp']");
+  if (!b || !app || app.getAttribute("data-test-script-state") !== "notRunning") return false;
+  if (![...document.querySelectorAll("h1")].some(h => h.innerText.trim().startsWith(title)))
+    return false;
+  if (document.querySelector("[data-testid='stProgress'], [data-testid='stSpinner']")) return false;
+  const charts = [...document.querySelectorAll("[data-testid='stPlotlyChart']")];
+  if (charts.some(c => !c.querySelector(".main-svg"))) return false;
+  return performance.now() - b.last > quiet && b.painted >= b.last;
+}
+"""
+
+LEGEND_JS = """
+[...document.querySelectorAll("[data-testid='stPlotlyChart'] .legendtext")].map(e => e.textContent)
+"""
+
+CORRIDOR_JS = """
+() => [...document.querySelectorAll("[data-testid='stPlotlyChart'] .legendtext")]
+        .some(e => /corridor/i.test(e.textContent))
+"""
+
+
+# ----------------------------------------------------------------------------- servers
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve(script: str, log: Path, *, root: Path = ROOT):
+    """``streamlit run script`` in ``root`` on a free port; yields (url, seconds until healthy)."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "streamlit", "run", script, "--server.headless=true",
+           "--server.address=127.0.0.1", f"--server.port={port}",
+           "--browser.gatherUsageStats=false", "--server.fileWatcherType=none"]
+    start = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=root, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"streamlit exited with {proc.returncode}: {log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as resp:
+                    if resp.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            if time.monotonic() - start > 90:
+                raise RuntimeError(f"streamlit did not become healthy: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield url, time.monotonic() - start
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# ----------------------------------------------------------------------------- browser
+
+
+class Visitor:
+    """One browser context (a new Streamlit session) with the probe installed."""
+
+    def __init__(self, browser, *, quiet_ms: float, timeout_s: float = 180.0):
+        self.context = browser.new_context(viewport=VIEWPORT)
+        self.context.set_default_timeout(timeout_s * 1000)
+        self.context.add_init_script(PROBE)
+        self.page = self.context.new_page()
+        self.quiet = quiet_ms
+        self.timeout = timeout_s * 1000
+        self.received = 0
+        self.page.on("websocket", self._watch)
+
+    def _watch(self, ws) -> None:
+        def count(payload):
+            self.received += len(payload)
+        ws.on("framereceived", count)
+
+    def close(self) -> None:
+        self.context.close()
+
+    def _elapsed(self) -> float:
+        return self.page.evaluate("window.__bench.painted - window.__bench.t0") / 1000.0
+
+    def wait_visit(self, title: str) -> float:
+        self.page.wait_for_function(VISIT_DONE_JS, arg=[title, self.quiet], timeout=self.timeout,
+                                    polling=25)
+        return self._elapsed()
+
+    def open(self, url: str, title: str) -> float:
+        """Navigate; seconds from navigation start (t0 = 0) to done."""
+        self.page.goto(url)
+        return self.wait_visit(title)
+
+    def click_page(self, title: str) -> float:
+        self.page.locator("[data-testid='stSidebarNavLink']", has_text=title).first.click()
+        return self.wait_visit(title)
+
+    def step(self, key: str = "ArrowLeft") -> tuple[float, int]:
+        """One slider step; (seconds to done, websocket bytes received)."""
+        thumb = self.page.locator("[data-testid='stSlider'] input[type=range]").first
+        thumb.focus()
+        old = self.page.evaluate(READOUT_JS)
+        before = self.received
+        self.page.keyboard.press(key)
+        self.page.wait_for_function(STEP_DONE_JS, arg=[old, self.quiet], timeout=self.timeout,
+                                    polling=25)
+        return self._elapsed(), self.received - before
+
+    def exceptions(self) -> int:
+        return self.page.locator("[data-testid='stException']").count()
+
+    def legends(self) -> list[str]:
+        return self.page.evaluate(LEGEND_JS)
+
+
+# ----------------------------------------------------------------------------- parts
+
+
+def _summary(x) -> dict:
+    a = np.asarray(x, dtype=float)
+    q1, med, q3 = np.percentile(a, [25, 50, 75])
+    return {"n": int(a.size), "median": float(med), "q1": float(q1), "q3": float(q3),
+            "min": float(a.min()), "max": float(a.max())}
+
+
+def _fmt(s: dict, unit: str = "s") -> str:
+    return (f"median {s['median']:.3f} {unit} (quartiles {s['q1']:.3f}–{s['q3']:.3f}, "
+            f"range {s['min']:.3f}–{s['max']:.3f}, n={s['n']})")
+
+
+def slider_steps(browser, app_url: str, minimal_url: str, *, steps: int, warmup: int,
+                 quiet: float) -> dict:
+    """Interleaved steps: project, minimal, minimal, project, ... (the order alternates)."""
+    project = Visitor(browser, quiet_ms=quiet)
+    minimal = Visitor(browser, quiet_ms=quiet)
+    try:
+        project.open(app_url, "Data")
+        project.click_page("Calibrate")
+        minimal.open(minimal_url, "Minimal slider page")
+        times = {"project": [], "minimal": []}
+        sizes = {"project": [], "minimal": []}
+        for i in range(warmup + steps):
+            order = (("project", project), ("minimal", minimal))
+            for name, visitor in order if i % 2 == 0 else order[::-1]:
+                visitor.page.bring_to_front()
+                seconds, received = visitor.step()
+                if i >= warmup:
+                    times[name].append(seconds)
+                    sizes[name].append(received)
+                time.sleep(0.2)
+        out = {name: {**_summary(t), "bytes_median": float(np.median(sizes[name]))}
+               for name, t in times.items()}
+        out["ratio_of_medians"] = out["project"]["median"] / out["minimal"]["median"]
+        paired = np.array(times["project"]) / np.array(times["minimal"])
+        out["paired_ratio"] = _summary(paired)
+        out["exceptions"] = project.exceptions() + minimal.exceptions()
+        return out
+    finally:
+        project.close()
+        minimal.close()
+
+
+def first_visits(browser, log_dir: Path, *, quiet: float, root: Path) -> dict:
+    """A fresh server: visitor 1 (cold) then visitor 2 (warm) open Data, Calibrate, Fleet."""
+    out: dict = {}
+    with serve("app.py", log_dir / "visits.log", root=root) as (url, healthy):
+        out["server_healthy_s"] = healthy
+        for who in ("cold", "warm"):
+            v = Visitor(browser, quiet_ms=quiet)
+            try:
+                out[who] = {"Data": v.open(url, "Data"), "Calibrate": v.click_page("Calibrate"),
+                            "Fleet": v.click_page("Fleet")}
+                out[who]["exceptions"] = v.exceptions()
+            finally:
+                v.close()
+    for path, title in (("calibrate", "Calibrate"), ("fleet", "Fleet")):
+        with serve("app.py", log_dir / f"deep_{path}.log", root=root) as (url, _):
+            v = Visitor(browser, quiet_ms=quiet)
+            try:
+                out[f"deep /{path}"] = v.open(f"{url}/{path}", title)
+            finally:
+                v.close()
+    return out
+
+
+def large_corridor(browser, app_url: str, path: Path, *, quiet: float, limit_s: float) -> dict:
+    """Upload, then open Calibrate on the new model: seconds until a corridor is drawn."""
+    v = Visitor(browser, quiet_ms=quiet, timeout_s=max(limit_s, 120.0) + 60.0)
+    try:
+        v.open(app_url, "Data")
+        v.page.locator("[data-testid='stFileUploader'] input[type=file]").first.set_input_files(str(path))
+        v.page.wait_for_selector("text=Loaded", timeout=120_000)
+        v.wait_visit("Data")
+        v.page.locator("[data-testid='stSidebarNavLink']", has_text="Calibrate").first.click()
+        start = time.monotonic()
+        shown = None
+        try:
+            v.page.wait_for_function(CORRIDOR_JS, timeout=limit_s * 1000, polling=50)
+            shown = v.page.evaluate("performance.now() - window.__bench.t0") / 1000.0
+        except Exception:  # noqa: BLE001  (playwright's TimeoutError: not shown in time)
+            pass
+        remaining = max(1.0, limit_s + 60.0 - (time.monotonic() - start))
+        v.page.wait_for_function(VISIT_DONE_JS, arg=["Calibrate", quiet], timeout=remaining * 1000,
+                                 polling=50)
+        done = v.page.evaluate("window.__bench.painted - window.__bench.t0") / 1000.0
+        corridor = [t for t in v.legends() if "corridor" in t.lower()]
+        checkbox = v.page.get_by_text("accuracy corridor (quadrature", exact=False).count() > 0
+        return {"corridor_shown_s": shown, "page_done_s": done, "legend": sorted(set(corridor)),
+                "behind_checkbox": checkbox, "exceptions": v.exceptions()}
+    finally:
+        v.close()
+
+
+def _write_large(folder: Path, n: int, k: int) -> Path:
+    from caliber_core.simulation.synthetic import make_synthetic_logits
+
+    logits, labels = make_synthetic_logits(n, k, seed=2024)
+    path = folder / f"synthetic_{n}x{k}.npz"
+    np.savez(path, logits=logits, labels=labels, name=np.array(f"synthetic-{n}x{k}"))
+    return path
+
+
+def _legend_kind(legend: list[str]) -> str:
+    text = " ".join(legend).lower()
+    if not text:
+        return "no corridor in the legend"
+    kinds = [w for w in ("exact", "estimated", "monte carlo") if w in text]
+    return ", ".join(kinds) if kinds else "not stated"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=30, help="measured steps per page (default 30)")
+    ap.add_argument("--warmup-steps", type=int, default=2, help="unmeasured steps first (default 2)")
+    ap.add_argument("--quiet", type=float, default=300.0,
+                    help="ms without DOM mutation that ends an action (default 300)")
+    ap.add_argument("--large", default="2000x1000", help="N x K of the synthetic upload")
+    ap.add_argument("--corridor-limit", type=float, default=60.0,
+                    help="seconds to wait for the corridor on the large file (default 60)")
+    ap.add_argument("--skip-slider", action="store_true")
+    ap.add_argument("--skip-cold", action="store_true")
+    ap.add_argument("--skip-large", action="store_true")
+    ap.add_argument("--root", type=Path, default=ROOT,
+                    help="the dashboard to serve (a checkout; default: this one)")
+    ap.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = ap.parse_args(argv)
+    n, k = (int(x) for x in args.large.lower().split("x"))
+    args.root = args.root.resolve()
+    sys.path.insert(0, str(args.root))  # the synthetic generator of the tree being served
+
+    from playwright.sync_api import sync_playwright
+
+    results: dict = {"load_average_start": os.getloadavg()[0], "cpus": os.cpu_count()}
+    print(f"CPUs {os.cpu_count()}, load average {os.getloadavg()[0]:.2f} at start "
+          "(other processes share the CPUs: read the spreads)")
+    with tempfile.TemporaryDirectory(prefix="caliber_bench_") as tmp, sync_playwright() as pw:
+        tmp_dir = Path(tmp)
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            if not args.skip_cold:
+                v = first_visits(browser, tmp_dir, quiet=args.quiet, root=args.root)
+                results["first_visits"] = v
+                print(f"\nFirst visits (server healthy {v['server_healthy_s']:.1f} s after start; "
+                      "navigation start or click to the last paint):")
+                for who in ("cold", "warm"):
+                    label = "first visitor after start" if who == "cold" else "second visitor"
+                    print(f"  {who:<5} ({label}): " + ", ".join(
+                        f"{p} {v[who][p]:.2f} s" for p in ("Data", "Calibrate", "Fleet"))
+                        + f"; exceptions {v[who]['exceptions']}")
+                print(f"  deep links on fresh servers: /calibrate {v['deep /calibrate']:.2f} s, "
+                      f"/fleet {v['deep /fleet']:.2f} s")
+            with serve("app.py", tmp_dir / "app.log", root=args.root) as (app_url, _), \
+                    serve(MINIMAL_PAGE, tmp_dir / "minimal.log") as (minimal_url, _):
+                if not args.skip_slider:
+                    s = slider_steps(browser, app_url, minimal_url, steps=args.steps,
+                                     warmup=args.warmup_steps, quiet=args.quiet)
+                    results["slider"] = s
+                    print("\nSlider steps, interleaved in one run (key press to the last paint):")
+                    print(f"  Calibrate page: {_fmt(s['project'])}, "
+                          f"{s['project']['bytes_median'] / 1024:.1f} KiB per step")
+                    print(f"  minimal page:   {_fmt(s['minimal'])}, "
+                          f"{s['minimal']['bytes_median'] / 1024:.1f} KiB per step")
+                    print(f"  ratio of medians {s['ratio_of_medians']:.2f} (target <= 1.5); "
+                          f"paired ratios: {_fmt(s['paired_ratio'], unit='x')}; "
+                          f"exceptions {s['exceptions']}")
+                if not args.skip_large:
+                    path = _write_large(tmp_dir, n, k)
+                    c = large_corridor(browser, app_url, path, quiet=args.quiet,
+                                       limit_s=args.corridor_limit)
+                    results["large"] = c
+                    shown = (f"{c['corridor_shown_s']:.2f} s" if c["corridor_shown_s"] is not None
+                             else f"not shown within {args.corridor_limit:.0f} s")
+                    print(f"\nCorridor on a {n:,} x {k:,} SYNTHETIC upload (click on Calibrate to "
+                          f"the corridor drawn): {shown}; page done {c['page_done_s']:.2f} s; "
+                          f"legend: {_legend_kind(c['legend'])} {c['legend']}; "
+                          f"behind a checkbox: {'yes' if c['behind_checkbox'] else 'no'}; "
+                          f"exceptions {c['exceptions']}")
+        finally:
+            browser.close()
+    results["load_average_end"] = os.getloadavg()[0]
+    print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
