@@ -308,3 +308,62 @@ def test_importing_the_package_loads_no_format_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=PACKAGE.parents[1]).stdout.strip()
     assert out == "[]"
+
+
+# ------------------------------------- the same rules as caliber_core.validation
+
+BAD_LOGITS = {
+    "1-D": np.ones(10),
+    "3-D": np.ones((4, 3, 2)),
+    "no rows": np.ones((0, 5)),
+    "one class": np.ones((10, 1)),
+    "strings": np.array([["a", "b"], ["c", "d"]]),
+    "bool": np.eye(2, dtype=bool),
+    "complex": np.ones((3, 2), dtype=np.complex128),
+    "nan": np.array([[1.0, 0.0], [np.nan, 0.0]]),
+    "-inf": np.array([[1.0, 0.0], [0.0, -np.inf]]),
+}
+
+
+def _npy(array) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("case", BAD_LOGITS)
+def test_logits_refused_by_loading_exactly_when_validation_refuses(case):
+    from caliber_core import validation
+
+    with pytest.raises(ValueError):
+        validation.as_logits(BAD_LOGITS[case], finite=True)
+    with pytest.raises(LogitsFileError):
+        load_logits_bytes(_npy(BAD_LOGITS[case]), "bad.npy")
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [np.array([0, 1, 5]), np.array([0, -1, 1]), np.array([0, 1]), np.array([[0], [1], [1]]), np.array([True, False, True])],
+    ids=["above K", "negative", "short", "2-D", "bool"],
+)
+def test_labels_refused_by_loading_exactly_when_validation_refuses(labels):
+    from caliber_core import validation
+
+    z = np.array([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 2.0]])
+    with pytest.raises(ValueError):
+        validation.as_labels(labels, n_samples=3, n_classes=3)
+    buf = io.BytesIO()
+    np.savez(buf, logits=z, labels=labels)
+    with pytest.raises(LogitsFileError):
+        load_logits_bytes(buf.getvalue(), "bad.npz")
+
+
+def test_what_loading_accepts_passes_validation():
+    from caliber_core import validation
+
+    z, y = _logits()
+    buf = io.BytesIO()
+    np.savez(buf, logits=z.astype(np.float32), labels=y.astype(np.float64))  # integral floats: the one wider rule
+    data = load_logits_bytes(buf.getvalue(), "ok.npz")
+    np.testing.assert_array_equal(validation.as_logits(data.logits, finite=True), data.logits)
+    np.testing.assert_array_equal(validation.as_labels(data.labels, n_samples=300, n_classes=5), y)

@@ -4,6 +4,14 @@
 integer labels in ``[0, K)``, one per row; and a positive median top-two
 margin (the margin scale S of ``margins.margin_scale``; v = sigma^2 / S^2 is
 undefined otherwise). Every message names the file and the first offender.
+
+The rules are those of :mod:`caliber_core.validation` (``as_logits`` with
+``finite=True``, ``as_labels``), which the numerics apply to in-memory arrays;
+a test holds the two to the same verdicts. They are applied here rather than
+delegated because a file needs a different message (the file, the row and
+column or index of the first offender, where ``validation`` reports a range)
+and one wider rule: labels stored as integral floats (``3.0``, as CSV, text and
+some array writers produce) are accepted and converted to int64.
 """
 
 from __future__ import annotations
