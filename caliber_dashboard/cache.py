@@ -13,10 +13,12 @@ draw nothing. Uploaded data never enters a cache key other than by digest.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -27,9 +29,23 @@ from caliber_core.calibration.calibrate import Calibration, sigma_for_target
 from caliber_core.config import TargetRecord
 from caliber_core.loading import LogitsData
 
-from .series import CalibrationCurves, data_digest, exact_curves
+from .curves import CalibrationCurves, exact_curves
 
 _EMPTY = object()
+
+
+def data_digest(data: LogitsData) -> str:
+    """Content digest of a loaded model, the key of every cache here: the file's sha256 plus its labels.
+
+    The file digest alone is not enough: the same ``.npy`` logits can be
+    loaded with and without a separate labels file.
+    """
+    h = hashlib.sha256(data.sha256.encode())
+    if data.labels is not None:
+        h.update(np.ascontiguousarray(data.labels, dtype=np.int64).tobytes())
+    else:
+        h.update(b"no-labels")
+    return h.hexdigest()
 
 
 class _Slot:
@@ -118,12 +134,6 @@ def calibration(data: LogitsData, *, statistic: str = "median", seed: int = 0,
                                                  realizations=realizations, progress=progress),
         progress_text=f"Calibrating {data.name}: noise sweep over {data.n_samples} inputs…",
     )
-
-
-def is_calibrated(data: LogitsData, *, statistic: str = "median", seed: int = 0,
-                  realizations: int | None = None) -> bool:
-    key = (data_digest(data), statistic, seed, _realizations(realizations))
-    return _calibration_slot(key).value is not _EMPTY
 
 
 def curves(data: LogitsData, cal: Calibration, *, n_points: int = 60) -> CalibrationCurves:

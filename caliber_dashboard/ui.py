@@ -10,8 +10,10 @@ import streamlit as st
 from caliber_core.calibration.calibrate import Calibration
 from caliber_core.loading import LogitsData
 
+from caliber_core.config import CALIBRATED_KINDS
+
 from . import state
-from .series import KIND_LABELS, TARGET_KINDS, percent_to_fraction, slider_range
+from .targets import KIND_LABELS, percent_to_fraction, slider_range
 
 _KIND_KEY = "_kind"
 
@@ -33,7 +35,7 @@ def model_selector(label: str, *, key: str, labelled_only: bool = False) -> Logi
 
 
 def target_control(data: LogitsData, cal: Calibration, *, key_prefix: str,
-                   kinds: tuple[str, ...] = TARGET_KINDS) -> tuple[str, float, float]:
+                   kinds: tuple[str, ...] = CALIBRATED_KINDS) -> tuple[str, float, float]:
     """Kind radio + percent slider. Returns (kind, value as a fraction, percent).
 
     The slider's key carries the model's digest (ranges differ per model); its

@@ -2,7 +2,10 @@
 
 import streamlit as st
 
-from caliber_dashboard import cache, figures, navigation, series, ui
+from caliber_core.calibration.cost import analytic_attack, query_bound
+from caliber_dashboard import cache, figures, navigation, ui
+from caliber_dashboard.curves import m_grid, powers_of_two
+from caliber_dashboard.targets import percent_to_fraction
 from caliber_dashboard.ui import fmt
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
@@ -46,7 +49,7 @@ with c2:
         max_value=99.5, value=min(99.5, max(percent + 0.5, 95.0)), step=0.5, format="%.1f%%",
         key=f"attack_usable_{data.sha256[:12]}",
         help="The accuracy an attacker would call usable; through the fit inverse it gives v_use.")
-bound = series.query_bound(cal, v_star, series.percent_to_fraction(usable_pct))
+bound = query_bound(cal, v_star, percent_to_fraction(usable_pct))
 
 m = st.columns(5)
 m[0].metric("σ* served", fmt(sigma, ".5g"))
@@ -70,11 +73,10 @@ m_max = o1.selectbox("largest M", [16, 64, 256, 1024], index=1, key="attack_m_ma
 repeats = o2.number_input("simulation repeats", min_value=1, max_value=50, value=1, key="attack_repeats",
                           help="Independent passes over all inputs; more = smaller error bars.")
 seed = o3.number_input("simulation seed", min_value=0, value=0, key="attack_seed")
-m_values = series.powers_of_two(m_max)
+m_values = powers_of_two(m_max)
 
-m_curve = series.m_grid(m_max)
-measured, logistic = series.analytic_attack(cal, sigma, m_curve)
-
+m_curve = m_grid(m_max)
+measured, logistic = analytic_attack(cal, sigma, m_curve)
 
 
 def _request_run(key):

@@ -2,12 +2,12 @@
 
 import math
 
-import numpy as np
 import streamlit as st
 
 from caliber_core.calibration.calibrate import measured_accuracy
-from caliber_core.calibration.margins import MARGIN_STATISTICS
-from caliber_dashboard import cache, figures, navigation, series, state, ui
+from caliber_core.calibration.margins import MARGIN_STATISTICS, normalized_noise
+from caliber_dashboard import cache, curves as plot, figures, navigation, state, tables, ui
+from caliber_dashboard.verification import verify_realizations, verify_sigma
 from caliber_dashboard.ui import fmt
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
@@ -62,23 +62,23 @@ if not cal.has_labels:
 
 def _figures(result):
     """Normalized and raw views, with the target marked when there is one."""
-    v_pts, u_pts, u_se = series.fitted_points(cal)
+    v_pts, u_pts, u_se = plot.fitted_points(cal)
     if curves is not None:
         v_curve, sigma_curve = curves.v, curves.sigma
     else:
-        sigma_curve = series.sigma_grid(cal)
-        v_curve = np.square(sigma_curve / cal.scale)
+        sigma_curve = plot.sigma_grid(cal)
+        v_curve = normalized_noise(sigma_curve, cal.scale)
     norm_kw = dict(v_points=v_pts, u_points=u_pts, u_se=u_se, v_curve=v_curve,
                    logistic=cal.fit.predict(v_curve))
     raw_kw = dict(sigma_points=cal.sweep.sigma, chance=cal.chance)
     if curves is not None:
-        norm_kw["agreement"] = series.normalized_agreement(curves.agreement, cal.n_classes)
+        norm_kw["agreement"] = plot.normalized_agreement(curves.agreement, cal.n_classes)
     if cal.has_labels:
         raw_kw.update(y_points=cal.sweep.accuracy, y_se=cal.sweep.accuracy_se,
                       clean=cal.clean_accuracy)
         if curves is not None:
-            norm_kw["corridor_lower"] = series.normalized_accuracy(curves.corridor_lower, cal)
-            norm_kw["corridor_upper"] = series.normalized_accuracy(curves.corridor_upper, cal)
+            norm_kw["corridor_lower"] = plot.normalized_accuracy(curves.corridor_lower, cal)
+            norm_kw["corridor_upper"] = plot.normalized_accuracy(curves.corridor_upper, cal)
             raw_kw.update(sigma_curve=sigma_curve, exact=curves.accuracy,
                           corridor_lower=curves.corridor_lower, corridor_upper=curves.corridor_upper)
     else:
@@ -89,7 +89,7 @@ def _figures(result):
         if curves is not None:
             raw_kw.update(sigma_curve=sigma_curve, exact=curves.agreement)
     if result is not None and math.isfinite(result.sigma) and result.sigma > 0:
-        norm_kw["target"] = series.target_point(cal, result)
+        norm_kw["target"] = plot.target_point(cal, result)
         if cal.has_labels:
             raw_kw["target"] = (result.sigma, float(measured_accuracy(cal, result.sigma)[0]))
         else:
@@ -138,15 +138,15 @@ def target_panel():
     _figures(result)
 
     st.markdown("**Verify** σ* with fresh Monte-Carlo noise (a new seed every click).")
-    key = (series.data_digest(data), statistic, kind, value)
+    key = (cache.data_digest(data), statistic, kind, value)
     # A callback, not `if st.button(...)`: the request survives a rerun.
     st.button("Verify", key="verify_btn", icon=":material/science:", disabled=result is None,
               on_click=_request_verify, args=(key,))
     if result is not None and st.session_state.pop(VERIFY_REQUEST, None) == key:
-        reps = series.verify_realizations(cal.n_samples)
+        reps = verify_realizations(cal.n_samples)
         seed = state.next_verify_seed()
         bar = st.progress(0.0, text=f"Adding fresh noise: {reps} draws × {cal.n_samples} inputs…")
-        ver = series.verify_sigma(data.logits, data.labels, result.sigma, realizations=reps,
+        ver = verify_sigma(data.logits, data.labels, result.sigma, realizations=reps,
                                   seed=seed, progress=lambda f: bar.progress(f))
         bar.empty()
         st.session_state[VERIFY_RESULT] = {"key": key, "result": ver}
@@ -180,8 +180,8 @@ f[2].metric("v50", fmt(cal.fit.v50, ".4g"))
 f[3].metric("p", fmt(cal.fit.p, ".4g"))
 f[4].metric("c", fmt(cal.fit.c, ".4g"))
 f[5].metric("points", cal.fit.n_points)
-v_res, res = series.residuals(cal)
+v_res, res = plot.residuals(cal)
 st.plotly_chart(figures.residual_figure(v_res, res, rmse=cal.fit.rmse), width="stretch",
                 key="fig_residuals", config=figures.chart_config(f"{data.name}_residuals"))
-ui.csv_download(series.sweep_table(cal), label="Sweep data (CSV)",
+ui.csv_download(tables.sweep_table(cal), label="Sweep data (CSV)",
                 file_name=f"{data.name}.sweep.csv", key="sweep_csv")

@@ -1,15 +1,15 @@
 """Export: the config JSON (the CLI's own function) to download; review a saved config."""
 
-import math
 import re
 
 import pandas as pd
 import streamlit as st
 
 from caliber_core.calibration.calibrate import measured_accuracy
-from caliber_core.config import ConfigError, config_to_json, load_config
+from caliber_core.config import CALIBRATED_KINDS, ConfigError, config_to_json, inversion_of_method, load_config
 from caliber_core.calibration.margins import MARGIN_STATISTICS
-from caliber_dashboard import cache, navigation, series, state, ui
+from caliber_dashboard import cache, navigation, state, ui
+from caliber_dashboard.targets import target_list
 from caliber_dashboard.ui import fmt
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
@@ -37,10 +37,12 @@ with st.expander("Options (the CLI's defaults)"):
     o1, o2, o3 = st.columns(3)
     statistic = o1.selectbox("margin statistic (--margin-stat)", MARGIN_STATISTICS, key="export_statistic")
     inversion = o2.selectbox("inversion (--inversion)", ["curve", "logistic"], key="export_inversion")
-    saturate = o3.checkbox("saturate unreachable targets (--saturate)", key="export_saturate")
+    saturate = o3.checkbox("saturate unreachable targets (--saturate)", key="export_saturate",
+                           help="An unreachable target serves the largest σ the sweep measured, "
+                           "marked saturated, instead of failing.")
 
 try:
-    targets = series.target_list(retention_text, accuracy_text, agreement_text)
+    targets = target_list(retention_text, accuracy_text, agreement_text)
 except ValueError as exc:
     st.error(ui.plain(str(exc)))
     st.stop()
@@ -58,8 +60,12 @@ except ValueError as exc:  # an unreachable target, missing labels (LogitsFileEr
 
 rows = [{"target": f"{r.kind} {r.requested:g}", "σ*": r.sigma, "v*": r.v, "accuracy": r.accuracy,
          "retention": r.retention, "agreement": r.agreement, "σ logistic": r.sigma_logistic,
-         "method": r.method + (" (saturated)" if r.saturated else "")} for r in results]
+         "method": r.method} for r in results]
 results_df = pd.DataFrame(rows).dropna(axis=1, how="all")
+for r in results:
+    if r.saturated:
+        st.warning(ui.plain(f"{r.kind} {r.requested:g} is out of reach: the config serves σ = {r.sigma:.5g}, "
+                            "the largest σ the sweep measured, marked saturated."), icon=":material/warning:")
 st.dataframe(results_df, hide_index=True, width="stretch",
              column_config={c: st.column_config.NumberColumn(format="%.5g")
                             for c in ("σ*", "v*", "accuracy", "retention", "agreement", "σ logistic")})
@@ -133,20 +139,16 @@ for t in saved["targets"]:
     sigma_file = t.get("sigma")
     now = note = None
     try:
-        if kind not in ("accuracy", "retention", "agreement") or requested is None:
-            raise ValueError("kind/requested missing")
-        inv = "logistic" if str(t.get("method", "")).startswith("logistic") else "curve"
-        now = cache.target(model, cal, kind, float(requested), inversion=inv,
+        if kind not in CALIBRATED_KINDS or requested is None:
+            raise ValueError(f"a {kind} target is not recomputed from logits here")
+        # The same inversion the file used: the method says which ("saturated-logistic" is logistic).
+        now = cache.target(model, cal, kind, float(requested), inversion=inversion_of_method(t.get("method", "")),
                            saturate=bool(t.get("saturated"))).sigma
     except ValueError as exc:
         note = str(exc)
-    pred_acc = pred_agr = None
-    if sigma_file is not None and math.isfinite(sigma_file):
-        if cal.has_labels:
-            pred_acc = float(measured_accuracy(cal, sigma_file)[0])
-        if kind == "agreement":
-            pred_agr = float(cal.exact.agreement(sigma_file)[0])
-    rel = (None if now is None or sigma_file in (None, 0) else (now - sigma_file) / sigma_file * 100)
+    pred_acc = float(measured_accuracy(cal, sigma_file)[0]) if cal.has_labels else None
+    pred_agr = float(cal.exact.agreement(sigma_file)[0]) if kind == "agreement" else None
+    rel = None if now is None or sigma_file == 0 else (now - sigma_file) / sigma_file * 100
     review.append({
         "target": f"{kind} {requested}", "σ in file": sigma_file, "σ recomputed now": now,
         "Δσ %": rel, "accuracy in file": t.get("accuracy"),

@@ -6,7 +6,8 @@ import streamlit as st
 
 from caliber_core.calibration import fleet
 from caliber_core.calibration.margins import MARGIN_STATISTICS, normalized_utility
-from caliber_dashboard import cache, figures, navigation, series, state, ui
+from caliber_dashboard import cache, figures, navigation, state, tables, ui
+from caliber_dashboard.targets import percent_to_fraction
 from caliber_dashboard.ui import fmt
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
@@ -58,7 +59,7 @@ st.plotly_chart(
     width="stretch", key="fig_fleet", config=figures.chart_config(f"caliber_fleet_{statistic}"))
 
 st.subheader("Models")
-model_df = series.fleet_model_table(cals)
+model_df = tables.fleet_model_table(cals)
 st.dataframe(model_df, hide_index=True, width="stretch",
              column_config={c: st.column_config.NumberColumn(format="%.4g")
                             for c in model_df.columns if c not in ("model", "K")})
@@ -69,7 +70,7 @@ st.caption(
     "retention targets 90/80/70/60%: in-sample (the law fit on every model) vs held out (fit "
     "without that model), as in the paper's appendix."
 )
-loo_df = series.with_mean_row(report["leave_one_out"], "model")
+loo_df = tables.with_mean_row(report["leave_one_out"], "model")
 st.dataframe(
     loo_df.rename(columns={"scale": f"S ({statistic})", "in_sample_error": "in-sample error %",
                            "held_out_error": "held-out error %"}),
@@ -105,8 +106,8 @@ retention = i[3].slider("target retention (% of A0)", min_value=10.0, max_value=
                         key="fleet_retention")
 try:
     res = fleet.calibrate_from_scale(shared, scale=scale, clean_accuracy=a0, n_classes=int(k),
-                                     value=series.percent_to_fraction(retention), kind="retention",
-                                     saturate=True)
+                                     value=percent_to_fraction(retention), kind="retention",
+                                     saturate=True, v_max=float(v_all.max()))
 except ValueError as exc:
     st.warning(ui.plain(str(exc)))
 else:
@@ -116,4 +117,6 @@ else:
     o[2].metric("target accuracy", fmt(res.accuracy, ".4f"))
     o[3].metric("target Ã", fmt(normalized_utility(res.accuracy, clean=a0, n_classes=int(k)), ".4f"))
     if res.saturated:
-        st.warning("The target is at or below the shared curve's floor c: no finite σ reaches it.")
+        st.warning("The target is at or below the shared curve's floor c: no σ reaches it. σ* shown is "
+                   "the largest σ the pooled sweeps measured (v = the largest v above), served as "
+                   "a saturated target.")

@@ -12,7 +12,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from caliber_core.calibration import pipeline
-from caliber_core.calibration.calibrate import measured_accuracy
+from caliber_core.calibration.calibrate import measured_accuracy, sigma_for_target
 from caliber_core.config import config_to_json
 from caliber_dashboard import state
 
@@ -115,7 +115,7 @@ def test_import_review_matches_loaded_model():
     data = _selected(at)
     _import(at, text.encode())
     assert not at.exception
-    assert any("schema caliber.config/v1 OK" in _text(s.value) for s in at.success)
+    assert any("schema caliber.config/v2 OK" in _text(s.value) for s in at.success)
     assert any("sha256 matches" in _text(s.value) for s in at.success)
     review = at.dataframe[1].value
     saved = json.loads(text)
@@ -126,6 +126,29 @@ def test_import_review_matches_loaded_model():
     for got, t in zip(review["predicted accuracy at file σ"], saved["targets"]):
         assert got == pytest.approx(float(measured_accuracy(cal, t["sigma"])[0]))
         assert got == pytest.approx(t["accuracy"], abs=1e-4)  # curve inversion lands on target
+
+
+def test_review_recomputes_a_saturated_logistic_target_with_the_logistic():
+    """The review reads the inversion from the recorded method: "saturated-logistic" is logistic.
+
+    The target lies below the fitted law's floor (so the logistic saturates) but
+    within the measured curve's reach: inverting the curve instead would give a
+    different sigma and report a spurious difference.
+    """
+    at = _app()
+    data = _selected(at)
+    cal = pipeline.calibrate_data(data)
+    floor = cal.chance + cal.fit.c * (cal.clean_accuracy - cal.chance)
+    target = round(floor - 0.003, 4)
+    _, results, config = pipeline.config_for(data, [("accuracy", target)], inversion="logistic", saturate=True)
+    assert results[0].method == "saturated-logistic" and results[0].sigma == cal.sweep.sigma[-1]
+    curve = sigma_for_target(cal, target, kind="accuracy", inversion="curve", saturate=True)
+    assert curve.method == "exact-curve" and abs(curve.sigma / results[0].sigma - 1) > 0.1
+    _import(at, config_to_json(config).encode())
+    assert not at.exception
+    review = at.dataframe[1].value
+    assert list(review["σ recomputed now"]) == [results[0].sigma]
+    assert list(review["Δσ %"]) == [0.0]
 
 
 def test_import_mismatched_sha_warns():
@@ -140,7 +163,7 @@ def test_import_mismatched_sha_warns():
 
 @pytest.mark.parametrize("content, message", [
     (b"{not json", "config is not valid JSON"),
-    (json.dumps({"schema": "other/v0"}).encode(), "config schema must be 'caliber.config/v1'"),
+    (json.dumps({"schema": "other/v0"}).encode(), "config schema must be 'caliber.config/v2'"),
     (b"\x00\x01binary", "config is not valid JSON"),
 ])
 def test_import_bad_config_shows_config_error(content, message):

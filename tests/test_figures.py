@@ -16,7 +16,9 @@ from caliber_core.calibration import pipeline
 from caliber_core.calibration.calibrate import measured_accuracy, sigma_for_target
 from caliber_core.calibration.fleet import normalized_points
 from caliber_core.loading import load_logits
-from caliber_dashboard import figures, series
+from caliber_core.calibration.cost import analytic_attack, query_bound
+from caliber_dashboard import cache, figures, tables, targets, verification
+from caliber_dashboard import curves as plot
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
@@ -33,7 +35,7 @@ def cal(data):
 
 @pytest.fixture(scope="module")
 def curves(cal):
-    return series.exact_curves(cal, n_points=24)
+    return plot.exact_curves(cal, n_points=24)
 
 
 def _by_name(fig: go.Figure) -> dict:
@@ -66,10 +68,10 @@ def test_margin_histogram_one_overlaid_trace_per_model():
 
 
 def test_normalized_figure_traces_band_and_log_axis(cal, curves):
-    v_pts, u_pts, u_se = series.fitted_points(cal)
-    lower = series.normalized_accuracy(curves.corridor_lower, cal)
-    upper = series.normalized_accuracy(curves.corridor_upper, cal)
-    agreement = series.normalized_agreement(curves.agreement, cal.n_classes)
+    v_pts, u_pts, u_se = plot.fitted_points(cal)
+    lower = plot.normalized_accuracy(curves.corridor_lower, cal)
+    upper = plot.normalized_accuracy(curves.corridor_upper, cal)
+    agreement = plot.normalized_agreement(curves.agreement, cal.n_classes)
     fig = figures.normalized_figure(
         v_points=v_pts, u_points=u_pts, u_se=u_se, v_curve=curves.v,
         logistic=cal.fit.predict(curves.v), corridor_lower=lower, corridor_upper=upper,
@@ -119,15 +121,15 @@ def test_corridor_contains_exact_accuracy(cal, curves):
 
 def test_exact_curves_reports_progress_to_one(cal):
     seen = []
-    series.exact_curves(cal, n_points=12, chunk=5, progress=seen.append)
+    plot.exact_curves(cal, n_points=12, chunk=5, progress=seen.append)
     assert seen == sorted(seen) and seen[-1] == 1.0 and len(seen) == 3
 
 
 def test_normalized_axes_endpoints(cal):
-    assert series.normalized_accuracy(cal.clean_accuracy, cal) == pytest.approx(1.0)
-    assert series.normalized_accuracy(cal.chance, cal) == pytest.approx(0.0)
-    assert series.normalized_agreement(1.0, 10) == pytest.approx(1.0)
-    assert series.normalized_agreement(0.1, 10) == pytest.approx(0.0)
+    assert plot.normalized_accuracy(cal.clean_accuracy, cal) == pytest.approx(1.0)
+    assert plot.normalized_accuracy(cal.chance, cal) == pytest.approx(0.0)
+    assert plot.normalized_agreement(1.0, 10) == pytest.approx(1.0)
+    assert plot.normalized_agreement(0.1, 10) == pytest.approx(0.0)
 
 
 # ------------------------------------------------------------------ raw view, residuals
@@ -151,8 +153,8 @@ def test_raw_figure_values_lines_and_band(cal, curves):
 
 
 def test_residual_figure(cal):
-    v, res = series.residuals(cal)
-    np.testing.assert_allclose(res, series.fitted_points(cal)[1] - cal.fit.predict(v))
+    v, res = plot.residuals(cal)
+    np.testing.assert_allclose(res, plot.fitted_points(cal)[1] - cal.fit.predict(v))
     # The fit's rmse is the rms of exactly these residuals.
     assert math.sqrt(np.mean(res**2)) == pytest.approx(cal.fit.rmse, rel=1e-9)
     fig = figures.residual_figure(v, res, rmse=cal.fit.rmse)
@@ -206,22 +208,22 @@ def test_chart_config_names_png():
     assert cfg["toImageButtonOptions"]["filename"] == "my_model_raw"
 
 
-# ------------------------------------------------------------------ series helpers
+# ------------------------------------------------------------------ page helpers
 
 
 def test_parse_percent_list_and_targets():
-    assert series.parse_percent_list("90, 80 70%;60") == [0.9, 0.8, 0.7, 0.6]
-    assert series.parse_percent_list("") == []
+    assert targets.parse_percent_list("90, 80 70%;60") == [0.9, 0.8, 0.7, 0.6]
+    assert targets.parse_percent_list("") == []
     with pytest.raises(ValueError, match="not a number: 'abc'"):
-        series.parse_percent_list("90, abc")
+        targets.parse_percent_list("90, abc")
     with pytest.raises(ValueError, match=r"percentage in \(0, 100\]"):
-        series.parse_percent_list("150")
+        targets.parse_percent_list("150")
     with pytest.raises(ValueError, match="accuracy targets"):
-        series.target_list("90", "0")
-    assert series.target_list("80", "70", "95") == [("retention", 0.8), ("accuracy", 0.7),
+        targets.target_list("90", "0")
+    assert targets.target_list("80", "70", "95") == [("retention", 0.8), ("accuracy", 0.7),
                                                      ("agreement", 0.95)]
     # The CLI reads --retention 80 as 80 / 100: the same float.
-    assert series.percent_to_fraction(80) == 0.8 == 80 / 100.0
+    assert targets.percent_to_fraction(80) == 0.8 == 80 / 100.0
 
 
 @pytest.mark.parametrize("kind", ["retention", "accuracy", "agreement"])
@@ -229,59 +231,59 @@ def test_slider_range_is_reachable_on_every_demo_model(kind):
     for path in sorted(DATA.glob("digits_*.npz")):
         d = load_logits(path)
         c = pipeline.calibrate_data(d)
-        rng = series.slider_range(kind, clean_accuracy=c.clean_accuracy, n_classes=c.n_classes)
+        rng = targets.slider_range(kind, clean_accuracy=c.clean_accuracy, n_classes=c.n_classes)
         assert rng.lo < rng.default <= rng.hi
         for pct in (rng.lo, rng.default):
-            r = sigma_for_target(c, series.percent_to_fraction(pct), kind=kind)  # must not raise
+            r = sigma_for_target(c, targets.percent_to_fraction(pct), kind=kind)  # must not raise
             assert r.sigma > 0
 
 
 def test_target_point_on_normalized_axes(cal):
     r = sigma_for_target(cal, 0.8)
-    v, u = series.target_point(cal, r)
+    v, u = plot.target_point(cal, r)
     assert v == pytest.approx((r.sigma / cal.scale) ** 2)
     assert u == pytest.approx((0.8 * cal.clean_accuracy - 0.1) / (cal.clean_accuracy - 0.1))
     g = sigma_for_target(cal, 0.7, kind="agreement")
-    assert series.target_point(cal, g)[1] == pytest.approx((0.7 - 0.1) / 0.9)
+    assert plot.target_point(cal, g)[1] == pytest.approx((0.7 - 0.1) / 0.9)
 
 
 def test_verify_sigma_reproducible_and_near_prediction(data, cal):
     r = sigma_for_target(cal, 0.8)
     seen = []
-    a = series.verify_sigma(data.logits, data.labels, r.sigma, realizations=200, seed=5,
+    a = verification.verify_sigma(data.logits, data.labels, r.sigma, realizations=200, seed=5,
                             progress=seen.append)
-    b = series.verify_sigma(data.logits, data.labels, r.sigma, realizations=200, seed=5)
-    c = series.verify_sigma(data.logits, data.labels, r.sigma, realizations=200, seed=6)
+    b = verification.verify_sigma(data.logits, data.labels, r.sigma, realizations=200, seed=5)
+    c = verification.verify_sigma(data.logits, data.labels, r.sigma, realizations=200, seed=6)
     assert a == b and a.accuracy != c.accuracy
     assert seen[-1] == 1.0 and len(seen) == 10
     predicted = float(measured_accuracy(cal, r.sigma)[0])
     # Binomial s.e. over 100k draws is ~0.0013; the exact curve must sit within 4 of them.
     assert abs(a.accuracy - predicted) < 4 * a.accuracy_se
-    assert series.verify_realizations(500) == 200
+    assert verification.verify_realizations(500) == 200
 
 
 def test_query_bound_matches_proposition_2(cal):
     r = sigma_for_target(cal, 0.7)
-    b = series.query_bound(cal, r.v, 0.95)
+    b = query_bound(cal, r.v, 0.95)
     u = (0.95 * cal.clean_accuracy - cal.chance) / (cal.clean_accuracy - cal.chance)
     assert b.v_use == pytest.approx(cal.fit.inverse(u))
     assert b.queries == math.ceil(r.v / b.v_use)
-    assert series.query_bound(cal, r.v, 1.0).queries is None  # only the clean model is that good
+    assert query_bound(cal, r.v, 1.0).queries is None  # only the clean model is that good
 
 
 def test_analytic_attack_recovers_with_m(cal):
     r = sigma_for_target(cal, 0.7)
-    m = series.m_grid(64)
+    m = plot.m_grid(64)
     assert m[0] == 1 and m[-1] == 64 and np.all(np.diff(m) > 0)
-    measured, logistic = series.analytic_attack(cal, r.sigma, m)
+    measured, logistic = analytic_attack(cal, r.sigma, m)
     assert measured[0] == pytest.approx(float(measured_accuracy(cal, r.sigma)[0]))
     assert np.all(np.diff(measured) > -1e-9) and measured[-1] > measured[0] + 0.1
     assert logistic[-1] > logistic[0]
-    assert series.powers_of_two(64) == (1, 2, 4, 8, 16, 32, 64)
+    assert plot.powers_of_two(64) == (1, 2, 4, 8, 16, 32, 64)
 
 
 def test_model_table_and_digest(data):
-    df = series.model_table([data])
+    df = tables.model_table([data])
     row = df.iloc[0]
     assert (row["model"], row["N"], row["K"], row["labels"]) == (data.name, 500, 10, "yes")
     assert row["file"] == "digits_logreg-raw.npz"
@@ -289,12 +291,12 @@ def test_model_table_and_digest(data):
     assert row["A0"] == pytest.approx(0.962)
     assert row["S median"] == pytest.approx(3.541, abs=1e-3)
     unlabelled = dataclasses.replace(data, labels=None)
-    assert series.data_digest(unlabelled) != series.data_digest(data)
-    assert series.data_digest(data) == series.data_digest(load_logits(DATA / "digits_logreg-raw.npz"))
+    assert cache.data_digest(unlabelled) != cache.data_digest(data)
+    assert cache.data_digest(data) == cache.data_digest(load_logits(DATA / "digits_logreg-raw.npz"))
 
 
 def test_with_mean_row():
-    df = series.with_mean_row([{"model": "a", "scale": 1.0, "e": 2.0},
+    df = tables.with_mean_row([{"model": "a", "scale": 1.0, "e": 2.0},
                                {"model": "b", "scale": 3.0, "e": 4.0}], "model")
     assert list(df["model"]) == ["a", "b", "mean"]
     assert df["e"].iloc[-1] == 3.0 and math.isnan(df["scale"].iloc[-1])

@@ -4,15 +4,23 @@ Averaging M fresh draws of N(0, sigma^2) leaves noise N(0, sigma^2 / M): the
 effective normalized intensity is v / M, so driving it down to a usable level
 v_use takes M >= v / v_use queries per input (part i). With per-input
 deterministic seeding the M answers coincide and the average stays at v (part ii).
+
+For one calibrated model, :func:`query_bound` turns a usable level given as
+a retention into v_use (through the fitted law's inverse) and the bound on M,
+and :func:`analytic_attack` gives the accuracy the attacker recovers with M
+fresh queries, on the measured curve and on the law.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
+from .calibrate import Calibration, measured_accuracy
 from .fit import LogisticFit
+from .margins import accuracy_from_normalized, normalized_noise, normalized_utility
 
 
 def effective_intensity(v, m, *, seeding: str = "fresh"):
@@ -52,3 +60,70 @@ def recovered_utility(fit: LogisticFit, v: float, m, *, seeding: str = "fresh") 
 def sigma_after_averaging(sigma: float, m, *, seeding: str = "fresh") -> np.ndarray:
     """Noise scale left after averaging: sigma / sqrt(m) (fresh) or sigma (per-input)."""
     return np.sqrt(effective_intensity(float(sigma) ** 2, m, seeding=seeding))
+
+
+def analytic_attack(cal: Calibration, sigma: float, m) -> tuple[np.ndarray, np.ndarray]:
+    """Accuracy an averaging attacker reaches with M fresh queries per input (Proposition 2(i)).
+
+    Parameters
+    ----------
+    cal : Calibration
+        A calibration with labels.
+    sigma : float
+        The served noise scale.
+    m : array_like of int >= 1
+        Queries per input.
+
+    Returns
+    -------
+    measured, logistic : ndarray of shape m.shape
+        The measured curve (exact when available) at sigma / sqrt(M), and the
+        fitted law at v / M, de-normalized to accuracy.
+    """
+    if not cal.has_labels:
+        raise ValueError(f"model {cal.name!r} has no labels: the attack's accuracy needs them")
+    m = np.asarray(m, dtype=np.float64)
+    measured = measured_accuracy(cal, sigma_after_averaging(sigma, m, seeding="fresh"))
+    v = float(normalized_noise(sigma, cal.scale))
+    logistic = accuracy_from_normalized(recovered_utility(cal.fit, v, m, seeding="fresh"),
+                                        clean=cal.clean_accuracy, n_classes=cal.n_classes)
+    return np.asarray(measured, dtype=np.float64), np.asarray(logistic, dtype=np.float64)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueryBound:
+    """Proposition 2(i) for one usable level.
+
+    Attributes
+    ----------
+    usable_retention, usable_accuracy, usable_utility : float
+        The level the attacker calls usable, as retention, accuracy and A~.
+    v_use : float
+        The normalized noise at which the fitted law gives that level
+        (0: only the clean model is that good; inf: the law never falls that low).
+    queries : int or None
+        The smallest M with v* / M <= v_use; None when no finite M reaches it.
+    """
+
+    usable_retention: float
+    usable_accuracy: float
+    usable_utility: float
+    v_use: float
+    queries: int | None
+
+
+def query_bound(cal: Calibration, v_star: float, usable_retention: float) -> QueryBound:
+    """M >= v* / v_use for a usable level given as retention (v_use from the fit's inverse)."""
+    if not cal.has_labels:
+        raise ValueError(f"model {cal.name!r} has no labels: a usable retention needs them")
+    acc = usable_retention * cal.clean_accuracy
+    u = float(normalized_utility(acc, clean=cal.clean_accuracy, n_classes=cal.n_classes))
+    v_use = float(cal.fit.inverse(min(u, 1.0), saturate=True))
+    if v_use <= 0:
+        queries = None  # the attacker needs the clean model exactly: no finite M
+    elif not math.isfinite(v_use):
+        queries = 1
+    else:
+        queries = queries_needed(v_star, v_use)
+    return QueryBound(usable_retention=usable_retention, usable_accuracy=acc, usable_utility=u,
+                      v_use=v_use, queries=queries)

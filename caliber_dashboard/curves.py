@@ -1,0 +1,133 @@
+"""Plot-ready curves of one calibrated model, on the normalized axes of the paper.
+
+Plain functions (no Streamlit), so tests can call them directly. The numerics
+are the core's: this module evaluates its curves on grids and normalizes them
+(v = sigma^2 / S^2, A~ = (A - 1/K) / (A0 - 1/K)) for the figures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from caliber_core.calibration import margins
+from caliber_core.calibration.calibrate import Calibration
+from caliber_core.config import TargetRecord
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationCurves:
+    """Exact (quadrature) curves of one model on a sigma grid.
+
+    ``accuracy``, ``corridor_lower`` and ``corridor_upper`` are None without labels.
+    """
+
+    sigma: np.ndarray
+    v: np.ndarray
+    agreement: np.ndarray
+    accuracy: np.ndarray | None
+    corridor_lower: np.ndarray | None
+    corridor_upper: np.ndarray | None
+
+
+def sigma_grid(cal: Calibration, n_points: int = 60) -> np.ndarray:
+    """A log grid over the sweep's sigma range."""
+    lo, hi = cal.sigma_range()
+    return np.geomspace(lo, hi, n_points)
+
+
+def exact_curves(
+    cal: Calibration,
+    *,
+    n_points: int = 60,
+    chunk: int = 6,
+    progress: Callable[[float], None] | None = None,
+) -> CalibrationCurves:
+    """Exact agreement, expected accuracy and the Corollary 1 corridor on a grid.
+
+    Evaluated ``chunk`` sigmas at a time so ``progress`` (fraction done) can be reported.
+    """
+    sigma = sigma_grid(cal, n_points)
+    exact = cal.exact
+    agree, acc, lower, upper = [], [], [], []
+    for start in range(0, sigma.size, chunk):
+        s = sigma[start : start + chunk]
+        agree.append(exact.agreement(s))
+        if cal.has_labels:
+            a, lo, hi = exact.accuracy_with_corridor(s)
+            acc.append(a)
+            lower.append(lo)
+            upper.append(hi)
+        if progress is not None:
+            progress(min(1.0, (start + s.size) / sigma.size))
+    v = margins.normalized_noise(sigma, cal.scale)
+    if cal.has_labels:
+        return CalibrationCurves(sigma=sigma, v=v, agreement=np.concatenate(agree),
+                                 accuracy=np.concatenate(acc), corridor_lower=np.concatenate(lower),
+                                 corridor_upper=np.concatenate(upper))
+    return CalibrationCurves(sigma=sigma, v=v, agreement=np.concatenate(agree), accuracy=None,
+                             corridor_lower=None, corridor_upper=None)
+
+
+def normalized_accuracy(accuracy, cal: Calibration) -> np.ndarray:
+    """A~ = (A - 1/K) / (A0 - 1/K) (Eq. util-norm)."""
+    return margins.normalized_utility(accuracy, clean=cal.clean_accuracy, n_classes=cal.n_classes)
+
+
+def normalized_agreement(agreement, n_classes: int) -> np.ndarray:
+    """Agreement on the same [chance, clean] scale: (pi - 1/K) / (1 - 1/K)."""
+    chance = 1.0 / n_classes
+    return (np.asarray(agreement, dtype=np.float64) - chance) / (1.0 - chance)
+
+
+def fitted_points(cal: Calibration) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(v, normalized value, its standard error) of the points the logistic was fit to."""
+    sw = cal.sweep
+    if cal.fit_quantity == "accuracy":
+        span = cal.clean_accuracy - cal.chance
+        return sw.v, sw.utility, sw.accuracy_se / span
+    return sw.v, normalized_agreement(sw.agreement, cal.n_classes), sw.agreement_se / (1 - cal.chance)
+
+
+def residuals(cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
+    """(v, point - logistic) on the fitted points."""
+    v, u, _ = fitted_points(cal)
+    return v, u - cal.fit.predict(v)
+
+
+def logistic_accuracy(cal: Calibration, v) -> np.ndarray:
+    """Accuracy the fitted logistic predicts at v (de-normalized); needs labels."""
+    return margins.accuracy_from_normalized(cal.fit.predict(v), clean=cal.clean_accuracy,
+                                            n_classes=cal.n_classes)
+
+
+def target_point(cal: Calibration, result: TargetRecord) -> tuple[float, float] | None:
+    """Where a TargetRecord sits on the normalized axes, or None (infinite sigma).
+
+    Accuracy-type targets sit on the A~ scale, agreement targets on the
+    normalized agreement scale (the exact agreement curve of the same plot).
+    """
+    if not math.isfinite(result.sigma):
+        return None
+    if result.kind == "agreement":
+        return result.v, float(normalized_agreement(result.agreement, cal.n_classes))
+    return result.v, float(normalized_accuracy(result.accuracy, cal))
+
+
+# ----------------------------------------------------------------- attack-cost grids
+
+
+def m_grid(m_max: int, n_points: int = 40) -> np.ndarray:
+    """Integers M in [1, m_max], log-spaced (for the analytic curves)."""
+    return np.unique(np.round(np.geomspace(1, int(m_max), n_points)).astype(int))
+
+
+def powers_of_two(m_max: int) -> tuple[int, ...]:
+    out, m = [], 1
+    while m <= m_max:
+        out.append(m)
+        m *= 2
+    return tuple(out)

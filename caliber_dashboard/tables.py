@@ -1,0 +1,69 @@
+"""Tables the pages show and offer as CSV: the sweep, the loaded models, the fleet."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from caliber_core.calibration import margins
+from caliber_core.calibration.calibrate import Calibration
+from caliber_core.loading import LogitsData
+
+
+def sweep_table(cal: Calibration) -> pd.DataFrame:
+    """The sweep as a table (for CSV download)."""
+    sw = cal.sweep
+    cols = {"sigma": sw.sigma, "v": sw.v}
+    if sw.accuracy is not None:
+        cols.update(accuracy=sw.accuracy, accuracy_se=sw.accuracy_se, utility=sw.utility)
+    cols.update(agreement=sw.agreement, agreement_se=sw.agreement_se,
+                logistic=cal.fit.predict(sw.v))
+    return pd.DataFrame(cols)
+
+
+def fleet_model_table(cals: Sequence[Calibration]) -> pd.DataFrame:
+    rows = []
+    for c in cals:
+        rows.append({
+            "model": c.name, "K": c.n_classes, "A0": c.clean_accuracy,
+            "S median": c.scales["median"], "S mean": c.scales["mean"],
+            "S trimmed": c.scales["trimmed"], "own fit v50": c.fit.v50,
+            "own fit p": c.fit.p, "own fit c": c.fit.c, "own fit R²": c.fit.r2,
+        })
+    return pd.DataFrame(rows)
+
+
+def with_mean_row(rows: Sequence[dict], label_column: str, label: str = "mean") -> pd.DataFrame:
+    """A table with a final row averaging every numeric column."""
+    df = pd.DataFrame(list(rows))
+    if df.empty:
+        return df
+    mean = {c: df[c].mean() for c in df.columns if pd.api.types.is_numeric_dtype(df[c])}
+    mean[label_column] = label
+    if "scale" in mean:
+        mean["scale"] = np.nan
+    return pd.concat([df, pd.DataFrame([mean])], ignore_index=True)
+
+
+def model_table(datas: Sequence[LogitsData]) -> pd.DataFrame:
+    """One row per loaded model: name, N, K, A0, S under each statistic, digest prefix."""
+    rows = []
+    for d in datas:
+        scales = margins.all_scales(d.logits)
+        rows.append({
+            "model": d.name,
+            "file": re.split(r"[\\/]", d.source)[-1],
+            "N": d.n_samples,
+            "K": d.n_classes,
+            "labels": "yes" if d.has_labels else "no",
+            "A0": margins.clean_accuracy(d.logits, d.labels) if d.has_labels else np.nan,
+            "S median": scales["median"],
+            "S mean": scales["mean"],
+            "S trimmed": scales["trimmed"],
+            "sha256": d.sha256[:12],
+        })
+    return pd.DataFrame(rows, columns=["model", "file", "N", "K", "labels", "A0", "S median",
+                                       "S mean", "S trimmed", "sha256"])
