@@ -1,0 +1,252 @@
+"""Does a deployed config still fit the traffic? A check against a new sample.
+
+A config's sigma* was solved on one sample of rows. A new sample of the same
+model's logits (last week's traffic of unflagged accounts, say) is a second
+sample. If both come from the same population, what each sigma delivers on
+the new sample differs from the config's value only by the sampling error of
+*both* samples, so the expected range is a prediction interval:
+
+    q_new - q_cal  ~  N(0, sd_cal^2 / N_cal + sd_new^2 / N_new)
+
+where sd is the per-row standard deviation of the estimate's influence
+function (:func:`.row_probabilities.row_spread`; retention linearizes as
+(a_i - R c_i) / A0). The config stores q_cal and sd_cal per target in its
+``reference`` record (:func:`target_reference`); for a config without it,
+q_cal is the target's own value (point side) and sd_cal is estimated from the
+new sample, which under the null has the same spread.
+
+What is compared
+----------------
+* per target, at its sigma: the target's own quantity (accuracy, retention or
+  agreement; accuracy and retention need labels for the new sample) and the
+  agreement, which needs no labels;
+* the clean accuracy A0 (labels needed): two independent proportions;
+* the margin scale S as the median top-two margin: the calibration median
+  sits at the population's 50% point up to 0.5 / sqrt(N_cal), the new one up
+  to 0.5 / sqrt(N_new); the quantile band is turned into a range for S with the
+  new sample's own margin quantiles (no density estimate needed).
+
+All ranges are simultaneous at ``confidence``: with m comparisons each one
+uses level 1 - (1 - confidence) / m (Bonferroni), so a sample from the
+calibration population passes the whole check with probability at least
+``confidence``. Normal ranges are adequate at the sample sizes this is meant
+for (hundreds of rows and up).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy.special import ndtri
+
+from .margins import top_two_margins
+from .row_probabilities import RowProbabilities, row_spread, rows_for_sample, sample_estimates
+
+REPORT_SCHEMA = "caliber.check/v1"
+_QUANTITIES = ("accuracy", "retention", "agreement")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One comparison between the config and the new sample.
+
+    Attributes
+    ----------
+    quantity : {"accuracy", "retention", "agreement", "scale", "clean_accuracy"}
+    target : int or None
+        Index into the config's targets (None for S and A0).
+    sigma : float or None
+        The target's sigma.
+    expected : float
+        The config's value (calibration sample).
+    observed : float
+        The new sample's value.
+    low, high : float
+        Range expected for a sample of this size from the calibration population.
+    consistent : bool
+        ``low <= observed <= high``.
+    message : str
+        One line: what moved, by how much, and "recalibrate" when it is outside.
+    """
+
+    quantity: str
+    target: int | None
+    sigma: float | None
+    expected: float
+    observed: float
+    low: float
+    high: float
+    consistent: bool
+    message: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DriftReport:
+    """All findings of one check, and the verdict."""
+
+    findings: tuple[Finding, ...]
+    n_samples: int
+    n_calibration: int
+    level: float
+    row_method: str
+
+    @property
+    def consistent(self) -> bool:
+        return all(f.consistent for f in self.findings)
+
+    @property
+    def problems(self) -> list[Finding]:
+        return [f for f in self.findings if not f.consistent]
+
+    def to_dict(self) -> dict:
+        return {"schema": REPORT_SCHEMA, "consistent": self.consistent, "level": self.level,
+                "comparisons": len(self.findings), "n_samples": self.n_samples,
+                "n_calibration": self.n_calibration, "rows": self.row_method,
+                "findings": [f.to_dict() for f in self.findings]}
+
+
+def target_reference(rows: RowProbabilities, sigma: float) -> dict:
+    """What a sigma delivers on the calibration sample, with the spreads :func:`check_drift` needs.
+
+    Returns ``{"accuracy": q, "retention": q, "agreement": q, "row_sd": {...same keys...}}``,
+    accuracy and retention None without labels. Stored per target in a config.
+    """
+    rv = rows.at(float(sigma))
+    est = sample_estimates(rv)
+    out = {k: (None if est[k] is None else float(est[k][0])) for k in _QUANTITIES}
+    out["row_sd"] = row_spread(rv)[0]
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _number(config: Mapping, key: str):
+    x = config.get(key)
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _expected(target: Mapping, quantity: str):
+    """(q_cal, sd_cal or None) for one target, or None when the config cannot say."""
+    ref = target.get("reference")
+    if isinstance(ref, Mapping) and isinstance(ref.get(quantity), (int, float)):
+        sd = ref.get("row_sd", {}).get(quantity) if isinstance(ref.get("row_sd"), Mapping) else None
+        return float(ref[quantity]), (float(sd) if isinstance(sd, (int, float)) else None)
+    # Without a reference the target value is what sigma delivers only on the point side.
+    if target.get("side", "point") == "point" and isinstance(target.get(quantity), (int, float)):
+        return float(target[quantity]), None
+    return None
+
+
+def check_drift(config: Mapping, logits, labels=None, *, confidence: float = 0.95,
+                seed: int | None = 0) -> DriftReport:
+    """Compare a config with a new sample of the same model's logits.
+
+    Parameters
+    ----------
+    config : mapping
+        A loaded config (its targets' sigma, S, A0, N, and per-target references).
+    logits : array_like of shape (n_samples, n_classes)
+        The new sample; K must match the config's.
+    labels : array_like of int, shape (n_samples,), optional
+        Without them only agreement and S are compared.
+    confidence : float, default 0.95
+        Simultaneous level of all ranges (Bonferroni over the comparisons).
+    seed : int or None, default 0
+        Seed of the Monte-Carlo rows when the sample is too large for quadrature.
+
+    Returns
+    -------
+    DriftReport
+
+    Raises
+    ------
+    ValueError
+        K differs from the config's, bad labels, or a confidence outside (0, 1).
+    """
+    conf = float(confidence)
+    if not (math.isfinite(conf) and 0.0 < conf < 1.0):
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    z = np.asarray(logits)
+    k_cfg = config.get("n_classes")
+    if z.ndim != 2 or z.shape[1] != k_cfg:
+        raise ValueError(f"the new sample must have the config's {k_cfg} classes, "
+                         f"got logits of shape {z.shape}")
+    n_cal = int(config["n_samples"])
+    rows = rows_for_sample(z, labels, seed=seed)
+    n_new = rows.n_samples
+    targets = [(i, t) for i, t in enumerate(config.get("targets", []))
+               if isinstance(t.get("sigma"), (int, float)) and not isinstance(t.get("sigma"), bool)]
+    plans = []  # (target index, target, quantity, expected, sd_cal)
+    for i, t in targets:
+        kind = t.get("kind")
+        wanted = [kind] if kind in _QUANTITIES else []
+        wanted += [] if kind == "agreement" else ["agreement"]
+        for q in wanted:
+            if q != "agreement" and not rows.has_labels:
+                continue
+            exp = _expected(t, q)
+            if exp is not None:
+                plans.append((i, t, q, *exp))
+    a0_cal = _number(config, "clean_accuracy")
+    check_a0 = rows.has_labels and a0_cal is not None
+    scales = config.get("scales") if isinstance(config.get("scales"), Mapping) else {}
+    s_cal = scales.get("median") if isinstance(scales.get("median"), (int, float)) else (
+        _number(config, "scale") if config.get("statistic") == "median" else None)
+    m = len(plans) + int(check_a0) + int(s_cal is not None)
+    if m == 0:
+        raise ValueError("nothing to compare: the config has no target with a sigma and no median scale")
+    zq = float(ndtri(1.0 - (1.0 - conf) / (2 * m)))
+
+    findings = []
+    if plans:
+        sigmas = sorted({float(t["sigma"]) for _, t, *_ in plans})
+        rv = rows.at(sigmas)
+        est, sds = sample_estimates(rv), row_spread(rv)
+        for i, t, q, expected, sd_cal in plans:
+            j = sigmas.index(float(t["sigma"]))
+            observed, sd_new = float(est[q][j]), sds[j][q]
+            sd_cal = sd_new if sd_cal is None else sd_cal
+            half = zq * math.sqrt(sd_cal**2 / n_cal + sd_new**2 / n_new)
+            findings.append(_target_finding(i, t, q, expected, observed, half, n_new))
+    if check_a0:
+        a0_new = float(rows.correct.mean())
+        half = zq * math.sqrt(a0_cal * (1 - a0_cal) / n_cal + a0_new * (1 - a0_new) / n_new)
+        lo, hi = a0_cal - half, a0_cal + half
+        ok = bool(lo <= a0_new <= hi)
+        msg = (f"clean accuracy A0 {_pct(a0_cal)} -> {_pct(a0_new)} ({100 * (a0_new - a0_cal):+.1f} points), "
+               f"expected {_pct(lo)}-{_pct(hi)} for N={n_new:,}; " + ("consistent" if ok else "recalibrate"))
+        findings.append(Finding("clean_accuracy", None, None, a0_cal, a0_new, lo, hi, ok, msg))
+    if s_cal is not None:
+        findings.append(_scale_finding(float(s_cal), top_two_margins(z), zq, n_cal, n_new))
+    return DriftReport(tuple(findings), n_new, n_cal, conf, rows.method)
+
+
+def _target_finding(i, t, q, expected, observed, half, n_new) -> Finding:
+    lo, hi = expected - half, expected + half
+    ok = bool(lo <= observed <= hi)
+    req = t.get("requested")
+    label = f"{t.get('kind')} {req:g} target" if isinstance(req, (int, float)) else f"{t.get('kind')} target"
+    msg = (f"{label} (sigma={float(t['sigma']):.4g}): {q} {_pct(observed)} on this sample, "
+           f"expected {_pct(lo)}-{_pct(hi)} for N={n_new:,} (calibration {_pct(expected)}, "
+           f"moved {100 * (observed - expected):+.1f} points); " + ("consistent" if ok else "recalibrate"))
+    return Finding(q, i, float(t["sigma"]), expected, observed, lo, hi, ok, msg)
+
+
+def _scale_finding(s_cal: float, margins: np.ndarray, zq: float, n_cal: int, n_new: int) -> Finding:
+    s_new = float(np.median(margins))
+    h = min(0.49, zq * 0.5 * math.sqrt(1.0 / n_cal + 1.0 / n_new))
+    q_lo, q_hi = np.quantile(margins, [0.5 - h, 0.5 + h])
+    # Consistent iff q_lo <= S_cal <= q_hi (the rank test); written as a range for S_new.
+    lo, hi = s_cal - (q_hi - s_new), s_cal + (s_new - q_lo)
+    ok = bool(lo <= s_new <= hi)
+    msg = (f"margin scale S (median) {s_cal:.4g} -> {s_new:.4g} ({(s_new - s_cal) / s_cal:+.1%}), "
+           f"expected {lo:.4g}-{hi:.4g} for N={n_new:,}; " + ("consistent" if ok else "recalibrate"))
+    return Finding("scale", None, None, s_cal, s_new, float(lo), float(hi), ok, msg)

@@ -1,0 +1,371 @@
+"""What a sigma delivers on the population: intervals, one-sided bounds, sample-size advice.
+
+A calibration file is a sample of rows from the traffic a model serves. The
+accuracy, retention and agreement it reports at a sigma are sample means, and
+the population values they estimate (population: every input drawn from the
+distribution the file samples) differ from them by sampling error. The rows'
+survival probabilities a_i, g_i and correctness c_i come from
+:mod:`.row_probabilities` (exact quadrature, or the sweep's Monte-Carlo draws,
+whose noise the row bootstrap then carries: each resampled row brings its own
+Monte-Carlo error with it). Population accuracy is A = E[a], agreement
+G = E[g], retention R = E[a] / E[c].
+
+Method
+------
+Percentile bootstrap over rows. ``resamples`` multinomial count vectors ``w_b``
+(each summing to N) are fixed once by ``seed``. A replicate is
+``A*_b = w_b . a / N``, ``A0*_b = w_b . c / N``, ``R*_b = A*_b / A0*_b`` and
+``G*_b = w_b . g / N``, so A0, the denominator of retention, is resampled with
+its numerator. The same weights serve every sigma (common random numbers), so
+bands and one-sided bounds are smooth in sigma. Two-sided intervals are the
+``(1 - level) / 2`` and ``(1 + level) / 2`` percentiles; the one-sided bounds
+used by ``side="at-least"`` / ``"at-most"`` are the ``1 - level`` and ``level``
+percentiles. :meth:`BootstrapIntervals.delta_at` gives the delta-method
+(normal) interval from the same rows for comparison.
+
+API (build once per model; everything after is cheap)
+-----------------------------------------------------
+``RowProbabilities(logits, labels=None, *, method="exact"|"monte-carlo", draws=None)``
+    per-row a, g at any sigma: ``.at(sigma) -> RowValues``.
+``BootstrapIntervals(rows, *, confidence=0.95, resamples=2000, seed=0)``
+    ``.at(sigma) -> IntervalSet`` (one sigma, cached; milliseconds for a few
+    thousand rows), ``.bands(sigma_grid) -> IntervalBands`` (arrays for plots;
+    ``IntervalBands.at(sigma)`` interpolates them in microseconds),
+    ``.bound(sigma, kind=, side=)``, ``.sigma_for_bound(target, kind=, side=, guess=)``,
+    ``.delta_at(sigma)``, ``.row_spread(sigma)``.
+``half_width_rows(half_width, n_samples, goal)`` and ``sample_size_advice(...)``
+    the 1/sqrt(N) law: rows needed for a goal half-width.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import ndtri
+
+from .row_probabilities import RowProbabilities, RowValues, check_sigmas, row_spread, sample_estimates
+
+QUANTITIES = ("accuracy", "retention", "agreement")
+SIDES = ("point", "at-least", "at-most")
+DEFAULT_CONFIDENCE = 0.95
+DEFAULT_RESAMPLES = 2000
+#: Interval half-width (as a fraction) above which users are warned: 2 points.
+WIDE_HALF_WIDTH = 0.02
+# Count weights are kept in memory (float32) up to this many elements (32 MB);
+# beyond, each pass regenerates them chunk by chunk from the same seeds.
+STORE_MAX_ELEMENTS = 8_000_000
+_CHUNK_ELEMENTS = 2_000_000
+_CACHE_SIZE = 256
+
+
+def _check_confidence(confidence) -> float:
+    c = float(confidence)
+    if not (math.isfinite(c) and 0.5 <= c < 1.0):
+        raise ValueError(f"confidence must be in [0.5, 1), got {confidence!r}")
+    return c
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A sample estimate and its interval for the population value."""
+
+    estimate: float
+    low: float
+    high: float
+
+    @property
+    def half_width(self) -> float:
+        return 0.5 * (self.high - self.low)
+
+    def as_list(self) -> list[float]:
+        return [self.low, self.high]
+
+
+@dataclass(frozen=True)
+class IntervalSet:
+    """Intervals for accuracy, retention and agreement at one sigma.
+
+    ``accuracy`` and ``retention`` are None without labels.
+    """
+
+    sigma: float
+    level: float
+    method: str
+    n_samples: int
+    accuracy: Interval | None
+    retention: Interval | None
+    agreement: Interval
+
+    def get(self, kind: str) -> Interval | None:
+        if kind not in QUANTITIES:
+            raise ValueError(f"kind must be one of {QUANTITIES}, got {kind!r}")
+        return getattr(self, kind)
+
+    def to_config(self) -> dict:
+        """The ``interval`` record of a config target (lists [low, high], null without labels)."""
+        out = {"level": self.level, "method": self.method}
+        for kind in QUANTITIES:
+            iv = getattr(self, kind)
+            out[kind] = None if iv is None else iv.as_list()
+        return out
+
+
+@dataclass(frozen=True)
+class IntervalBands:
+    """Estimates, two-sided intervals and one-sided bounds over a sigma grid.
+
+    For each quantity q in ("accuracy", "retention", "agreement"):
+    ``bands[q]`` is a dict of arrays over ``sigma``: "estimate", "low", "high"
+    (two-sided at ``level``), "lower", "upper" (one-sided at ``level``), or
+    None without labels (accuracy, retention).
+    """
+
+    sigma: np.ndarray
+    level: float
+    method: str
+    n_samples: int
+    bands: dict
+
+    def at(self, sigma: float) -> IntervalSet:
+        """Interpolated intervals at a sigma inside the grid (linear in sigma)."""
+        s = float(check_sigmas(sigma)[0])
+        if not self.sigma[0] <= s <= self.sigma[-1]:
+            raise ValueError(f"sigma {s:g} is outside the band grid [{self.sigma[0]:g}, {self.sigma[-1]:g}]")
+        parts = {}
+        for kind in QUANTITIES:
+            b = self.bands[kind]
+            parts[kind] = None if b is None else Interval(
+                *(float(np.interp(s, self.sigma, b[k])) for k in ("estimate", "low", "high")))
+        return IntervalSet(s, self.level, self.method, self.n_samples, **parts)
+
+
+class BootstrapIntervals:
+    """Percentile row-bootstrap intervals of one model, at any sigma (see module docstring).
+
+    Parameters
+    ----------
+    rows : RowProbabilities
+    confidence : float, default 0.95
+        Level of two-sided intervals and of one-sided bounds, in [0.5, 1).
+    resamples : int, default 2000
+        Bootstrap replicates B, >= 100.
+    seed : int or None, default 0
+        Fixes the count weights: same seed, same intervals.
+    """
+
+    def __init__(self, rows: RowProbabilities, *, confidence: float = DEFAULT_CONFIDENCE,
+                 resamples: int = DEFAULT_RESAMPLES, seed: int | None = 0):
+        if isinstance(resamples, bool) or not isinstance(resamples, (int, np.integer)) or resamples < 100:
+            raise ValueError(f"resamples must be an int >= 100, got {resamples!r}")
+        self.rows = rows
+        self.confidence = _check_confidence(confidence)
+        self.resamples = int(resamples)
+        self.seed = seed
+        n = rows.n_samples
+        per_chunk = max(1, _CHUNK_ELEMENTS // n)
+        sizes = [min(per_chunk, self.resamples - i) for i in range(0, self.resamples, per_chunk)]
+        children = np.random.SeedSequence(seed).spawn(len(sizes))
+        self._chunks = list(zip(sizes, children))
+        self._stored = None
+        if self.resamples * n <= STORE_MAX_ELEMENTS:
+            self._stored = [self._counts(b, child) for b, child in self._chunks]
+        self._cache: dict[float, IntervalSet] = {}
+
+    @property
+    def method(self) -> str:
+        rows = "exact" if self.rows.method == "exact" else "Monte-Carlo"
+        return f"percentile row bootstrap, {self.resamples} resamples, {rows} per-row survival"
+
+    def _counts(self, b: int, child: np.random.SeedSequence) -> np.ndarray:
+        n = self.rows.n_samples
+        idx = np.random.default_rng(child).integers(0, n, size=(b, n))
+        idx += (np.arange(b) * n)[:, None]
+        return np.bincount(idx.ravel(), minlength=b * n).reshape(b, n).astype(np.float32)
+
+    def _replicate_means(self, values: np.ndarray) -> np.ndarray:
+        """(B, M) resampled means of the (N, M) columns of ``values``."""
+        v = values.astype(np.float32)
+        out = np.empty((self.resamples, values.shape[1]))
+        start = 0
+        for i, (b, child) in enumerate(self._chunks):
+            w = self._stored[i] if self._stored is not None else self._counts(b, child)
+            out[start:start + b] = w @ v
+            start += b
+        return out / self.rows.n_samples
+
+    def replicates(self, sigma) -> dict:
+        """Bootstrap replicates per quantity: arrays (B, n_sigma); None without labels."""
+        return self._replicates(sigma)[0]
+
+    def _replicates(self, sigma) -> tuple[dict, RowValues]:
+        rv = self.rows.at(sigma)
+        g = rv.sigma.size
+        cols = [rv.agreement.T]
+        if rv.accuracy is not None:
+            cols += [rv.accuracy.T, rv.correct[:, None]]
+        t = self._replicate_means(np.concatenate(cols, axis=1))
+        out = {"agreement": t[:, :g], "accuracy": None, "retention": None}
+        if rv.accuracy is not None:
+            acc, a0 = t[:, g:2 * g], t[:, 2 * g:2 * g + 1]
+            out["accuracy"] = acc
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out["retention"] = np.where(a0 > 0, acc / a0, np.nan)
+        return out, rv
+
+    def bands(self, sigma) -> IntervalBands:
+        """Estimates, intervals and one-sided bounds over a sigma grid (one pass over the weights)."""
+        rep, rv = self._replicates(sigma)
+        est = sample_estimates(rv)
+        alpha = 1.0 - self.confidence
+        qs = [alpha / 2, 1 - alpha / 2, alpha, 1 - alpha]
+        bands = {}
+        for kind in QUANTITIES:
+            if rep[kind] is None:
+                bands[kind] = None
+                continue
+            r = rep[kind]
+            quantile = np.nanquantile if np.isnan(r).any() else np.quantile
+            low, high, lower, upper = quantile(r, qs, axis=0)
+            bands[kind] = {"estimate": est[kind], "low": low, "high": high, "lower": lower, "upper": upper}
+        return IntervalBands(rv.sigma, self.confidence, self.method, self.rows.n_samples, bands)
+
+    def at(self, sigma: float) -> IntervalSet:
+        """Intervals at one sigma (cached)."""
+        s = float(check_sigmas(sigma)[0])
+        hit = self._cache.get(s)
+        if hit is None:
+            hit = self.bands([s]).at(s)
+            if len(self._cache) >= _CACHE_SIZE:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[s] = hit
+        return hit
+
+    def bound(self, sigma, *, kind: str, side: str) -> np.ndarray:
+        """One-sided bound of ``kind`` at each sigma: "at-least" the lower, "at-most" the upper.
+
+        ``side="point"`` gives the sample estimate.
+        """
+        if kind not in QUANTITIES:
+            raise ValueError(f"kind must be one of {QUANTITIES}, got {kind!r}")
+        if side not in SIDES:
+            raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+        if kind != "agreement" and not self.rows.has_labels:
+            raise ValueError(f"{kind} needs labels; this file has none")
+        rep, rv = self._replicates(sigma)
+        if side == "point":
+            return sample_estimates(rv)[kind]
+        r = rep[kind]
+        q = 1.0 - self.confidence if side == "at-least" else self.confidence
+        return (np.nanquantile if np.isnan(r).any() else np.quantile)(r, q, axis=0)
+
+    def sigma_for_bound(self, target: float, *, kind: str, side: str, guess: float,
+                        rtol: float = 1e-4) -> float:
+        """sigma at which the one-sided bound equals ``target``, safe end of the bracket.
+
+        "at-least": the largest sigma found whose lower bound is >= target (so
+        the population value is >= target with probability ``confidence``);
+        "at-most": the smallest sigma whose upper bound is <= target.
+        ``guess`` is a sigma near the answer, e.g. the point sigma*.
+
+        Raises
+        ------
+        ValueError
+            The bound cannot reach the target (e.g. at-least a target above
+            the lower bound of the clean accuracy).
+        """
+        if side not in ("at-least", "at-most"):
+            raise ValueError(f"side must be 'at-least' or 'at-most', got {side!r}")
+        target, guess = float(target), float(guess)
+        if not guess > 0:
+            raise ValueError(f"guess must be a positive sigma, got {guess}")
+
+        def f(s):
+            return float(self.bound(s, kind=kind, side=side)[0]) - target
+
+        # Bracket [lo, hi] with f(lo) >= 0 > f(hi) (the bound decreases in sigma):
+        # steps away from the guess grow geometrically (2%, 4%, 8%, ...).
+        lo, hi = guess, guess
+        f_lo = f_hi = f(guess)
+        step = 0.02
+        for _ in range(60):
+            if f_lo >= 0:
+                break
+            hi, f_hi, lo = lo, f_lo, lo / (1.0 + step)
+            f_lo, step = f(lo), 2.0 * step
+        for _ in range(60):
+            if f_hi < 0:
+                break
+            lo, f_lo, hi = hi, f_hi, hi * (1.0 + step)
+            f_hi, step = f(hi), 2.0 * step
+        # Illinois false position: the bracket shrinks from both ends.
+        side_kept = 0
+        while hi - lo > rtol * hi:
+            mid = hi - f_hi * (hi - lo) / (f_hi - f_lo)
+            if not lo < mid < hi:
+                mid = 0.5 * (lo + hi)
+            f_mid = f(mid)
+            if f_mid >= 0:
+                lo, f_lo = mid, f_mid
+                if side_kept == -1:
+                    f_hi *= 0.5
+                side_kept = -1
+            else:
+                hi, f_hi = mid, f_mid
+                if side_kept == 1:
+                    f_lo *= 0.5
+                side_kept = 1
+        return lo if side == "at-least" else hi
+
+    def delta_at(self, sigma: float) -> IntervalSet:
+        """Delta-method (normal) intervals at one sigma, from the same rows."""
+        s = float(check_sigmas(sigma)[0])
+        rv = self.rows.at(s)
+        est = {k: (None if v is None else float(v[0])) for k, v in sample_estimates(rv).items()}
+        sd = row_spread(rv)[0]
+        z = float(ndtri(0.5 + self.confidence / 2))
+        n = self.rows.n_samples
+        parts = {k: (None if est[k] is None else
+                     Interval(est[k], est[k] - z * sd[k] / math.sqrt(n), est[k] + z * sd[k] / math.sqrt(n)))
+                 for k in QUANTITIES}
+        return IntervalSet(s, self.confidence, "delta method (normal)", n, **parts)
+
+    def row_spread(self, sigma: float) -> dict:
+        """Per-row standard deviations at one sigma; see :func:`row_spread`."""
+        return row_spread(self.rows.at(float(check_sigmas(sigma)[0])))[0]
+
+
+def half_width_rows(half_width: float, n_samples: int, goal: float) -> int:
+    """Rows needed for a half-width ``goal``, from a half-width at ``n_samples`` (width ~ 1/sqrt(N))."""
+    if not (half_width >= 0 and goal > 0 and n_samples >= 1):
+        raise ValueError(f"need half_width >= 0, goal > 0 and n_samples >= 1, got "
+                         f"{half_width}, {goal}, {n_samples}")
+    return max(1, math.ceil(n_samples * (half_width / goal) ** 2))
+
+
+def _round_rows(n: int) -> str:
+    digits = max(0, len(str(n)) - 2)  # two significant figures
+    return f"{round(n, -digits):,}"
+
+
+def _points(x: float) -> str:
+    return f"{100 * x:.1f}%" if 100 * x >= 0.95 else f"{100 * x:.2f}%"
+
+
+def sample_size_advice(half_width: float, n_samples: int, *, goals=None) -> str:
+    """One line: the half-width at N and the rows needed for smaller ones.
+
+    ``goals`` are half-widths as fractions; default: 2 points when wider than
+    that, and 1 point (or half the current width when already under 1 point).
+    Example: "±2.9% at N=500; about 1,100 rows for ±2.0%, about 4,200 rows for ±1.0%".
+    """
+    if goals is None:
+        goals = [g for g in (WIDE_HALF_WIDTH,) if half_width > g]
+        goals.append(0.01 if half_width > 0.01 else half_width / 2)
+    parts = [f"±{_points(half_width)} at N={n_samples:,}"]
+    for g in goals:
+        if g > 0:
+            parts.append(f"about {_round_rows(half_width_rows(half_width, n_samples, g))} rows "
+                         f"for ±{_points(g)}")
+    return "; ".join(parts[:1]) + ("; " + ", ".join(parts[1:]) if len(parts) > 1 else "")
