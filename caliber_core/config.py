@@ -298,6 +298,7 @@ def _sweep_end(config: Mapping, index: int) -> tuple[float, float]:
     if not (_is_number(v_max) and v_max > 0 and _is_number(scale) and scale > 0):
         raise ConfigError(f"targets[{index}] is saturated with sigma null, and the config has no "
                           f"sweep.v_max and scale to recover the largest sigma swept from")
+    # sigma = S sqrt(v) (margins.sigma_from_v), computed here without the calibration package.
     return float(v_max), float(scale) * math.sqrt(v_max)
 
 

@@ -7,16 +7,18 @@ at mp.dps = 30 by ``tests/reference/make_survival_reference.py`` and stored as
 independent rules against each other), so every difference seen here is the
 float64 code's.
 
-Tolerances, |got - ref| <= ATOL + RTOL * ref, per range of K:
+The code under test (``caliber_core.calibration.survival``) uses the trapezoid
+rule on |u| <= U_MAX = 8 with spacing QUAD_STEP_FEW = 0.3 for K <= 10 and
+QUAD_STEP = 0.2 above. Tolerances, |got - ref| <= ATOL + RTOL * ref, per range of K:
 
-* K <= 10: ATOL 1e-14, RTOL 1e-12. The trapezoid rule has converged to
-  float64 round-off there (observed <= 4e-15 with spacing 0.2 or 0.25).
+* K <= 10: ATOL 1e-14, RTOL 1e-12. At spacing 0.3 the rule has converged to
+  float64 round-off (errors below 3e-15).
 * K = 100 and 1000: ATOL 1e-9 (the project's accuracy aim for P), RTOL 1e-8.
   The product of ~1e2-1e3 Phi factors sharpens the integrand to a width ~0.3 in
-  u, where a trapezoid spacing of 0.2-0.25 is no longer at round-off.
+  u, where spacing 0.2 is no longer at round-off (errors below 2e-11).
 
 Tiny values (P < 1e-18, e.g. 1e-176 when the label trails at small sigma) are
-only held to ATOL: their mass lies beyond the quadrature window |u| <= 9 by
+only held to ATOL: their mass lies beyond the quadrature window |u| <= 8 by
 design, which is far below float64 resolution of a probability.
 
 Exact points are checked exactly: sigma = 0 gives exactly 1 (all gaps > 0) or

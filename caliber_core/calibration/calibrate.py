@@ -10,7 +10,11 @@ Two inversions are kept side by side for every target:
   shapes; the curve has none, so the per-model default is the curve and the
   logistic stays for display, shared fits and transfer.
 
-Agreement targets always invert the exact pi(sigma) by quadrature.
+Agreement targets always invert the exact pi(sigma) by quadrature. Every
+inversion goes through :mod:`caliber_core.calibration.inversion`; the result
+is a :class:`caliber_core.config.TargetRecord`. A target out of reach raises,
+or with ``saturate`` serves the largest sigma the sweep measured
+(:func:`saturated_sigma`), flagged ``saturated``.
 """
 
 from __future__ import annotations

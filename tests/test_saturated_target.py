@@ -1,0 +1,102 @@
+"""A saturated target end to end: CLI --saturate -> config file -> Perturber -> the README's example.
+
+One answer everywhere: an unreachable target serves the largest sigma the
+sweep measured, recorded as ``"saturated": true`` with that number, with a
+warning from the CLI and from the Perturber, exactly as the README shows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from caliber_core import Perturber, SaturatedTargetWarning, sigma_to_serve
+from caliber_core.calibration.pipeline import calibrate_data
+from caliber_core.loading import load_logits
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _readme_example() -> tuple[list[str], list[str]]:
+    """The README's --saturate example: (argv after the interpreter, the lines it prints)."""
+    block = re.search(r"```\n(\$ \.venv/bin/python -m caliber_core calibrate [^\n]*--saturate[^\n]*)\n(.*?)```",
+                      README, flags=re.S)
+    assert block, "README has no --saturate example"
+    argv = shlex.split(block.group(1))[2:]  # drop "$" and the interpreter
+    return argv, block.group(2).rstrip("\n").splitlines()
+
+
+@pytest.fixture(scope="module")
+def run_example(tmp_path_factory):
+    argv, shown = _readme_example()
+    out = tmp_path_factory.mktemp("sat") / "sat.json"
+    argv = [str(out) if a == "sat.json" else a for a in argv]
+    proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc, out, shown
+
+
+def test_the_cli_prints_what_the_readme_shows(run_example):
+    proc, _, shown = run_example
+    warning_lines = [line for line in shown if line.startswith("warning: ")]
+    assert len(warning_lines) == 1
+    assert proc.stderr.splitlines() == warning_lines  # one warning line on stderr, word for word
+    printed = proc.stdout.splitlines()
+    assert printed[:-1] == [line for line in shown if not line.startswith("warning: ")]
+    assert printed[-1].startswith("config written to ")
+
+
+def test_the_config_records_the_largest_sigma_swept(run_example):
+    _, out, _ = run_example
+    config = json.loads(out.read_text(encoding="utf-8"))
+    saturated = [t for t in config["targets"] if t["saturated"]]
+    assert len(saturated) == 1
+    t = saturated[0]
+    assert t["method"] == "saturated-curve" and t["kind"] == "accuracy" and t["requested"] == 0.05
+    # The largest sigma actually swept: a number, not null, not an extrapolation.
+    assert t["v"] == config["sweep"]["v_max"]
+    assert t["sigma"] == pytest.approx(config["scale"] * math.sqrt(config["sweep"]["v_max"]), rel=1e-12)
+    cal = calibrate_data(load_logits(ROOT / config["source"]))
+    assert t["sigma"] == float(cal.sweep.sigma[-1])
+    assert [x["saturated"] for x in config["targets"]] == [False, True]
+
+
+def test_the_perturber_warns_and_serves_that_sigma(run_example):
+    _, out, shown = run_example
+    config = json.loads(out.read_text(encoding="utf-8"))
+    index = next(i for i, t in enumerate(config["targets"]) if t["saturated"])
+    with pytest.warns(SaturatedTargetWarning) as caught:
+        p = Perturber.from_config(out, target=index, key=b"secret")
+    assert p.sigma == config["targets"][index]["sigma"]
+    # The same words as the CLI's warning (and the README's).
+    assert [f"warning: {w.message}" for w in caught] == [line for line in shown if line.startswith("warning: ")]
+    noisy = p.perturb(np.zeros((2, config["n_classes"])), ["a", "b"])
+    assert noisy.shape == (2, config["n_classes"]) and np.std(noisy) > 10  # sigma ~ 176 served
+    # A target that is reached serves quietly.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sigma_to_serve(out, target=1 - index) == config["targets"][1 - index]["sigma"]
+
+
+def test_the_attack_command_warns_on_one_line(run_example, capsys):
+    from caliber_core.cli import main
+
+    _, out, _ = run_example
+    config = json.loads(out.read_text(encoding="utf-8"))
+    index = next(i for i, t in enumerate(config["targets"]) if t["saturated"])
+    code = main(["attack", str(ROOT / config["source"]), "--config", str(out), "--target", str(index), "--m", "1"])
+    _, err = capsys.readouterr()
+    assert code == 0
+    assert err.splitlines() == [f"warning: accuracy target 0.05 is saturated: the curve never reaches it, "
+                                f"so sigma={config['targets'][index]['sigma']:.5g}, the largest sigma the sweep "
+                                "measured, is served"]
