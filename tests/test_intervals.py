@@ -25,7 +25,8 @@ from caliber_core.calibration.intervals import (
     sample_size_advice,
 )
 from caliber_core.calibration.row_probabilities import RowProbabilities, rows_for_sample, sample_estimates
-from caliber_core.calibration.sweep import brute_force_accuracy, survival_intervals
+from caliber_core.calibration.sweep import survival_intervals
+from caliber_core.simulation.reference import argmax_monte_carlo
 from caliber_core.simulation.synthetic import make_synthetic_logits
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
@@ -155,7 +156,7 @@ def test_estimates_match_a_brute_force_monte_carlo():
     boot = BootstrapIntervals(RowProbabilities(z, y), resamples=500)
     sigma = 1.7
     iv = boot.at(sigma)
-    acc, agr = brute_force_accuracy(z, y, [sigma], realizations=400, seed=9)
+    acc, agr = argmax_monte_carlo(z, y, [sigma], realizations=400, seed=9)
     # Noise-only standard error of a 400-draw mean over 500 rows is below 0.0011.
     assert abs(iv.accuracy.estimate - acc[0]) < 4 * 0.0011
     assert abs(iv.agreement.estimate - agr[0]) < 4 * 0.0011
@@ -262,7 +263,7 @@ def test_input_errors():
         RowProbabilities(z, np.where(y == 9, 10, y))
     with pytest.raises(ValueError, match="inconsistent numbers of samples"):
         RowProbabilities(z, y[:-1])
-    with pytest.raises(ValueError, match="sigma must be finite numbers >= 0"):
+    with pytest.raises(ValueError, match="sigma must be finite and >= 0"):
         rows.at(-1.0)
     boot = BootstrapIntervals(rows, resamples=200)
     with pytest.raises(ValueError, match="kind must be one of"):

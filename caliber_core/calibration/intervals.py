@@ -45,10 +45,12 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import ndtri
 
-from .row_probabilities import RowProbabilities, RowValues, check_sigmas, row_spread, sample_estimates
+from ..config import SIDES
+from ..validation import as_sigmas
+from .inversion import check_side, solve_near
+from .row_probabilities import RowProbabilities, RowValues, row_spread, sample_estimates
 
 QUANTITIES = ("accuracy", "retention", "agreement")
-SIDES = ("point", "at-least", "at-most")
 DEFAULT_CONFIDENCE = 0.95
 DEFAULT_RESAMPLES = 2000
 #: Interval half-width (as a fraction) above which users are warned: 2 points.
@@ -130,7 +132,7 @@ class IntervalBands:
 
     def at(self, sigma: float) -> IntervalSet:
         """Interpolated intervals at a sigma inside the grid (linear in sigma)."""
-        s = float(check_sigmas(sigma)[0])
+        s = float(as_sigmas(sigma)[0])
         if not self.sigma[0] <= s <= self.sigma[-1]:
             raise ValueError(f"sigma {s:g} is outside the band grid [{self.sigma[0]:g}, {self.sigma[-1]:g}]")
         parts = {}
@@ -233,7 +235,7 @@ class BootstrapIntervals:
 
     def at(self, sigma: float) -> IntervalSet:
         """Intervals at one sigma (cached)."""
-        s = float(check_sigmas(sigma)[0])
+        s = float(as_sigmas(sigma)[0])
         hit = self._cache.get(s)
         if hit is None:
             hit = self.bands([s]).at(s)
@@ -262,12 +264,13 @@ class BootstrapIntervals:
 
     def sigma_for_bound(self, target: float, *, kind: str, side: str, guess: float,
                         rtol: float = 1e-4) -> float:
-        """sigma at which the one-sided bound equals ``target``, safe end of the bracket.
+        """sigma at which the one-sided bound equals ``target``, on the side that keeps it.
 
-        "at-least": the largest sigma found whose lower bound is >= target (so
-        the population value is >= target with probability ``confidence``);
-        "at-most": the smallest sigma whose upper bound is <= target.
-        ``guess`` is a sigma near the answer, e.g. the point sigma*.
+        "at-least": a sigma whose lower bound is >= target, so the population
+        value is >= target with probability ``confidence``; "at-most": a sigma
+        whose upper bound is <= target. Solved by :mod:`.inversion` (secant
+        steps from ``guess``, e.g. the point sigma*, then settled on the side
+        known to satisfy the target, within ``rtol`` of the crossing).
 
         Raises
         ------
@@ -275,52 +278,28 @@ class BootstrapIntervals:
             The bound cannot reach the target (e.g. at-least a target above
             the lower bound of the clean accuracy).
         """
-        if side not in ("at-least", "at-most"):
+        if check_side(side) == "point":
             raise ValueError(f"side must be 'at-least' or 'at-most', got {side!r}")
         target, guess = float(target), float(guess)
         if not guess > 0:
             raise ValueError(f"guess must be a positive sigma, got {guess}")
+        self.bound(guess, kind=kind, side=side)  # validates kind and labels
 
-        def f(s):
-            return float(self.bound(s, kind=kind, side=side)[0]) - target
+        def bound(s: float) -> float:
+            return float(self.bound(max(s, 0.0), kind=kind, side=side)[0])
 
-        # Bracket [lo, hi] with f(lo) >= 0 > f(hi) (the bound decreases in sigma):
-        # steps away from the guess grow geometrically (2%, 4%, 8%, ...).
-        lo, hi = guess, guess
-        f_lo = f_hi = f(guess)
-        step = 0.02
-        for _ in range(60):
-            if f_lo >= 0:
-                break
-            hi, f_hi, lo = lo, f_lo, lo / (1.0 + step)
-            f_lo, step = f(lo), 2.0 * step
-        for _ in range(60):
-            if f_hi < 0:
-                break
-            lo, f_lo, hi = hi, f_hi, hi * (1.0 + step)
-            f_hi, step = f(hi), 2.0 * step
-        # Illinois false position: the bracket shrinks from both ends.
-        side_kept = 0
-        while hi - lo > rtol * hi:
-            mid = hi - f_hi * (hi - lo) / (f_hi - f_lo)
-            if not lo < mid < hi:
-                mid = 0.5 * (lo + hi)
-            f_mid = f(mid)
-            if f_mid >= 0:
-                lo, f_lo = mid, f_mid
-                if side_kept == -1:
-                    f_hi *= 0.5
-                side_kept = -1
-            else:
-                hi, f_hi = mid, f_mid
-                if side_kept == 1:
-                    f_lo *= 0.5
-                side_kept = 1
-        return lo if side == "at-least" else hi
+        try:
+            return solve_near(bound, target, guess=guess, rtol=rtol, side=side)
+        except ValueError:
+            word = "lower" if side == "at-least" else "upper"
+            raise ValueError(
+                f"{kind} {side} {target:g} cannot be guaranteed at {self.confidence:.0%} confidence: "
+                f"the {word} bound never crosses it (N={self.rows.n_samples}; more rows narrow the bound)"
+            ) from None
 
     def delta_at(self, sigma: float) -> IntervalSet:
         """Delta-method (normal) intervals at one sigma, from the same rows."""
-        s = float(check_sigmas(sigma)[0])
+        s = float(as_sigmas(sigma)[0])
         rv = self.rows.at(s)
         est = {k: (None if v is None else float(v[0])) for k, v in sample_estimates(rv).items()}
         sd = row_spread(rv)[0]
@@ -333,7 +312,7 @@ class BootstrapIntervals:
 
     def row_spread(self, sigma: float) -> dict:
         """Per-row standard deviations at one sigma; see :func:`row_spread`."""
-        return row_spread(self.rows.at(float(check_sigmas(sigma)[0])))[0]
+        return row_spread(self.rows.at(float(as_sigmas(sigma)[0])))[0]
 
 
 def half_width_rows(half_width: float, n_samples: int, goal: float) -> int:

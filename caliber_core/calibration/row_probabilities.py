@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..validation import as_labels, as_logits, as_sigmas
 from .survival import FEW_CLASSES, QUAD_STEP, QUAD_STEP_FEW, U_MAX, sorted_gaps, survival_probability
 from .sweep import SurvivalIntervals, default_realizations, survival_intervals
 
@@ -26,14 +27,6 @@ ROW_METHODS = ("exact", "monte-carlo")
 #: Quadrature evaluations (rows x (K - 1) x nodes) per sigma under which
 #: :func:`rows_for_sample` uses exact rows: about 0.3 s per sigma here.
 EXACT_ROW_BUDGET = 2e7
-
-
-def check_sigmas(sigma) -> np.ndarray:
-    """sigma as a validated 1-D float array (scalars become length 1)."""
-    s = np.atleast_1d(np.asarray(sigma, dtype=np.float64))
-    if s.ndim != 1 or not np.all(np.isfinite(s)) or np.any(s < 0):
-        raise ValueError(f"sigma must be finite numbers >= 0, got {sigma!r}")
-    return s
 
 
 @dataclass(frozen=True)
@@ -75,11 +68,9 @@ class RowProbabilities:
 
     def __init__(self, logits, labels=None, *, method: str = "exact",
                  draws: SurvivalIntervals | None = None):
-        z = np.asarray(logits, dtype=np.float64)
-        if z.ndim != 2 or z.shape[1] < 2 or z.shape[0] < 2:
-            raise ValueError(f"logits must be 2-D with >= 2 rows and >= 2 classes, got shape {z.shape}")
-        if not np.all(np.isfinite(z)):
-            raise ValueError("logits contain NaN or infinite values")
+        z = as_logits(logits, finite=True)
+        if z.shape[0] < 2:
+            raise ValueError(f"intervals need at least 2 rows, got n_samples={z.shape[0]}")
         if method not in ROW_METHODS:
             raise ValueError(f"method must be 'exact' or 'monte-carlo', got {method!r}")
         self.n_samples, self.n_classes = z.shape
@@ -87,13 +78,7 @@ class RowProbabilities:
         pred = np.argmax(z, axis=1)
         self.correct = None
         if labels is not None:
-            y = np.asarray(labels)
-            if y.shape != (self.n_samples,):
-                raise ValueError(f"inconsistent numbers of samples: logits {self.n_samples}, "
-                                 f"labels {y.shape}")
-            if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= self.n_classes:
-                raise ValueError(f"labels must be integers in [0, {self.n_classes}), "
-                                 f"got range [{y.min()}, {y.max()}]")
+            y = as_labels(labels, n_samples=self.n_samples, n_classes=self.n_classes)
             self.correct = (pred == y).astype(np.float64)
         if method == "monte-carlo":
             if draws is None:
@@ -116,7 +101,7 @@ class RowProbabilities:
 
     def at(self, sigma) -> RowValues:
         """Per-row probabilities at each sigma (a scalar or a 1-D grid)."""
-        sig = check_sigmas(sigma)
+        sig = as_sigmas(sigma)
         agree = np.empty((sig.size, self.n_samples))
         acc = np.empty_like(agree) if self.has_labels else None
         for j, s in enumerate(sig):
@@ -168,9 +153,7 @@ def rows_for_sample(logits, labels=None, *, seed: int | None = 0) -> RowProbabil
 
     The Monte-Carlo rows use the sweep's default number of draws for N and K.
     """
-    z = np.asarray(logits)
-    if z.ndim != 2:
-        raise ValueError(f"logits must be 2-D (n_samples, n_classes), got shape {z.shape}")
+    z = as_logits(logits, finite=True)
     n, k = z.shape
     nodes = 2 * U_MAX / (QUAD_STEP_FEW if k <= FEW_CLASSES else QUAD_STEP)
     if n * (k - 1) * nodes <= EXACT_ROW_BUDGET:
