@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 

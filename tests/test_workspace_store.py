@@ -14,6 +14,7 @@ import pytest
 from caliber_dashboard.workspace import (CapExceeded, CorruptEntry, Limits, SQLiteStore,
                                          UnknownWorkspace, WorkspaceStore, from_environment,
                                          workspace_id)
+from caliber_dashboard.workspace.blob_files import BlobFiles
 from caliber_dashboard.workspace.store import blob_digest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,7 +111,7 @@ def test_interrupted_blob_write_leaves_previous_state(store, monkeypatch):
         out.write(content[: len(content) // 2])
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(SQLiteStore, "_write_bytes", staticmethod(half_then_fail))
+    monkeypatch.setattr(BlobFiles, "_write_bytes", staticmethod(half_then_fail))
     with pytest.raises(OSError, match="No space"):
         store.put_upload(token, filename="second.npz", content=b"second" * 1000)
     # Replacing the first model (now with labels) fails the same way: the old entry stays.
@@ -129,8 +130,9 @@ def test_interrupted_blob_write_leaves_previous_state(store, monkeypatch):
 _CHILD = textwrap.dedent("""
     import os, sys, time
     from caliber_dashboard.workspace import SQLiteStore
+    from caliber_dashboard.workspace.blob_files import BlobFiles
     root, token, where = sys.argv[1], sys.argv[2], sys.argv[3]
-    original = SQLiteStore._write_blob
+    original = BlobFiles.write
 
     def pause():
         print("paused", flush=True)
@@ -146,9 +148,9 @@ _CHILD = textwrap.dedent("""
         pause()
 
     if where == "mid-write":
-        SQLiteStore._write_bytes = staticmethod(half)
+        BlobFiles._write_bytes = staticmethod(half)
     else:
-        SQLiteStore._write_blob = after_rename
+        BlobFiles.write = after_rename
     SQLiteStore(root).put_upload(token, filename="new.npz", content=os.urandom(2_000_000))
 """)
 

@@ -13,7 +13,7 @@ for real. Content addressing makes each file immutable: a file only ever
 appears under its final name complete (written to a temporary name, fsynced,
 then ``os.replace``-d), and every read checks the bytes against the name, so a
 damaged or missing file is reported (:class:`CorruptEntry`) and skipped by the
-caller, never served.
+caller, never served. The files themselves are handled by :mod:`.blob_files`.
 
 Atomicity: an upload takes SQLite's write lock (``BEGIN IMMEDIATE``), checks
 the caps, writes the blob files, inserts the rows and commits. A crash before
@@ -29,15 +29,13 @@ processes may share a data directory.
 from __future__ import annotations
 
 import contextlib
-import os
-import re
-import secrets
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .store import (CapExceeded, CorruptEntry, Limits, UnknownWorkspace, UploadRecord, Usage,
+from .blob_files import BlobFiles
+from .store import (CapExceeded, Limits, UnknownWorkspace, UploadRecord, Usage,
                     blob_digest, new_token, workspace_id)
 
 _SCHEMA = """
@@ -58,10 +56,7 @@ CREATE TABLE IF NOT EXISTS results (
     kind TEXT NOT NULL, key TEXT NOT NULL, payload BLOB NOT NULL, updated REAL NOT NULL,
     PRIMARY KEY (workspace, kind, key));
 """
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 _NAME_LIMIT = 200  # characters in a result kind or key
-_TMP_MARK = ".tmp-"
-_DEL_SUFFIX = ".del"
 
 
 def _mb(n: int) -> str:
@@ -95,8 +90,7 @@ class SQLiteStore:
         self._clock = clock
         self._stale_s = float(stale_s)
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._blobs = self.root / "blobs"
-        self._blobs.mkdir(exist_ok=True, mode=0o700)
+        self.blobs = BlobFiles(self.root / "blobs")
         self._db = self.root / "workspaces.sqlite3"
         with contextlib.closing(self._connect()) as conn:
             conn.execute("PRAGMA journal_mode=WAL")
@@ -128,13 +122,12 @@ class SQLiteStore:
                 conn.execute("COMMIT")
             except BaseException:
                 for path in trashed:  # the rows survive: so must their files
-                    os.replace(path, path.with_suffix(""))
+                    self.blobs.untrash(path)
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
                 raise
             for path in trashed:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+                self.blobs.discard(path)
         finally:
             conn.close()
 
@@ -142,11 +135,6 @@ class SQLiteStore:
     def _read(self) -> Iterator[sqlite3.Connection]:
         with contextlib.closing(self._connect()) as conn:
             yield conn
-
-    def _blob_path(self, digest: str) -> Path:
-        if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
-            raise ValueError(f"a blob digest is 64 lowercase hex characters, got {digest!r}")
-        return self._blobs / digest[:2] / digest
 
     def _workspace(self, conn: sqlite3.Connection, token: str) -> str:
         wid = workspace_id(token)
@@ -156,38 +144,6 @@ class SQLiteStore:
 
     def _touch(self, conn: sqlite3.Connection, wid: str) -> None:
         conn.execute("UPDATE workspaces SET last_used=? WHERE id=?", (self._clock(), wid))
-
-    def _write_blob(self, digest: str, content: bytes) -> None:
-        """Write a blob under its final name, all or nothing (temp file, fsync, rename)."""
-        path = self._blob_path(digest)
-        path.parent.mkdir(exist_ok=True, mode=0o700)
-        tmp = path.with_name(f"{digest}{_TMP_MARK}{secrets.token_hex(8)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                self._write_bytes(out, content)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-            raise
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # the rename itself survives a power cut
-        finally:
-            os.close(dir_fd)
-
-    @staticmethod
-    def _write_bytes(out, content: bytes) -> None:
-        out.write(content)  # a method of its own so tests can interrupt it half-way
-
-    def _blob_ok(self, digest: str, size: int) -> bool:
-        try:
-            return self._blob_path(digest).stat().st_size == size
-        except OSError:
-            return False
 
     def _trash_unreferenced(self, conn: sqlite3.Connection, candidates: list[str]) -> list[Path]:
         """Delete blob rows nothing references; rename their files to ``*.del``."""
@@ -199,14 +155,12 @@ class SQLiteStore:
                 if used is not None:
                     continue
                 conn.execute("DELETE FROM blobs WHERE digest=?", (digest,))
-                path = self._blob_path(digest)
-                trash = path.with_name(path.name + _DEL_SUFFIX)
-                with contextlib.suppress(FileNotFoundError):
-                    os.replace(path, trash)
+                trash = self.blobs.trash(digest)
+                if trash is not None:
                     trashed.append(trash)
         except BaseException:
             for trash in trashed:
-                os.replace(trash, trash.with_suffix(""))
+                self.blobs.untrash(trash)
             raise
         return trashed
 
@@ -335,8 +289,8 @@ class SQLiteStore:
             self._make_room(conn, wid, sum(len(b) for d, b in files.items() if d not in known),
                             candidates, keep=frozenset(files))
             for digest, data in files.items():
-                if not self._blob_ok(digest, len(data)):  # new, or a damaged copy to repair
-                    self._write_blob(digest, data)
+                if not self.blobs.has(digest, len(data)):  # new, or a damaged copy to repair
+                    self.blobs.write(digest, data)
                 conn.execute("INSERT OR IGNORE INTO blobs(digest, size) VALUES (?, ?)",
                              (digest, len(data)))
             old = conn.execute("SELECT seq, labels_blob FROM uploads WHERE workspace=? AND model=?",
@@ -375,15 +329,7 @@ class SQLiteStore:
                 self._touch(conn, wid)
 
     def read_blob(self, digest: str) -> bytes:
-        path = self._blob_path(digest)
-        try:
-            content = path.read_bytes()
-        except OSError as exc:
-            raise CorruptEntry(f"stored file {digest[:12]} is unreadable "
-                               f"({exc.strerror or type(exc).__name__})") from None
-        if blob_digest(content) != digest:
-            raise CorruptEntry(f"stored file {digest[:12]} is damaged (its sha256 no longer matches)")
-        return content
+        return self.blobs.read(digest)
 
     # ----------------------------------------------------------------- results
 
@@ -446,32 +392,6 @@ class SQLiteStore:
         Returns counts: ``restored`` (.del files renamed back), ``removed``
         (stale temporary, trashed or unreferenced files deleted).
         """
-        restored = removed = 0
-        cutoff = time.time() - self._stale_s  # file ages are wall-clock
-        with self._write() as (conn, _):
+        with self._write() as (conn, _):  # holds the write lock: no upload commits meanwhile
             known = {r[0] for r in conn.execute("SELECT digest FROM blobs")}
-            for path in self._blobs.glob("*/*"):
-                name = path.name
-                if name.endswith(_DEL_SUFFIX):
-                    digest = name[: -len(_DEL_SUFFIX)]
-                    if digest in known and not path.with_name(digest).exists():
-                        os.replace(path, path.with_name(digest))
-                        restored += 1
-                        continue
-                    stale = True
-                elif _TMP_MARK in name or name not in known:
-                    stale = _older_than(path, cutoff)
-                else:
-                    continue
-                if stale:
-                    with contextlib.suppress(FileNotFoundError):
-                        path.unlink()
-                        removed += 1
-        return {"restored": restored, "removed": removed}
-
-
-def _older_than(path: Path, cutoff: float) -> bool:
-    try:
-        return path.stat().st_mtime < cutoff
-    except FileNotFoundError:
-        return False
+            return self.blobs.sweep(known, stale_s=self._stale_s)

@@ -46,14 +46,22 @@ def sync_playwright_api():
 
 
 @contextlib.contextmanager
-def _streamlit_server(log: Path):
-    """`streamlit run app.py` on a free port of 127.0.0.1; killed on exit."""
-    port = _free_port()
+def streamlit_server(log: Path, *, data_dir: Path, port: int | None = None, env: dict | None = None,
+                     on_start=None):
+    """`streamlit run app.py` on 127.0.0.1 with its workspaces in ``data_dir``; killed on exit.
+
+    ``port`` (default: a free one) lets a restarted server answer the same URLs;
+    ``on_start`` receives the process (the benchmark samples its memory).
+    """
+    port = _free_port() if port is None else port
     cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless=true",
            "--server.address=127.0.0.1", f"--server.port={port}",
            "--browser.gatherUsageStats=false", "--server.fileWatcherType=none"]
+    environ = {**os.environ, **(env or {}), "CALIBER_DATA_DIR": str(data_dir)}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=environ)
+    if on_start is not None:
+        on_start(proc)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -82,15 +90,53 @@ def _streamlit_server(log: Path):
 @pytest.fixture(scope="session")
 def server(sync_playwright_api, tmp_path_factory):
     """One server for the session (its first visitor opens the root URL)."""
-    with _streamlit_server(tmp_path_factory.mktemp("streamlit") / "server.log") as url:
+    work = tmp_path_factory.mktemp("streamlit")
+    with streamlit_server(work / "server.log", data_dir=work / "data") as url:
         yield url
 
 
 @pytest.fixture
 def fresh_server(sync_playwright_api, tmp_path):
     """A server no one has visited yet (for first-request behaviour)."""
-    with _streamlit_server(tmp_path / "server.log") as url:
+    with streamlit_server(tmp_path / "server.log", data_dir=tmp_path / "data") as url:
         yield url
+
+
+class RestartableServer:
+    """A server that can be stopped and started again on the same port and data directory."""
+
+    def __init__(self, work: Path) -> None:
+        self.work, self.data_dir, self.port = work, work / "data", _free_port()
+        self.url: str | None = None
+        self._running = None
+        self.starts = 0
+
+    def start(self) -> str:
+        self.starts += 1
+        self._running = streamlit_server(self.work / f"server-{self.starts}.log",
+                                         data_dir=self.data_dir, port=self.port)
+        self.url = self._running.__enter__()
+        return self.url
+
+    def stop(self) -> None:
+        if self._running is not None:
+            self._running.__exit__(None, None, None)
+            self._running = None
+
+    def restart(self) -> str:
+        self.stop()
+        return self.start()
+
+
+@pytest.fixture(scope="module")
+def restartable_server(sync_playwright_api, tmp_path_factory):
+    """A server whose workspaces outlive a restart (same port, same data directory)."""
+    handle = RestartableServer(tmp_path_factory.mktemp("restartable"))
+    handle.start()
+    try:
+        yield handle
+    finally:
+        handle.stop()
 
 
 @pytest.fixture(scope="session")
