@@ -28,6 +28,15 @@ class Clock:
         return self.t
 
 
+def _alive(store, token: str) -> bool:
+    """Whether a workspace exists, without marking it used (unlike ``exists``)."""
+    try:
+        store.uploads(token)
+    except UnknownWorkspace:
+        return False
+    return True
+
+
 def _files(root: Path) -> list[str]:
     return sorted(p.name for p in (root / "blobs").glob("*/*"))
 
@@ -218,10 +227,11 @@ def test_total_cap_evicts_least_recently_used_idle_workspaces(tmp_path):
     clock.t += 500  # every one is idle long enough to be evictable
     newest = store.create()
     store.put_upload(newest, filename="3.npz", content=b"\x03" * 1000)
-    assert [store.exists(t) for t in tokens] == [True, False, True]  # tokens[1] was the LRU one
+    assert [_alive(store, t) for t in tokens] == [True, False, True]  # tokens[1] was the LRU one
     clock.t += 500
     store.put_upload(newest, filename="4.npz", content=b"\x04" * 1000)
-    assert [store.exists(t) for t in tokens] == [False, False, True]  # then tokens[0]
+    # Next least recently used: tokens[2] (last used at +30) before tokens[0] (+40).
+    assert [_alive(store, t) for t in tokens] == [True, False, False]
     assert store.usage(newest).total_bytes == 3000
 
 
