@@ -1,0 +1,17 @@
+"""The thief: surrogates distilled from the defended API's answers (issue of record 11).
+
+Modules, one concept each:
+
+* :mod:`.archive`    the inputs + logits archive (query pool and evaluation split)
+* :mod:`.answers`    answers from cached logits through the Perturber; averaging, votes
+* :mod:`.students`   the surrogate models (MLP D-128-K, linear), batched
+* :mod:`.distill`    Eq. 1 distillation with Adam, many students per step
+* :mod:`.recipes`    fixed recipes and the self-tuned attacker's k-fold selection
+* :mod:`.attacker`   the thief: recipes on answers, memoized surrogates, scoring
+* :mod:`.frontier`   the defense frontier and the noisy root for a surrogate target
+* :mod:`.experiment` conditions, seeds, spreads: the whole experiment
+* :mod:`.report`     the ``caliber.extraction/v1`` JSON and the printed tables
+* :mod:`.command`    ``python -m caliber_core extract``
+
+torch is imported by the training modules only; importing this package is cheap.
+"""

@@ -1,0 +1,235 @@
+"""The thief: distills surrogates from answers, with fixed or self-tuned recipes.
+
+:class:`Thief` sees the pool's inputs and the answers the API returned --
+nothing else. The evaluation split is used only to *score* the surrogates
+afterwards (accuracy against its true labels, agreement with the clean
+teacher's prediction), which is the evaluator's side of the experiment.
+
+Requests are batched: every surrogate asked for in one :meth:`Thief.train`
+call (and every fold model of the tuned attacker) trains in a few
+:func:`~caliber_core.extraction.distill.distill` batches. Training is a pure
+function of (answers, recipe, seed), so results are memoized by the answers'
+digest: conditions that produce bit-identical answers (per-input seeding at
+any M) train once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .answers import Answers
+from .distill import Schedule, distill, one_hot, tempered_targets
+from .recipes import DEFAULT_FOLDS, TUNED, Recipe, candidates_for, fixed_recipe, fold_rows, select_by_agreement
+from .students import DEFAULT_HIDDEN, StudentShape
+
+# Students trained per distill() call: bounds memory and gives progress ticks.
+_BATCH_LIMIT = 48
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One trained surrogate, scored on the evaluation split.
+
+    Attributes
+    ----------
+    accuracy : float
+        Against the evaluation labels.
+    agreement : float
+        With the clean teacher's argmax on the evaluation split (fidelity).
+    recipe : Recipe
+        The recipe trained (for the tuned attacker: the candidate it chose).
+    """
+
+    accuracy: float
+    agreement: float
+    recipe: Recipe
+
+
+@dataclass(frozen=True)
+class Request:
+    """Train one surrogate on ``answers`` with ``recipe`` ("light", "strong", "tuned" or a Recipe)."""
+
+    answers: Answers
+    recipe: str | Recipe
+    seed: int
+
+
+def training_seed(seed: int, role: int = 0) -> int:
+    """A student's init/order seed: depends on the replicate seed only (common across conditions)."""
+    return int(np.random.SeedSequence([int(seed), 0x5EED, int(role)]).generate_state(1)[0])
+
+
+class Thief:
+    """Distills surrogates from answers to queries on the pool.
+
+    Parameters
+    ----------
+    pool_inputs : ndarray of shape (n_pool, n_features)
+    eval_inputs : ndarray of shape (n_eval, n_features)
+    eval_labels : ndarray of shape (n_eval,)
+        For scoring only.
+    eval_teacher : ndarray of shape (n_eval,)
+        The clean teacher's argmax on the evaluation split, for agreement.
+    n_classes : int
+    architecture : {"mlp", "linear"}, default "mlp"
+    hidden : int, default 128
+    schedule : Schedule
+    folds : int, default 3
+        k of the tuned attacker's k-fold selection.
+    on_runs : callable, optional
+        Called with the number of training runs just finished (progress).
+
+    Notes
+    -----
+    Inputs are standardized with the pool's own per-feature mean and standard
+    deviation (floored at a tenth of the mean deviation, so constant pixels
+    do not blow up) -- statistics the thief can compute from its queries.
+    """
+
+    def __init__(self, pool_inputs, eval_inputs, eval_labels, eval_teacher, *, n_classes: int,
+                 architecture: str = "mlp", hidden: int = DEFAULT_HIDDEN, schedule: Schedule = Schedule(),
+                 folds: int = DEFAULT_FOLDS, on_runs: Callable[[int], None] | None = None):
+        torch.set_num_threads(1)
+        x = np.asarray(pool_inputs, dtype=np.float64)
+        mean = x.mean(axis=0)
+        std = x.std(axis=0)
+        floor = 0.1 * float(std.mean()) if std.mean() > 0 else 1.0
+        std = np.maximum(std, floor)
+        self._pool = torch.from_numpy(((x - mean) / std).astype(np.float32))
+        self._eval = torch.from_numpy(((np.asarray(eval_inputs, dtype=np.float64) - mean) / std).astype(np.float32))
+        self._eval_labels = torch.from_numpy(np.asarray(eval_labels, dtype=np.int64))
+        self._eval_teacher = torch.from_numpy(np.asarray(eval_teacher, dtype=np.int64))
+        self.n_pool = self._pool.shape[0]
+        self.shape = StudentShape(architecture, int(self._pool.shape[1]), int(n_classes), hidden)
+        self.schedule = schedule
+        self.folds = folds
+        self.on_runs = on_runs
+        self._memo: dict[tuple, Outcome] = {}
+        self._choice: dict[tuple, Recipe] = {}
+        self.runs = 0  # training runs actually performed (memo hits excluded)
+
+    # ------------------------------------------------------------------ public
+
+    def train(self, requests: Sequence[Request]) -> list[Outcome]:
+        """Train (or recall) one surrogate per request; outcomes in request order."""
+        tuned = [r for r in requests if r.recipe == TUNED]
+        self._tune(tuned)
+        plain: list[tuple[Answers, Recipe, int]] = []
+        for r in requests:
+            recipe = self._resolve(r)
+            plain.append((r.answers, recipe, r.seed))
+        todo = {}
+        for answers, recipe, seed in plain:
+            key = self._key(answers, recipe, seed)
+            if key not in self._memo and key not in todo:
+                todo[key] = (answers, recipe, seed)
+        self._run_jobs(list(todo.items()))
+        return [self._memo[self._key(a, rec, s)] for a, rec, s in plain]
+
+    def chosen(self, answers: Answers, seed: int) -> Recipe:
+        """The candidate the tuned attacker chose for these answers and seed (after :meth:`train`)."""
+        return self._choice[(answers.digest(), seed)]
+
+    def planned_runs(self, recipe: str | Recipe) -> int:
+        """Training runs one request costs at most (the tuned attacker's folds included)."""
+        if recipe == TUNED:
+            return 1 + self.folds * len(candidates_for("soft"))
+        return 1
+
+    # ------------------------------------------------------------------ internals
+
+    def _resolve(self, request: Request) -> Recipe:
+        if isinstance(request.recipe, Recipe):
+            recipe = request.recipe
+        elif request.recipe == TUNED:
+            recipe = self._choice[(request.answers.digest(), request.seed)]
+        else:
+            recipe = fixed_recipe(request.recipe)
+        if request.answers.kind == "hard":
+            return Recipe(recipe.name, 1.0, recipe.weight_decay)  # one-hot targets: T plays no role
+        return recipe
+
+    @staticmethod
+    def _key(answers: Answers, recipe: Recipe, seed: int) -> tuple:
+        return (answers.digest(), recipe.key(), int(seed))
+
+    def _targets(self, answers: Answers, recipe: Recipe) -> np.ndarray:
+        if answers.kind == "hard":
+            return one_hot(answers.labels, self.shape.n_classes)
+        return tempered_targets(answers.values, recipe.temperature)
+
+    def _tune(self, requests: Sequence[Request]) -> None:
+        """k-fold selection for every tuned request not chosen yet, all fold models in batches."""
+        pending = {}
+        for r in requests:
+            key = (r.answers.digest(), r.seed)
+            if key not in self._choice and key not in pending:
+                pending[key] = r
+        if not pending:
+            return
+        jobs, layout = [], []
+        for key, r in pending.items():
+            cands = candidates_for(r.answers.kind)
+            parts = fold_rows(self.n_pool, folds=self.folds, seed=training_seed(r.seed, 1))
+            for c_i, cand in enumerate(cands):
+                for f_i, held in enumerate(parts):
+                    train_rows = np.setdiff1d(np.arange(self.n_pool), held, assume_unique=True)
+                    jobs.append((r.answers, cand, training_seed(r.seed, 2 + f_i), train_rows, held))
+                    layout.append((key, c_i, f_i))
+        hits: dict[tuple, np.ndarray] = {}
+        for start in range(0, len(jobs), _BATCH_LIMIT):
+            chunk = jobs[start:start + _BATCH_LIMIT]
+            students = self._distill([(a, rec, s) for a, rec, s, _, _ in chunk],
+                                     train_rows=[t for _, _, _, t, _ in chunk])
+            pred = students.predict_logits(self._pool).argmax(dim=2).numpy()
+            for j, (answers, _, _, _, held) in enumerate(chunk):
+                given = answers.labels if answers.kind == "hard" else np.argmax(answers.values, axis=1)
+                key, c_i, f_i = layout[start + j]
+                n_c = len(candidates_for(pending[key].answers.kind))
+                table = hits.setdefault(key, np.zeros((n_c, self.folds), dtype=np.int64))
+                table[c_i, f_i] = int(np.count_nonzero(pred[j, held] == given[held]))
+        for key, r in pending.items():
+            cands = candidates_for(r.answers.kind)
+            best, _ = select_by_agreement(hits[key], cands)
+            self._choice[key] = cands[best]
+
+    def _run_jobs(self, items: list[tuple[tuple, tuple[Answers, Recipe, int]]]) -> None:
+        for start in range(0, len(items), _BATCH_LIMIT):
+            chunk = items[start:start + _BATCH_LIMIT]
+            students = self._distill([job for _, job in chunk])
+            pred = students.predict_logits(self._eval).argmax(dim=2)
+            acc = (pred == self._eval_labels).float().mean(dim=1).numpy()
+            agr = (pred == self._eval_teacher).float().mean(dim=1).numpy()
+            for j, (key, (_, recipe, _)) in enumerate(chunk):
+                self._memo[key] = Outcome(float(acc[j]), float(agr[j]), recipe)
+
+    def _distill(self, jobs: Sequence[tuple[Answers, Recipe, int]], *, train_rows=None):
+        students = distill(
+            self._pool,
+            [self._targets(a, rec) for a, rec, _ in jobs],
+            shape=self.shape,
+            temperatures=[1.0 if a.kind == "hard" else rec.temperature for a, rec, _ in jobs],
+            weight_decays=[rec.weight_decay for _, rec, _ in jobs],
+            seeds=[training_seed(s) if train_rows is None else s for _, _, s in jobs],
+            train_rows=train_rows,
+            schedule=self.schedule,
+        )
+        self.runs += len(jobs)
+        if self.on_runs is not None:
+            self.on_runs(len(jobs))
+        return students
+
+
+def modal_choice(recipes: Sequence[Recipe]) -> Recipe:
+    """The candidate chosen most often (ties: the first chosen)."""
+    counts = Counter(r.key() for r in recipes)
+    top = max(counts.values())
+    for r in recipes:
+        if counts[r.key()] == top:
+            return r
+    raise ValueError("no recipes given")

@@ -1,0 +1,114 @@
+"""``python -m caliber_core extract FILE ...``: the extraction simulation from the command line.
+
+:func:`add_parser` registers the subcommand; :func:`run` executes it. A bad
+file or option raises ``ValueError`` (the CLI prints one line and exits 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if 1.0 < value < 100.0:
+        value /= 100.0  # accept 75 as 75%
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1) or a percentage, got {text}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``extract`` subcommand to an ``add_subparsers()`` object."""
+    p = subparsers.add_parser(
+        "extract", help="train the thief's surrogate on noisy answers: Table 3/4 analogues, frontier, "
+        "sigma for a surrogate target",
+        description="Simulate model extraction against the calibrated noise: a surrogate distilled "
+        "from answers to the pool's queries, scored on the evaluation split.")
+    p.add_argument("file", help=".npz with inputs, logits, labels (query pool) and heldout_inputs, "
+                   "heldout_logits, heldout_labels (evaluation)")
+    p.add_argument("--eval", dest="eval_file", metavar="FILE",
+                   help="evaluation split from this .npz instead (heldout_* or inputs/logits/labels)")
+    p.add_argument("--retention", nargs="+", type=_fraction, metavar="R", default=None,
+                   help="teacher retention targets (fraction of A0; default 0.95 0.85 0.75)")
+    p.add_argument("--surrogate-retention", nargs="+", type=_fraction, metavar="R", default=[],
+                   help="find sigma where the strongest attacker keeps R of its clean accuracy")
+    p.add_argument("--seeds", type=_positive, default=3, help="replicates per condition (default 3)")
+    p.add_argument("--m", nargs="+", type=_positive, default=[1, 2, 4, 8, 16],
+                   help="queries per input averaged (default 1 2 4 8 16)")
+    p.add_argument("--attack", choices=("fixed", "tuned", "all"), default="all",
+                   help="recipes: the fixed light/strong ones, the self-tuned one, or all (default)")
+    p.add_argument("--student", choices=("mlp", "linear"), default="mlp", help="surrogate model (default mlp)")
+    p.add_argument("--seed", type=_non_negative, default=0, help="base seed (default 0)")
+    p.add_argument("--json", dest="json_out", metavar="REPORT", help="write the caliber.extraction/v1 report here")
+    p.add_argument("--out", metavar="CONFIG",
+                   help="write a config with the retention and surrogate-retention targets here")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--max-elements", type=int, default=None, metavar="N",
+                   help="refuse arrays declaring more elements than this")
+    return p
+
+
+def _progress(enabled: bool):
+    if not enabled or not sys.stderr.isatty():
+        return None
+
+    def report(fraction: float) -> None:
+        print(f"\rtraining surrogates: {fraction:5.0%}", end="" if fraction < 1 else "\n", file=sys.stderr)
+
+    return report
+
+
+def run(args) -> int:
+    """Execute ``extract`` for parsed ``args``; returns the exit status."""
+    from ..loading import DEFAULT_MAX_ELEMENTS
+    from .archive import load_archive
+    from .experiment import DEFAULT_RETENTION, ExtractionSettings, run_extraction
+    from .report import format_tables, report_to_json, to_report
+
+    limit = DEFAULT_MAX_ELEMENTS if args.max_elements is None else args.max_elements
+    archive = load_archive(args.file, eval_path=args.eval_file, max_elements=limit)
+    settings = ExtractionSettings(
+        retention=tuple(DEFAULT_RETENTION if args.retention is None else args.retention),
+        surrogate_retention=tuple(args.surrogate_retention), seeds=args.seeds,
+        m_values=tuple(sorted(set(args.m))), attack=args.attack, seed=args.seed,
+        architecture=args.student,
+    )
+    result = run_extraction(archive, settings, progress=_progress(not args.quiet))
+    print(format_tables(result))
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as fh:
+            fh.write(report_to_json(to_report(result)))
+        print(f"report written to {args.json_out}")
+    if args.out:
+        from .targets import extraction_config
+        from ..config import save_config
+
+        save_config(extraction_config(result), args.out)
+        print(f"config written to {args.out}")
+    print(f"{result.runs} training runs in {result.seconds:.0f} s")
+    return 0

@@ -1,0 +1,213 @@
+"""Knowledge distillation of a batch of students on (possibly noisy) answers.
+
+Each student s minimizes the paper's Eq. 1 on its own training rows,
+
+    L_s = T_s^2 * mean_i KL( softmax(a_i / T_s) || softmax(f_s(x_i) / T_s) ),
+
+(the T^2 factor keeps gradient sizes comparable across temperatures, as in
+Hinton et al.), with mini-batch Adam and an L2 penalty added to the gradient
+(``torch.optim.Adam``'s ``weight_decay``). The KL and the cross-entropy
+-sum p log q differ by the targets' entropy, a constant, so the gradient is
+that of the cross-entropy. Hard labels are one-hot targets at T = 1 (plain
+cross-entropy).
+
+All students of a batch step together (one Python loop for S runs); each
+has its own seed, mini-batch order, temperature, weight decay, training rows
+and stopping time, and its result does not depend on the other students of
+the batch. torch runs single-threaded (``torch.set_num_threads(1)``): on two
+cores, two threads were measured slower and erratic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .students import StudentBatch, StudentShape
+
+_BETA1, _BETA2, _EPS = 0.9, 0.999, 1e-8
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Optimizer settings shared by the students of one batch.
+
+    Attributes
+    ----------
+    epochs : int
+        Largest number of passes over a student's training rows.
+    batch_size : int
+        Rows per Adam step.
+    learning_rate : float
+        Adam step size.
+    min_steps : int
+        Small pools get more epochs, so that every student takes at least
+        this many Adam steps.
+    patience : int
+        Stop a student once its mean KL over an epoch has not improved by a
+        relative ``tolerance`` for this many epochs (early stop).
+    tolerance : float
+    """
+
+    epochs: int = 30
+    batch_size: int = 128
+    learning_rate: float = 3e-3
+    min_steps: int = 400
+    patience: int = 3
+    tolerance: float = 2e-3
+
+    def __post_init__(self):
+        for name in ("epochs", "batch_size", "min_steps", "patience"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("learning_rate", "tolerance"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def tempered_targets(answers: np.ndarray, temperature: float) -> np.ndarray:
+    """softmax(answers / T) row by row, float32 (the targets of Eq. 1)."""
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    z = np.asarray(answers, dtype=np.float64) / temperature
+    z -= z.max(axis=1, keepdims=True)
+    np.exp(z, out=z)
+    z /= z.sum(axis=1, keepdims=True)
+    return z.astype(np.float32)
+
+
+def one_hot(labels: np.ndarray, n_classes: int) -> np.ndarray:
+    """Hard-label targets: one row per label, float32."""
+    out = np.zeros((labels.shape[0], n_classes), dtype=np.float32)
+    out[np.arange(labels.shape[0]), labels] = 1.0
+    return out
+
+
+def _row_stream(rows: np.ndarray, n_steps: int, batch_size: int, seed: int) -> np.ndarray:
+    """n_steps * batch_size row indices: shuffled passes over ``rows``, one after another."""
+    gen = np.random.Generator(np.random.SFC64(np.random.SeedSequence([int(seed), 0xB47C])))
+    need = n_steps * batch_size
+    passes = -(-need // rows.size)
+    return np.concatenate([gen.permutation(rows) for _ in range(passes)])[:need]
+
+
+def distill(
+    inputs: torch.Tensor,
+    targets: Sequence[np.ndarray],
+    *,
+    shape: StudentShape,
+    temperatures: Sequence[float],
+    weight_decays: Sequence[float],
+    seeds: Sequence[int],
+    train_rows: Sequence[np.ndarray] | None = None,
+    schedule: Schedule = Schedule(),
+    on_epoch: Callable[[], None] | None = None,
+) -> StudentBatch:
+    """Train one student per target array, all in one batch.
+
+    Parameters
+    ----------
+    inputs : Tensor of shape (n_samples, n_features), float32
+        The thief's (standardized) query inputs, shared by every student.
+    targets : sequence of S arrays of shape (n_samples, n_classes)
+        Target probabilities per student (:func:`tempered_targets` or :func:`one_hot`).
+    shape : StudentShape
+    temperatures, weight_decays, seeds : sequences of length S
+    train_rows : sequence of S int arrays, optional
+        Rows each student trains on (default: all).
+    schedule : Schedule
+    on_epoch : callable, optional
+        Called after each epoch of the longest-running student (progress).
+
+    Returns
+    -------
+    StudentBatch
+        The trained students, in the order of ``targets``.
+    """
+    n_jobs = len(targets)
+    if not (len(temperatures) == len(weight_decays) == len(seeds) == n_jobs) or n_jobs == 0:
+        raise ValueError(
+            f"need one temperature, weight decay and seed per target array, got {len(temperatures)}, "
+            f"{len(weight_decays)}, {len(seeds)} for {n_jobs} target arrays"
+        )
+    n_samples = inputs.shape[0]
+    if train_rows is None:
+        train_rows = [np.arange(n_samples)] * n_jobs
+    bs = schedule.batch_size
+    sizes = np.array([r.size for r in train_rows])
+    if sizes.min() < 1:
+        raise ValueError("every student needs at least one training row")
+    steps_per_epoch = np.maximum(1, -(-sizes // bs))
+    epochs = np.maximum(schedule.epochs, -(-schedule.min_steps // steps_per_epoch))
+    budget = steps_per_epoch * epochs
+    max_steps = int(budget.max())
+    streams = np.stack([_row_stream(np.asarray(r), max_steps, bs, s) for r, s in zip(train_rows, seeds)])
+    streams_t = torch.from_numpy(streams.reshape(n_jobs, max_steps, bs))
+    target_t = torch.from_numpy(np.stack([np.asarray(t, dtype=np.float32) for t in targets]))
+    # The targets' entropy turns the cross-entropy into the KL of Eq. 1; the
+    # stopping rule needs the KL (at large T the entropy dwarfs it).
+    entropy = -(target_t * torch.log(target_t.clamp_min(1e-30))).sum(dim=2)
+    temp = torch.tensor(np.asarray(temperatures, dtype=np.float32)).view(n_jobs, 1, 1)
+    temp_sq = (temp * temp).view(n_jobs)
+    decay = torch.tensor(np.asarray(weight_decays, dtype=np.float32)).view(n_jobs, 1, 1)
+    students = StudentBatch(shape, seeds)
+    params = students.params
+    m1 = [torch.zeros_like(p) for p in params]
+    m2 = [torch.zeros_like(p) for p in params]
+    job_index = torch.arange(n_jobs).view(n_jobs, 1)
+    active = np.ones(n_jobs, dtype=bool)
+    steps_done = np.zeros(n_jobs, dtype=np.int64)
+    epoch_loss = np.zeros(n_jobs)
+    best = np.full(n_jobs, np.inf)
+    stale = np.zeros(n_jobs, dtype=np.int64)
+    lr = schedule.learning_rate
+    longest = int(steps_per_epoch.max())
+
+    for step in range(max_steps):
+        idx = streams_t[:, step, :]
+        xb = inputs[idx]  # (S, bs, D)
+        pb = target_t[job_index, idx]  # (S, bs, K)
+        logq = torch.log_softmax(students.forward(xb) / temp, dim=2)
+        per_job = -(pb * logq).sum(dim=2).mean(dim=1) * temp_sq
+        kl = per_job.detach() - entropy[job_index, idx].mean(dim=1) * temp_sq
+        for p in params:
+            p.grad = None
+        per_job.sum().backward()
+        mask = torch.from_numpy(active.astype(np.float32))
+        steps_done += active
+        t = torch.from_numpy(np.maximum(steps_done, 1).astype(np.float32))
+        corr1 = (1.0 - _BETA1 ** t).view(n_jobs, 1, 1)
+        corr2 = (1.0 - _BETA2 ** t).view(n_jobs, 1, 1)
+        live = mask.view(n_jobs, 1, 1)
+        with torch.no_grad():
+            for p, a, b in zip(params, m1, m2):
+                g = p.grad + decay * p
+                a.mul_(1 - (1 - _BETA1) * live).add_(g * ((1 - _BETA1) * live))
+                b.mul_(1 - (1 - _BETA2) * live).add_(g * g * ((1 - _BETA2) * live))
+                p.sub_(lr * live * (a / corr1) / ((b / corr2).sqrt() + _EPS))
+        epoch_loss += kl.numpy() * active
+        ends = active & ((step + 1) % steps_per_epoch == 0)
+        for j in np.nonzero(ends)[0]:
+            mean = epoch_loss[j] / steps_per_epoch[j]
+            epoch_loss[j] = 0.0
+            if mean < best[j] * (1.0 - schedule.tolerance):
+                best[j], stale[j] = mean, 0
+            else:
+                stale[j] += 1
+                if stale[j] >= schedule.patience:
+                    active[j] = False
+        active &= steps_done < budget
+        if on_epoch is not None and (step + 1) % longest == 0:
+            on_epoch()
+        if not active.any():
+            break
+    for p in params:
+        p.grad = None
+        p.requires_grad_(False)
+    return students

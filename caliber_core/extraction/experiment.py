@@ -1,0 +1,409 @@
+"""The extraction experiment: conditions, seeds, spreads, frontier and surrogate targets.
+
+One call of :func:`run_extraction` reproduces, on a cached-logits archive, the
+paper's end-to-end evidence (its Tables 3 and 4 and the hard-label
+paragraph) and adds what a provider needs to aim at the thief:
+
+* **targets** -- clean answers and each calibrated retention target (sigma
+  from Caliber's own calibration of the pool logits), every recipe, several
+  seeds; the headline is the strongest recipe (the provider's worst case);
+* **frontier** -- teacher accuracy against surrogate accuracy over a sigma grid;
+* **surrogate targets** -- sigma at which the frontier attacker's surrogate
+  keeps R of its clean-answer accuracy (:mod:`.frontier`);
+* **averaging** -- at the lowest-retention target, M in ``m_values`` repeated
+  queries, fresh versus per-input seeding, soft answers and hard labels.
+
+The *frontier attacker* (used for the frontier, the surrogate targets and
+averaging) is the recipe with the highest mean accuracy at the lowest-retention
+target; when that is the tuned attacker, its most frequent choice there is
+kept fixed, as a thief who tuned once at its operating point would.
+
+Each replicate seed fixes the noise draws (shared by every sigma: common
+random numbers), the per-input key, the vote tie-breaks and the students'
+initialization and mini-batch order; the same seed gives identical numbers.
+Teacher accuracy is exact (quadrature of Eq. top1-exact with the true label
+as reference), not sampled.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..calibration.calibrate import Calibration, calibrate_model, sigma_for_target
+from ..calibration.survival import ExactCurves
+from .answers import answer_queries
+from .archive import ExtractionArchive
+from .attacker import Outcome, Request, Thief, modal_choice
+from .distill import Schedule
+from .frontier import RetentionRoot, solve_retention, teacher_grid
+from .recipes import DEFAULT_FOLDS, TUNED, Recipe, fixed_recipe, recipes_for
+
+DEFAULT_M = (1, 2, 4, 8, 16)
+DEFAULT_RETENTION = (0.95, 0.85, 0.75)
+# Teacher retention levels of the frontier grid (fractions of A0); the grid
+# continues until the teacher is within a few points of chance.
+FRONTIER_LEVELS = (0.95, 0.85, 0.75, 0.65, 0.55, 0.45, 0.35, 0.25)
+_NEAR_CHANCE = 0.03
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Mean and sample standard deviation over seeds (sd None for one seed)."""
+
+    mean: float
+    sd: float | None
+    n: int
+
+    @classmethod
+    def of(cls, values) -> "Spread":
+        v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=np.float64)
+        if v.size == 0:
+            return cls(math.nan, None, 0)
+        return cls(float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else None, int(v.size))
+
+    def to_dict(self) -> dict:
+        return {"mean": None if math.isnan(self.mean) else self.mean, "sd": self.sd, "n": self.n}
+
+
+@dataclass(frozen=True)
+class ExtractionSettings:
+    """Options of one extraction experiment (the CLI's flags).
+
+    Attributes
+    ----------
+    retention : tuple of float
+        Teacher retention targets r; sigma from calibration of the pool.
+    surrogate_retention : tuple of float
+        Surrogate retention targets R.
+    seeds : int
+        Replicates per condition.
+    m_values : tuple of int
+        Queries per input averaged.
+    attack : {"fixed", "tuned", "all"}
+    seed : int
+        Base seed; the replicate seeds derive from it.
+    architecture, hidden : the student (``mlp`` D-hidden-K or ``linear``).
+    schedule : Schedule
+    folds : int
+        k of the tuned attacker.
+    near_seeds : int or None
+        Seeds used by the surrogate-target search (default: max(2 seeds, 4)).
+    averaging : bool
+        Run the averaging and hard-label conditions.
+    """
+
+    retention: tuple[float, ...] = DEFAULT_RETENTION
+    surrogate_retention: tuple[float, ...] = ()
+    seeds: int = 3
+    m_values: tuple[int, ...] = DEFAULT_M
+    attack: str = "all"
+    seed: int = 0
+    architecture: str = "mlp"
+    hidden: int = 128
+    schedule: Schedule = Schedule()
+    folds: int = DEFAULT_FOLDS
+    near_seeds: int | None = None
+    averaging: bool = True
+
+    def __post_init__(self):
+        recipes_for(self.attack)
+        for name in ("seeds", "folds", "hidden"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        for r in self.retention:
+            if not (0.0 < r < 1.0):
+                raise ValueError(f"each retention target must lie in (0, 1), got {r}")
+        for r in self.surrogate_retention:
+            if not (0.0 < r < 1.0):
+                raise ValueError(f"each surrogate retention target must lie in (0, 1), got {r}")
+        if not self.m_values or any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in self.m_values):
+            raise ValueError(f"m_values must be positive integers, got {self.m_values!r}")
+
+    def replicate_seeds(self, count: int | None = None) -> list[int]:
+        n = self.seeds if count is None else count
+        return [int(np.random.SeedSequence([self.seed, i]).generate_state(1)[0] % 2**31) for i in range(n)]
+
+    def n_near(self) -> int:
+        return self.near_seeds if self.near_seeds is not None else max(2 * self.seeds, 4)
+
+
+@dataclass
+class RecipeStats:
+    """One recipe at one condition, over seeds."""
+
+    recipe: str
+    accuracy: Spread
+    agreement: Spread
+    drop_recovered: Spread
+    accuracies: list[float]
+    chosen: list[dict] | None = None  # the tuned attacker's choice per seed
+
+
+@dataclass
+class Condition:
+    """A row of the Table-3 analogue: one sigma, every recipe."""
+
+    kind: str  # "clean", "retention" or "surrogate-retention"
+    requested: float | None
+    sigma: float
+    teacher_accuracy: float
+    by_recipe: dict[str, RecipeStats]
+    headline: str
+    sigma_se: float | None = None
+    root: RetentionRoot | None = None
+    frontier_retention: Spread | None = None
+
+    @property
+    def best(self) -> RecipeStats:
+        return self.by_recipe[self.headline]
+
+
+@dataclass
+class FrontierPoint:
+    sigma: float
+    teacher_accuracy: float
+    surrogate_accuracy: Spread
+    surrogate_agreement: Spread
+    surrogate_retention: Spread
+
+
+@dataclass
+class AveragingRow:
+    sigma: float
+    m: int
+    seeding: str
+    labels: str
+    surrogate_accuracy: Spread
+    surrogate_agreement: Spread
+    label_agreement: Spread | None  # hard labels: voted label == clean teacher argmax on the pool
+
+
+@dataclass
+class ExtractionResult:
+    archive: ExtractionArchive
+    settings: ExtractionSettings
+    seeds: list[int]
+    recipes: list[str]
+    clean_accuracy_pool: float
+    clean_accuracy_eval: float
+    scale: float
+    clean: Condition
+    targets: list[Condition]
+    frontier_attacker: Recipe
+    frontier: list[FrontierPoint]
+    averaging: list[AveragingRow]
+    averaging_sigma: float | None
+    runs: int
+    seconds: float
+    calibration: Calibration | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class _Progress:
+    def __init__(self, callback, total: int):
+        self.callback, self.total, self.done = callback, max(1, total), 0
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        if self.callback is not None:
+            self.callback(min(0.99, self.done / self.total))
+
+
+def plan_runs(settings: ExtractionSettings, *, frontier_points: int = len(FRONTIER_LEVELS) + 2) -> int:
+    """An upper bound on training runs (progress total); tuned runs include their fold models."""
+    from .recipes import candidates_for
+
+    per = {name: (1 + settings.folds * len(candidates_for("soft")) if name == TUNED else 1)
+           for name in recipes_for(settings.attack)}
+    row = settings.seeds * sum(per.values())
+    total = (1 + len(settings.retention)) * row + frontier_points * settings.seeds
+    total += len(settings.surrogate_retention) * (4 * settings.n_near() + row)
+    if settings.averaging and settings.retention:
+        total += settings.seeds * (2 * len(settings.m_values) + 3)
+    return total
+
+
+def run_extraction(
+    archive: ExtractionArchive,
+    settings: ExtractionSettings = ExtractionSettings(),
+    *,
+    thief: Thief | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> ExtractionResult:
+    """Run every condition of the experiment on one archive.
+
+    Parameters
+    ----------
+    archive : ExtractionArchive
+    settings : ExtractionSettings
+    thief : Thief, optional
+        Reuse a thief (and its memo of trained surrogates) built for this archive.
+    progress : callable, optional
+        ``progress(fraction)`` after every batch of training runs; ends at 1.0.
+
+    Returns
+    -------
+    ExtractionResult
+    """
+    start = time.perf_counter()
+    pool, ev = archive.pool, archive.evaluation
+    tick = _Progress(progress, plan_runs(settings))
+    cal = calibrate_model(pool.logits, pool.labels, name=archive.name)
+    exact = ExactCurves(ev.logits, ev.labels)
+    a0_eval = float(exact.accuracy(0.0)[0])
+    if thief is None:
+        thief = Thief(pool.inputs, ev.inputs, ev.labels, np.argmax(ev.logits, axis=1),
+                      n_classes=archive.n_classes, architecture=settings.architecture,
+                      hidden=settings.hidden, schedule=settings.schedule, folds=settings.folds)
+    thief.on_runs = tick
+    runs_before = thief.runs
+    seeds = settings.replicate_seeds()
+    names = list(recipes_for(settings.attack))
+
+    def teacher(sigma: float) -> float:
+        return float(exact.accuracy(sigma)[0])
+
+    def condition(kind, requested, sigma, clean_by_recipe=None) -> Condition:
+        reqs, index = [], []
+        for name in names:
+            for s in seeds:
+                reqs.append(Request(_soft(pool.logits, sigma, s), name, s))
+                index.append((name, s))
+        outs = thief.train(reqs)
+        t_acc = teacher(sigma)
+        by_recipe = {}
+        for name in names:
+            per_seed = [o for (n, _), o in zip(index, outs) if n == name]
+            clean = None if clean_by_recipe is None else clean_by_recipe[name].accuracies
+            by_recipe[name] = _stats(name, per_seed, clean, a0_eval, t_acc,
+                                     chosen=[thief.chosen(r.answers, r.seed).to_dict()
+                                             for r, (n, _) in zip(reqs, index) if n == name]
+                                     if name == TUNED else None)
+        headline = max(names, key=lambda n: (by_recipe[n].accuracy.mean, n == TUNED))
+        return Condition(kind, requested, float(sigma), t_acc, by_recipe, headline)
+
+    clean = condition("clean", None, 0.0)
+    targets = []
+    for r in settings.retention:
+        sigma = float(sigma_for_target(cal, r, kind="retention").sigma)
+        targets.append(condition("retention", r, sigma, clean.by_recipe))
+
+    anchor = max(targets, key=lambda c: c.sigma) if targets else clean
+    attacker = _frontier_attacker(anchor, thief, seeds, pool.logits)
+    notes = [f"frontier attacker: {attacker.name} (T={attacker.temperature:g}, weight decay "
+             f"{attacker.weight_decay:g}), the strongest recipe at sigma={anchor.sigma:.4g}"]
+
+    def frontier_eval(sigma: float, seed_list: Sequence[int]) -> list[Outcome]:
+        return thief.train([Request(_soft(pool.logits, sigma, s), attacker, s) for s in seed_list])
+
+    chance = 1.0 / archive.n_classes
+    levels = list(FRONTIER_LEVELS)
+    floor = (chance + _NEAR_CHANCE) / cal.clean_accuracy
+    if floor < levels[-1]:
+        levels.append(floor)
+    sigmas = teacher_grid(levels, lambda r: _sigma_or_none(cal, r))
+    sigmas = sorted(set(sigmas) | {c.sigma for c in targets})
+    frontier, grid = [], []
+    clean_front = np.array([o.accuracy for o in frontier_eval(0.0, seeds)])
+    for sigma in sigmas:
+        outs = frontier_eval(sigma, seeds)
+        acc = np.array([o.accuracy for o in outs])
+        frontier.append(FrontierPoint(sigma, teacher(sigma), Spread.of(acc), Spread.of([o.agreement for o in outs]),
+                                      Spread.of(acc / clean_front)))
+        grid.append((sigma, acc / clean_front))
+
+    near = settings.replicate_seeds(settings.n_near())
+    near_clean = np.array([o.accuracy for o in frontier_eval(0.0, near)])
+    for big_r in settings.surrogate_retention:
+        def evaluate(sigma, _near=near, _clean=near_clean):
+            return np.array([o.accuracy for o in frontier_eval(sigma, _near)]) / _clean
+        root = solve_retention(grid, big_r, evaluate)
+        if root.sigma is None:
+            cond = Condition("surrogate-retention", big_r, math.nan, math.nan, {}, "", root=root)
+        else:
+            cond = condition("surrogate-retention", big_r, root.sigma, clean.by_recipe)
+            cond.sigma_se, cond.root = root.sigma_se, root
+            cond.frontier_retention = Spread.of(evaluate(root.sigma))
+        targets.append(cond)
+
+    averaging, avg_sigma = [], None
+    if settings.averaging and any(c.kind == "retention" for c in targets):
+        avg_sigma = max(c.sigma for c in targets if c.kind == "retention")
+        averaging = _averaging(thief, attacker, pool.logits, avg_sigma, seeds, settings.m_values)
+    tick.done = tick.total
+    if progress is not None:
+        progress(1.0)
+    return ExtractionResult(
+        archive=archive, settings=settings, seeds=seeds, recipes=names,
+        clean_accuracy_pool=float(cal.clean_accuracy), clean_accuracy_eval=a0_eval, scale=float(cal.scale),
+        clean=clean, targets=targets, frontier_attacker=attacker, frontier=frontier,
+        averaging=averaging, averaging_sigma=avg_sigma, runs=thief.runs - runs_before,
+        seconds=time.perf_counter() - start, calibration=cal, notes=notes,
+    )
+
+
+def _soft(logits, sigma, seed):
+    return answer_queries(logits, sigma=sigma, seed=seed, m_values=(1,), seeding="fresh")[("soft", 1)]
+
+
+def _sigma_or_none(cal, retention: float) -> float | None:
+    try:
+        return float(sigma_for_target(cal, retention, kind="retention").sigma)
+    except ValueError:
+        return None
+
+
+def _stats(name, outcomes: Sequence[Outcome], clean_acc, a0, teacher_acc, *, chosen=None) -> RecipeStats:
+    acc = [o.accuracy for o in outcomes]
+    drop = a0 - teacher_acc
+    recovered = []
+    if clean_acc is not None and drop > 1e-9:
+        recovered = [1.0 - (c - a) / drop for c, a in zip(clean_acc, acc)]
+    return RecipeStats(name, Spread.of(acc), Spread.of([o.agreement for o in outcomes]),
+                       Spread.of(recovered), acc, chosen)
+
+
+def _frontier_attacker(anchor: Condition, thief: Thief, seeds, logits) -> Recipe:
+    if anchor.headline != TUNED:
+        return fixed_recipe(anchor.headline)
+    picks = [thief.chosen(_soft(logits, anchor.sigma, s), s) for s in seeds]
+    pick = modal_choice(picks)
+    return Recipe(f"tuned:{pick.name}", pick.temperature, pick.weight_decay)
+
+
+def _averaging(thief: Thief, attacker: Recipe, logits, sigma, seeds, m_values) -> list[AveragingRow]:
+    rows = []
+    reference = np.argmax(logits, axis=1)
+    plan = [("fresh", sigma), ("per-input", sigma)]
+    answers = {}
+    for seeding, s_val in plan:
+        for s in seeds:
+            got = answer_queries(logits, sigma=s_val, seed=s, m_values=m_values, seeding=seeding,
+                                 kinds=("soft", "hard"))
+            for (kind, m), a in got.items():
+                answers[(seeding, kind, m, s)] = a
+    reqs = [Request(a, attacker, key[3]) for key, a in answers.items()]
+    outs = dict(zip(answers, thief.train(reqs)))
+    for seeding, _ in plan:
+        for kind in ("soft", "hard"):
+            for m in sorted(m_values):
+                o = [outs[(seeding, kind, m, s)] for s in seeds]
+                label_agr = None
+                if kind == "hard":
+                    label_agr = Spread.of([float(np.mean(answers[(seeding, kind, m, s)].labels == reference))
+                                           for s in seeds])
+                rows.append(AveragingRow(sigma, m, seeding, kind, Spread.of([x.accuracy for x in o]),
+                                         Spread.of([x.agreement for x in o]), label_agr))
+    hard_clean = [answer_queries(logits, sigma=0.0, seed=s, kinds=("hard",))[("hard", 1)] for s in seeds]
+    o = thief.train([Request(a, attacker, s) for a, s in zip(hard_clean, seeds)])
+    rows.append(AveragingRow(0.0, 1, "fresh", "hard", Spread.of([x.accuracy for x in o]),
+                             Spread.of([x.agreement for x in o]), Spread.of([1.0 for _ in seeds])))
+    return rows

@@ -1,0 +1,58 @@
+"""Surrogate-retention targets in the config contract (``caliber.config/v2``).
+
+A ``--surrogate-retention R`` answer becomes a :class:`~caliber_core.config.TargetRecord`
+of kind ``"surrogate-retention"`` next to the calibrated retention targets, so
+a serving process reads its sigma like any other (``sigma_to_serve``,
+``Perturber.from_config``). Its ``attacker`` field records how the sigma was
+measured: the frontier attacker's recipe, the student, the seeds and the
+retention reached, with their spreads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..calibration.calibrate import measured_accuracy, sigma_for_target
+from ..calibration.margins import normalized_noise
+from ..config import TargetRecord, build_config
+from .experiment import ExtractionResult
+
+METHOD = "surrogate-retention-search"
+
+
+def surrogate_records(result: ExtractionResult) -> list[TargetRecord]:
+    """One record per reachable surrogate-retention target of ``result``."""
+    cal = result.calibration
+    s = result.settings
+    out = []
+    for c in result.targets:
+        if c.kind != "surrogate-retention" or not c.by_recipe:
+            continue
+        accuracy = float(np.atleast_1d(measured_accuracy(cal, c.sigma))[0])
+        out.append(TargetRecord(
+            kind="surrogate-retention", requested=float(c.requested), accuracy=accuracy,
+            retention=accuracy / cal.clean_accuracy, agreement=None,
+            v=float(normalized_noise(c.sigma, cal.scale)), sigma=float(c.sigma), sigma_logistic=None,
+            method=METHOD,
+            attacker={
+                "recipe": result.frontier_attacker.to_dict(),
+                "student": {"architecture": s.architecture,
+                            "hidden": s.hidden if s.architecture == "mlp" else None},
+                "seeds": list(result.seeds),
+                "near_seeds": s.n_near(),
+                "base_seed": s.seed,
+                "sigma_se": c.sigma_se,
+                "surrogate_retention": c.frontier_retention.to_dict() if c.frontier_retention else None,
+                "teacher_accuracy_eval": c.teacher_accuracy,
+                "source": result.archive.source,
+            },
+        ))
+    return out
+
+
+def extraction_config(result: ExtractionResult) -> dict:
+    """A config holding the calibrated retention targets, then the surrogate-retention ones."""
+    cal = result.calibration
+    records = [sigma_for_target(cal, r, kind="retention") for r in result.settings.retention]
+    records += surrogate_records(result)
+    return build_config(cal, records, sha256=result.archive.sha256, source=result.archive.source)
