@@ -106,6 +106,9 @@ def _build_parser() -> argparse.ArgumentParser:
     att.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     att.add_argument("--seed", type=int, default=0)
     _add_max_elements(att)
+    from .extraction.command import add_parser as add_extract_parser
+
+    add_extract_parser(sub)
     return parser
 
 
@@ -231,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     from .loading import LogitsFileError
 
     args = _build_parser().parse_args(argv)
-    handlers = {"calibrate": _cmd_calibrate, "fleet": _cmd_fleet, "attack": _cmd_attack}
+    from .extraction.command import run as _cmd_extract
+
+    handlers = {"calibrate": _cmd_calibrate, "fleet": _cmd_fleet, "attack": _cmd_attack, "extract": _cmd_extract}
     try:
         return handlers[args.command](args)
     except (LogitsFileError, ConfigError, ValueError) as exc:
