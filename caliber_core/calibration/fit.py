@@ -28,7 +28,7 @@ def logistic_decay(v, *, v50: float, p: float, c: float) -> np.ndarray:
         return c + (1.0 - c) / (1.0 + (v / v50) ** p)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LogisticFit:
     """Fitted (v50, p, c) with its goodness of fit on the points it was fit to."""
 
