@@ -30,6 +30,7 @@ def pages() -> list:
         st.Page("pages/calibrate.py", title="Calibrate", icon=":material/tune:"),
         st.Page("pages/fleet.py", title="Fleet", icon=":material/stacked_line_chart:"),
         st.Page("pages/attack_cost.py", title="Attack cost", icon=":material/shield:"),
+        st.Page("pages/extraction.py", title="Extraction", icon=":material/content_copy:"),
         st.Page("pages/export.py", title="Export", icon=":material/download:"),
     ]
 
