@@ -1,0 +1,128 @@
+"""Extraction: what a thief distills from the noisy answers, and σ aimed at the thief."""
+
+import streamlit as st
+
+from caliber_core.extraction.experiment import ExtractionSettings
+from caliber_core.loading import LogitsFileError
+from caliber_dashboard import extraction_view as view
+from caliber_dashboard import navigation, ui
+
+navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
+
+UPLOADS = "caliber_extraction_uploads"  # plain key: sha256 -> uploaded archive (survives page switches)
+
+st.title("Extraction")
+st.caption(
+    "Caliber sets the noise on what the API returns; what matters to a provider is what a thief can "
+    "distill from those answers. Here a surrogate (an MLP D-128-K) is trained on the answers to the "
+    "query pool, as a thief would, and scored on held-out inputs: by its accuracy and by its agreement "
+    "with the clean teacher. Several recipes attack; the headline is always the strongest one."
+)
+
+archives = dict(view.demo_archives())
+archives.update(st.session_state.get(UPLOADS, {}))
+with st.expander("Use your own archive (inputs + logits)"):
+    up = st.file_uploader("An .npz with inputs, logits, labels and heldout_inputs, heldout_logits, heldout_labels",
+                          key="extraction_upload")
+    if up is not None:
+        try:
+            a = view.archive_from_upload(up.getvalue(), up.name)
+        except LogitsFileError as exc:
+            st.error(ui.plain(str(exc)))
+        else:
+            st.session_state.setdefault(UPLOADS, {})[a.sha256] = a
+            archives[a.sha256] = a
+if not archives:
+    st.info("No model with inputs is available: extraction needs the inputs the thief queried.")
+    st.stop()
+
+options = list(archives)
+sha = st.selectbox("Model (files that carry their inputs)", options, key="extraction_model",
+                   format_func=lambda s: f"{archives[s].name} · {s[:8]} · pool {archives[s].pool.n_samples}")
+archive = archives[sha]
+
+c1, c2, c3 = st.columns(3)
+retention = c1.multiselect("Teacher retention targets", [0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5],
+                           default=[0.95, 0.85, 0.75], format_func=lambda r: f"{r:.0%}", key="extraction_retention")
+seeds = c2.number_input("Seeds", min_value=1, max_value=6, value=3, key="extraction_seeds",
+                        help="Independent replicates (noise draws and student initializations).")
+attack = c3.selectbox("Attackers", ["all", "fixed", "tuned"], key="extraction_attack",
+                      help="fixed: the light and strong recipes; tuned: chooses its own regularization by "
+                           "k-fold agreement with its own noisy answers; all: every recipe.")
+settings = ExtractionSettings(retention=tuple(sorted(retention, reverse=True)), seeds=int(seeds),
+                              attack=attack)
+
+
+def _request_run(key):
+    st.session_state["extraction_run_key"] = key
+
+
+run_key = (sha, view.settings_key(settings))
+if not retention:
+    st.info("Choose at least one teacher retention target.")
+    st.stop()
+if not (view.is_cached(archive, settings) or st.session_state.get("extraction_run_key") == run_key):
+    st.button("Run the extraction", key="extraction_run", type="primary", icon=":material/play_arrow:",
+              on_click=_request_run, args=(run_key,))
+    st.caption(f"{archive.pool.n_samples} queries, {archive.evaluation.n_samples} held-out inputs; "
+               "about half a minute on a demo model. One progress tick per batch of training runs.")
+    st.stop()
+
+result = view.run(archive, settings)
+
+st.subheader("Defense frontier")
+
+
+@st.fragment
+def surrogate_target():
+    pct = st.slider("Surrogate target: the thief keeps this share of its clean-answer accuracy",
+                    min_value=50.0, max_value=99.0, value=90.0, step=0.5, format="%.1f%%",
+                    key=f"extraction_surrogate_{sha[:12]}")
+    readout = view.surrogate_readout(result, pct / 100.0)
+    m = st.columns(3)
+    if readout is None:
+        m[0].metric("σ", "out of reach")
+        st.caption("The frontier attacker keeps more than this even where the teacher is near chance.")
+    else:
+        m[0].metric("σ (read off the frontier)", f"{readout['sigma']:.4g}")
+        m[1].metric("teacher accuracy there", f"{readout['teacher_accuracy'] * 100:.1f}%")
+        m[2].metric("teacher retention (cost to a flagged user)", f"{readout['teacher_retention'] * 100:.1f}%")
+        st.caption(f"Interpolated between the measured frontier points σ={readout['bracket'][0]:.4g} and "
+                   f"{readout['bracket'][1]:.4g}; `python -m caliber_core extract FILE --surrogate-retention "
+                   f"{pct / 100:.3g} --out CONFIG` searches it with more seeds and writes it into a config.")
+    st.plotly_chart(view.frontier_figure(result, readout=readout), width="stretch", key="fig_extraction_frontier")
+
+
+surrogate_target()
+st.caption(
+    "Each point is one σ: across, the accuracy a flagged legitimate user gets from the teacher (exact "
+    f"expectation over the noise); up, the accuracy of the surrogate ({result.frontier_attacker.name}) "
+    "distilled from answers at that σ, mean ± sd over seeds. Points above the dotted line mean the thief "
+    "ends up with a better model than the flagged user is served."
+)
+
+st.subheader("Surrogates at the calibrated targets (Table 3 analogue)")
+st.dataframe(view.targets_table(result), hide_index=True, width="stretch")
+st.caption(
+    "Accuracies in %, mean ± sd over seeds, on held-out inputs. 'Drop recovered' is the share of the "
+    "teacher's calibrated accuracy drop that the strongest surrogate wins back relative to its own "
+    "clean-answer accuracy (100% = the noise costs the thief nothing)."
+)
+
+if result.averaging:
+    st.subheader(f"Averaging M queries per input at σ={result.averaging_sigma:.4g} (Table 4 analogue)")
+    st.plotly_chart(view.m_curve_figure(result), width="stretch", key="fig_extraction_m")
+    st.dataframe(view.averaging_table(result), hide_index=True, width="stretch")
+    st.caption(
+        "Fresh noise per query lets a thief average M answers back towards the clean-answer surrogate "
+        "(dashed), at M times the queries; per-input seeding answers repeats identically, so every M "
+        "trains the same surrogate. Hard labels: the thief sees only the top class and takes a majority "
+        "vote over the M answers (random tie-break)."
+    )
+
+from caliber_core.extraction.report import report_to_json, to_report  # noqa: E402
+
+st.download_button("Report (caliber.extraction/v1 JSON)", data=report_to_json(to_report(result)).encode(),
+                   file_name=f"{archive.name}.extraction.json", mime="application/json",
+                   key="extraction_report", on_click="ignore", icon=":material/download:")
+st.caption(f"{result.runs} training runs in {result.seconds:.0f} s (cached for this file and these settings).")
