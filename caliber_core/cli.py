@@ -1,8 +1,9 @@
-"""The command line: ``python -m caliber_core {calibrate,fleet,attack} ...``.
+"""The command line: ``python -m caliber_core {calibrate,check,fleet,attack,extract} ...``.
 
 A user error (a bad file, an impossible target) prints one line on stderr and
 exits with status 2; an unexpected failure prints one line and exits 1 (set
-CALIBER_DEBUG=1 for the traceback).
+CALIBER_DEBUG=1 for the traceback). ``check`` exits 3 when new traffic no
+longer fits a config.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import os
 import sys
 import warnings
 
-from .config import CALIBRATED_KINDS
+from .check_command import confidence_level
+from .config import CALIBRATED_KINDS, SIDES
 
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL = 1
@@ -82,6 +84,11 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="noise draws per input (default: chosen from N)")
     cal.add_argument("--inversion", choices=("curve", "logistic"), default="curve",
                      help="invert the measured curve (default) or the fitted logistic")
+    cal.add_argument("--side", choices=SIDES, default="point",
+                     help="point: sigma* itself (default); at-least / at-most: the sigma at which the "
+                     "lower / upper confidence bound of each target's quantity equals the target")
+    cal.add_argument("--confidence", type=confidence_level, default=0.95,
+                     help="level of every target's interval and of the side's bound (default 0.95)")
     cal.add_argument("--saturate", action="store_true",
                      help="an unreachable target serves the largest sigma the sweep measured "
                      "(marked saturated, with a warning) instead of failing")
@@ -106,7 +113,10 @@ def _build_parser() -> argparse.ArgumentParser:
     att.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     att.add_argument("--seed", type=int, default=0)
     _add_max_elements(att)
+    from .check_command import add_parser as add_check_parser
     from .extraction.command import add_parser as add_extract_parser
+
+    _add_max_elements(add_check_parser(sub))
 
     add_extract_parser(sub)
     return parser
@@ -124,6 +134,7 @@ def _progress(enabled: bool):
 
 def _cmd_calibrate(args) -> int:
     from .calibration.pipeline import DEFAULT_TARGETS, config_for
+    from .calibration.target_intervals import interval_notes
     from .config import config_to_json, saturation_message
 
     data = _load(args.file, args, labels_path=args.labels)
@@ -133,16 +144,21 @@ def _cmd_calibrate(args) -> int:
     _, results, config = config_for(
         data, targets, statistic=args.margin_stat, seed=args.seed,
         realizations=args.realizations, inversion=args.inversion, saturate=args.saturate,
-        progress=_progress(not args.quiet),
+        side=args.side, confidence=args.confidence, progress=_progress(not args.quiet),
     )
     text = config_to_json(config)
     for result in results:
         if result.saturated:
             print(f"warning: {saturation_message(result)}", file=sys.stderr)
+    advice, wide = interval_notes(config)
+    if wide:
+        print(f"warning: {wide}", file=sys.stderr)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
             fh.write(text)
         print(_target_table(config))
+        if advice:
+            print(f"interval half-width, widest target: {advice}")
         print(f"config written to {args.out}")
     else:
         sys.stdout.write(text)
@@ -155,12 +171,16 @@ def _target_table(config: dict) -> str:
             f"S({config['statistic']})={config['scale']:.4g}"
             + (f" A0={a0:.4f}" if a0 is not None else "")
             + f" logistic R2={config['fit']['r2']:.4f}")
-    lines = [head, f"{'target':>22} {'accuracy':>9} {'v*':>10} {'sigma*':>10} {'logistic':>10}  method"]
+    from .calibration.target_intervals import describe_interval
+
+    lines = [head, f"{'target':>22} {'side':>8} {'accuracy':>9} {'delivers on the sample (interval)':>36} "
+             f"{'v*':>10} {'sigma*':>10} {'logistic':>10}  method"]
     for t in config["targets"]:
         label = f"{t['kind']} {t['requested']:g}"
         acc = "" if t["accuracy"] is None else f"{t['accuracy']:.4f}"
         slog = "" if t["sigma_logistic"] is None else f"{t['sigma_logistic']:.5g}"
-        lines.append(f"{label:>22} {acc:>9} {t['v']:>10.5g} {t['sigma']:>10.5g} {slog:>10}  {t['method']}")
+        lines.append(f"{label:>22} {t.get('side', 'point'):>8} {acc:>9} {describe_interval(t):>36} "
+                     f"{t['v']:>10.5g} {t['sigma']:>10.5g} {slog:>10}  {t['method']}")
     return "\n".join(lines)
 
 
@@ -234,9 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     from .loading import LogitsFileError
 
     args = _build_parser().parse_args(argv)
+    from .check_command import run as _cmd_check
     from .extraction.command import run as _cmd_extract
 
-    handlers = {"calibrate": _cmd_calibrate, "fleet": _cmd_fleet, "attack": _cmd_attack, "extract": _cmd_extract}
+    handlers = {"calibrate": _cmd_calibrate, "fleet": _cmd_fleet, "attack": _cmd_attack, "extract": _cmd_extract,
+                "check": _cmd_check}
     try:
         return handlers[args.command](args)
     except (LogitsFileError, ConfigError, ValueError) as exc:

@@ -94,6 +94,9 @@ class TargetRecord:
         "retention": ..., "agreement": ...}``.
     attacker : dict or None
         For "surrogate-retention" targets: the surrogate's training recipe and seeds.
+    reference : dict or None
+        For the drift check: what ``sigma`` delivers on the calibration sample and the
+        per-row spreads, ``{"accuracy", "retention", "agreement", "row_sd": {same keys}}``.
     """
 
     kind: str
@@ -109,6 +112,7 @@ class TargetRecord:
     side: str = "point"
     interval: dict | None = None
     attacker: dict | None = None
+    reference: dict | None = None
 
     def to_dict(self) -> dict:
         """Plain values; a non-finite ``sigma_logistic`` (no closed-form answer) becomes None."""
@@ -346,6 +350,8 @@ def _validate_target(t, i: int) -> None:
     interval = t.get("interval")
     if interval is not None:
         _validate_interval(interval, i)
+    if t.get("reference") is not None:
+        _validate_reference(t["reference"], i)
     attacker = t.get("attacker")
     if t["kind"] == "surrogate-retention" and not isinstance(attacker, Mapping):
         raise ConfigError(f"targets[{i}] (surrogate-retention) needs an 'attacker' object "
@@ -371,6 +377,14 @@ def _validate_interval(interval, i: int) -> None:
               and all(_is_number(b) and math.isfinite(b) for b in bounds) and bounds[0] <= bounds[1])
         if not ok:
             raise ConfigError(f"{where}.{q} must be [lo, hi] with lo <= hi, or null, got {bounds!r}")
+
+
+def _validate_reference(ref, i: int) -> None:
+    spread = ref.get("row_sd") if isinstance(ref, Mapping) else None
+    values = [] if not isinstance(spread, Mapping) else [d.get(q) for d in (ref, spread) for q in _INTERVAL_QUANTITIES]
+    if not values or not all(x is None or (_is_number(x) and math.isfinite(x) and x >= 0) for x in values):
+        raise ConfigError(f"targets[{i}].reference must be null or hold finite numbers >= 0 (or null) for "
+                          f"accuracy, retention, agreement and their row_sd, got {ref!r}")
 
 
 def sigma_to_serve(config, *, target: int = 0) -> float:

@@ -188,7 +188,7 @@ def test_target_record_is_keyword_only_and_round_trips(built):
         TargetRecord("retention", 0.9, 0.8, 0.9, None, 0.1, 1.0, 1.0, "exact-curve")  # noqa
     assert target_records(config) == results
     assert [r.to_dict() for r in results] == config["targets"]
-    assert results[0].side == "point" and results[0].interval is None and results[0].attacker is None
+    assert results[0].side == "point" and results[0].interval["level"] == 0.95 and results[0].attacker is None
 
 
 @pytest.mark.parametrize("method, inversion", [

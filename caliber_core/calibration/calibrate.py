@@ -73,6 +73,16 @@ class Calibration:
         return self._labels is not None
 
     @property
+    def logits(self) -> np.ndarray:
+        """The validated float64 logits the calibration was run on (read-only use)."""
+        return self._logits
+
+    @property
+    def labels(self) -> np.ndarray | None:
+        """The validated int64 labels, or None."""
+        return self._labels
+
+    @property
     def exact(self) -> ExactCurves:
         """Exact quadrature curves, built on first use."""
         if self._exact is None:

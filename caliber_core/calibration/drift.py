@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy.special import ndtri
 
+from ..config import load_config
 from .margins import top_two_margins
 from .row_probabilities import RowProbabilities, row_spread, rows_for_sample, sample_estimates
 
@@ -145,14 +146,15 @@ def _expected(target: Mapping, quantity: str):
     return None
 
 
-def check_drift(config: Mapping, logits, labels=None, *, confidence: float = 0.95,
+def check_drift(config, logits, labels=None, *, confidence: float = 0.95,
                 seed: int | None = 0) -> DriftReport:
     """Compare a config with a new sample of the same model's logits.
 
     Parameters
     ----------
-    config : mapping
-        A loaded config (its targets' sigma, S, A0, N, and per-target references).
+    config : mapping, str or os.PathLike
+        A config in any form :func:`caliber_core.config.load_config` accepts (a v1
+        file is upgraded): its targets' sigma, S, A0, N and per-target references.
     logits : array_like of shape (n_samples, n_classes)
         The new sample; K must match the config's.
     labels : array_like of int, shape (n_samples,), optional
@@ -168,9 +170,12 @@ def check_drift(config: Mapping, logits, labels=None, *, confidence: float = 0.9
 
     Raises
     ------
+    ConfigError
+        The config does not follow the schema.
     ValueError
         K differs from the config's, bad labels, or a confidence outside (0, 1).
     """
+    config = load_config(config)
     conf = float(confidence)
     if not (math.isfinite(conf) and 0.0 < conf < 1.0):
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..config import TargetRecord, build_config
+from ..config import SIDES, TargetRecord, build_config
 from ..loading import LogitsData, require_labels
 from .calibrate import Calibration, calibrate_model, sigma_for_target
+from .intervals import DEFAULT_CONFIDENCE
+from .target_intervals import interval_estimator, with_interval
 
 DEFAULT_TARGETS = (("retention", 0.9), ("retention", 0.8), ("retention", 0.7), ("retention", 0.6))
 
@@ -56,13 +58,25 @@ def config_for(
     realizations: int | None = None,
     inversion: str = "curve",
     saturate: bool = False,
+    side: str = "point",
+    confidence: float = DEFAULT_CONFIDENCE,
     progress: Callable[[float], None] | None = None,
 ) -> tuple[Calibration, list[TargetRecord], dict]:
-    """Calibrate a loaded file and build its config dict."""
+    """Calibrate a loaded file and build its config dict.
+
+    Every target gets its confidence ``interval`` at ``confidence`` and the
+    drift check's ``reference``; ``side`` picks sigma* itself ("point") or the
+    end of the interval that keeps the target ("at-least" / "at-most";
+    :mod:`.target_intervals`).
+    """
+    if side not in SIDES:
+        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
     if any(kind != "agreement" for kind, _ in targets):
         require_labels(data, "accuracy and retention targets")
     cal = calibrate_data(data, statistic=statistic, seed=seed, realizations=realizations,
                          progress=progress)
     results = resolve_targets(cal, data, targets, inversion=inversion, saturate=saturate)
+    estimator = interval_estimator(cal, confidence=confidence, seed=seed)
+    results = [with_interval(cal, r, estimator, side=side, saturate=saturate) for r in results]
     config = build_config(cal, results, sha256=data.sha256, source=data.source)
     return cal, results, config

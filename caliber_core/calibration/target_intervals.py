@@ -1,0 +1,163 @@
+"""Each calibrated target's interval, its side, and the drift check's reference.
+
+A target's sigma* is solved on a sample; what it delivers on the population
+is uncertain by the sample's size (:mod:`.intervals`). For every target this
+module records
+
+* ``interval``: the confidence interval of accuracy, retention and agreement
+  at the sigma served (null without labels), and the method that made it;
+* ``side``: "point" serves sigma* itself; "at-least" serves the sigma at which
+  the lower confidence bound of the target's quantity equals the target (the
+  population keeps at least the target with the stated confidence);
+  "at-most" the sigma at which the upper bound equals it (the population gets
+  no more than the target). The side's sigma is solved on the bound curve by
+  :mod:`.inversion`, starting from sigma*; ``method`` still names how sigma*
+  itself was found;
+* ``reference``: what the sigma delivers on the calibration sample and the
+  per-row spreads, which :func:`.drift.check_drift` compares new traffic with.
+
+:func:`interval_estimator` builds the bootstrap for a :class:`.Calibration`
+once (the Calibrate page caches it per model and asks it for any sigma).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from ..config import SIDES, TargetRecord
+from .calibrate import Calibration, saturated_sigma
+from .drift import target_reference
+from .intervals import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_RESAMPLES,
+    QUANTITIES,
+    WIDE_HALF_WIDTH,
+    BootstrapIntervals,
+    sample_size_advice,
+)
+from .margins import normalized_noise
+from .row_probabilities import RowProbabilities
+
+
+def interval_estimator(cal: Calibration, *, confidence: float = DEFAULT_CONFIDENCE,
+                       resamples: int = DEFAULT_RESAMPLES, seed: int | None = 0) -> BootstrapIntervals:
+    """The row bootstrap of one calibrated model.
+
+    Per-row probabilities are exact when the calibration inverts the exact
+    curve and the sweep's own draws otherwise, so the interval's estimate is
+    the value sigma* was solved on.
+
+    Parameters
+    ----------
+    cal : Calibration
+    confidence : float, default 0.95
+    resamples : int, default 2000
+    seed : int or None, default 0
+        Seed of the bootstrap weights.
+    """
+    method = "exact" if cal.curve_method == "exact" else "monte-carlo"
+    rows = RowProbabilities(cal.logits, cal.labels, method=method, draws=cal.intervals)
+    return BootstrapIntervals(rows, confidence=confidence, resamples=resamples, seed=seed)
+
+
+def _quantity_target(record: TargetRecord) -> float:
+    return {"accuracy": record.accuracy, "retention": record.retention,
+            "agreement": record.agreement}[record.kind]
+
+
+def side_sigma(cal: Calibration, record: TargetRecord, estimator: BootstrapIntervals, *,
+               side: str, saturate: bool = False) -> tuple[float, bool]:
+    """(sigma, saturated) for a target on one side of its confidence interval.
+
+    Raises
+    ------
+    ValueError
+        The bound never reaches the target (at-least: not even the clean
+        model's lower bound; at-most: not even the largest sigma) and
+        ``saturate`` does not apply.
+    """
+    if side not in SIDES:
+        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+    if side == "point":
+        return record.sigma, record.saturated
+    value = _quantity_target(record)
+    if side == "at-least":
+        if record.sigma == 0.0:
+            return 0.0, False  # the target asks for no degradation: no noise is served
+        bound = float(estimator.bound(0.0, kind=record.kind, side=side)[0])
+        if bound < value:
+            raise ValueError(
+                f"{record.kind} target {record.requested:g} cannot be guaranteed at-least at "
+                f"{estimator.confidence:.0%} confidence: even without noise the lower bound is "
+                f"{bound:.4f} (N={cal.n_samples}; more rows raise it)")
+    guess = record.sigma if record.sigma > 0 else float(cal.sweep.sigma[0])
+    try:
+        return estimator.sigma_for_bound(value, kind=record.kind, side=side, guess=guess), False
+    except ValueError:
+        if side == "at-most" and saturate:
+            return saturated_sigma(cal), True
+        raise
+
+
+def with_interval(cal: Calibration, record: TargetRecord, estimator: BootstrapIntervals, *,
+                  side: str = "point", saturate: bool = False) -> TargetRecord:
+    """The record served on ``side``, with its ``interval`` and drift ``reference`` filled in.
+
+    ``side="point"`` keeps sigma*, v and every other field unchanged.
+    """
+    sigma, saturated = side_sigma(cal, record, estimator, side=side, saturate=saturate)
+    fields = {}
+    if sigma != record.sigma:
+        fields = {"sigma": float(sigma), "v": float(normalized_noise(sigma, cal.scale)),
+                  "saturated": saturated}
+        if saturated and not record.method.startswith("saturated-"):
+            fields["method"] = f"saturated-{record.method}"
+    return replace(record, side=side, interval=estimator.at(sigma).to_config(),
+                   reference=target_reference(estimator.rows, sigma), **fields)
+
+
+def interval_notes(config: Mapping) -> tuple[str | None, str | None]:
+    """The sample-size advice line and the wide-interval warning of a config's targets.
+
+    Each target's own quantity is read from its ``interval``; both lines are
+    about the widest one, and the warning appears when it is wider than
+    ±``WIDE_HALF_WIDTH`` (2 points).
+
+    Returns
+    -------
+    advice : str or None
+        E.g. "retention 0.8: ±2.9% at N=500; about 1,100 rows for ±2.0%, about
+        4,200 rows for ±1.0%"; None when no target has an interval for its quantity.
+    warning : str or None
+    """
+    n = int(config["n_samples"])
+    halves = []
+    for t in config["targets"]:
+        iv = t.get("interval") or {}
+        bounds = iv.get(t["kind"]) if t["kind"] in QUANTITIES else None
+        if bounds is not None:
+            halves.append((0.5 * (bounds[1] - bounds[0]), f"{t['kind']} {t['requested']:g}", iv["level"]))
+    if not halves:
+        return None, None
+    half, label, level = max(halves)
+    advice = f"{label}: {sample_size_advice(half, n)}"
+    wide = sum(h > WIDE_HALF_WIDTH for h, _, _ in halves)
+    warning = None
+    if wide:
+        warning = (f"{wide} of {len(halves)} target intervals ({level:.0%}) are wider than "
+                   f"±{100 * WIDE_HALF_WIDTH:.0f}%, the widest {label}: "
+                   f"{sample_size_advice(half, n, goals=[WIDE_HALF_WIDTH])}")
+    return advice, warning
+
+
+def describe_interval(target: Mapping) -> str:
+    """'retention 80.0% (95%: 77.6-82.5%)' for a config target's own quantity ('' when unknown)."""
+    kind = target["kind"]
+    iv = target.get("interval") or {}
+    ref = target.get("reference") or {}
+    bounds, value = iv.get(kind), ref.get(kind, target.get(kind))
+    if kind not in QUANTITIES or bounds is None or value is None:
+        return ""
+    return (f"{kind} {100 * value:.1f}% ({iv['level']:.0%}: {100 * bounds[0]:.1f}-"
+            f"{100 * bounds[1]:.1f}%)")
