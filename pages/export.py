@@ -6,6 +6,9 @@ import pandas as pd
 import streamlit as st
 
 from caliber_core.calibration.calibrate import measured_accuracy
+from caliber_core.calibration.drift import check_drift
+from caliber_core.calibration.intervals import DEFAULT_CONFIDENCE
+from caliber_core.calibration.target_intervals import interval_estimator, side_sigma
 from caliber_core.config import CALIBRATED_KINDS, ConfigError, config_to_json, inversion_of_method, load_config
 from caliber_core.calibration.margins import MARGIN_STATISTICS
 from caliber_dashboard import cache, navigation, state, ui
@@ -134,6 +137,7 @@ except ValueError as exc:
     st.stop()
 
 review = []
+estimators = {}  # one interval bootstrap per confidence level, for side targets
 for t in saved["targets"]:
     kind, requested = t.get("kind"), t.get("requested")
     sigma_file = t.get("sigma")
@@ -142,8 +146,16 @@ for t in saved["targets"]:
         if kind not in CALIBRATED_KINDS or requested is None:
             raise ValueError(f"a {kind} target is not recomputed from logits here")
         # The same inversion the file used: the method says which ("saturated-logistic" is logistic).
-        now = cache.target(model, cal, kind, float(requested), inversion=inversion_of_method(t.get("method", "")),
-                           saturate=bool(t.get("saturated"))).sigma
+        now_target = cache.target(model, cal, kind, float(requested),
+                                  inversion=inversion_of_method(t.get("method", "")),
+                                  saturate=bool(t.get("saturated")))
+        now = now_target.sigma
+        if t.get("side", "point") != "point":  # the same side of the same interval level
+            level = (t.get("interval") or {}).get("level", DEFAULT_CONFIDENCE)
+            if level not in estimators:
+                estimators[level] = interval_estimator(cal, confidence=level, seed=sweep.get("seed", 0) or 0)
+            now = side_sigma(cal, now_target, estimators[level], side=t["side"],
+                             saturate=bool(t.get("saturated")))[0]
     except ValueError as exc:
         note = str(exc)
     pred_acc = float(measured_accuracy(cal, sigma_file)[0]) if cal.has_labels else None
@@ -165,3 +177,22 @@ st.dataframe(review_df, hide_index=True, width="stretch",
              | {"Δσ %": st.column_config.NumberColumn(format="%+.3f")})
 st.caption("σ recomputed now: the same target on the loaded model with the config's statistic, seed "
            "and noise draws. Predicted accuracy: the loaded model's measured curve at the file's σ.")
+
+# The verdict of `python -m caliber_core check CONFIG FILE` on the loaded model's logits.
+try:
+    report = check_drift(saved, model.logits, model.labels)
+except ValueError as exc:
+    st.error(ui.plain(f"check: {exc}"))
+    st.stop()
+if report.consistent:
+    st.success(ui.plain(f"check: consistent with the config — {len(report.findings)} comparisons at "
+                        f"{report.level:.0%} (simultaneous), N={report.n_samples:,} against the config's "
+                        f"N={report.n_calibration:,}."), icon=":material/check_circle:")
+else:
+    st.error("  \n".join(ui.plain(f.message) for f in report.problems), icon=":material/sync_problem:")
+st.dataframe(pd.DataFrame([{"compared": f.quantity, "target": f.target, "σ": f.sigma, "config": f.expected,
+                            "this model": f.observed, "expected from": f.low, "expected to": f.high,
+                            "consistent": f.consistent} for f in report.findings]),
+             hide_index=True, width="stretch",
+             column_config={c: st.column_config.NumberColumn(format="%.4g")
+                            for c in ("σ", "config", "this model", "expected from", "expected to")})

@@ -158,7 +158,7 @@ def test_import_mismatched_sha_warns():
     _import(at, json.dumps(saved).encode())
     assert not at.exception
     assert any("sha256 mismatch" in _text(w.value) for w in at.warning)
-    assert len(at.dataframe) == 2  # still reviewed, recomputed on the loaded model
+    assert len(at.dataframe) == 3  # still reviewed and checked, recomputed on the loaded model
 
 
 @pytest.mark.parametrize("content, message", [
