@@ -75,7 +75,7 @@ def _result_slot(key: tuple) -> _Slot:
 def settings_key(settings: ExtractionSettings) -> tuple:
     s = settings
     return (s.retention, s.surrogate_retention, s.seeds, s.m_values, s.attack, s.seed, s.architecture,
-            s.hidden, s.schedule, s.folds, s.near_seeds, s.averaging)
+            s.hidden, s.schedule, s.folds, s.near_seeds, s.averaging, s.averaging_attacker)
 
 
 def is_cached(archive: ExtractionArchive, settings: ExtractionSettings) -> bool:

@@ -49,8 +49,12 @@ seeds = c2.number_input("Seeds", min_value=1, max_value=6, value=3, key="extract
 attack = c3.selectbox("Attackers", ["all", "fixed", "tuned"], key="extraction_attack",
                       help="fixed: the light and strong recipes; tuned: chooses its own regularization by "
                            "k-fold agreement with its own noisy answers; all: every recipe.")
+retune = st.checkbox("Re-tune the attacker for averaged answers (slower)", value=False,
+                     key="extraction_retune",
+                     help="Off: averaged answers are attacked with the frontier attacker's recipe. On: the "
+                          "tuned attacker chooses its recipe again for every M, as the command line does.")
 settings = ExtractionSettings(retention=tuple(sorted(retention, reverse=True)), seeds=int(seeds),
-                              attack=attack)
+                              attack=attack, averaging_attacker="tuned" if retune else "frontier")
 
 
 def _request_run(key):
@@ -114,6 +118,7 @@ if result.averaging:
     st.plotly_chart(view.m_curve_figure(result), width="stretch", key="fig_extraction_m")
     st.dataframe(view.averaging_table(result), hide_index=True, width="stretch")
     st.caption(
+        f"Soft answers attacked by {'the tuned attacker, re-tuned for every M' if retune else result.frontier_attacker.name}. "
         "Fresh noise per query lets a thief average M answers back towards the clean-answer surrogate "
         "(dashed), at M times the queries; per-input seeding answers repeats identically, so every M "
         "trains the same surrogate. Hard labels: the thief sees only the top class and takes a majority "

@@ -38,7 +38,8 @@ def test_extraction_page_runs_and_shows_every_view():
 
     archive = load_archive(next(p for p in sorted((ROOT / "data").glob("digits_*.npz"))
                                 if load_archive(p).sha256 == sha))
-    expected = run_extraction(archive, ExtractionSettings(retention=(0.75,), seeds=2, attack="fixed"))
+    expected = run_extraction(archive, ExtractionSettings(retention=(0.75,), seeds=2, attack="fixed",
+                                                          averaging_attacker="frontier"))
     table = at.dataframe[0].value
     assert list(table["condition"]) == ["clean answers", "teacher retention 75%"]
     assert table["strongest"].iloc[1] == expected.targets[0].headline

@@ -9,14 +9,17 @@ paragraph) and adds what a provider needs to aim at the thief:
   seeds; the headline is the strongest recipe (the provider's worst case);
 * **frontier** -- teacher accuracy against surrogate accuracy over a sigma grid;
 * **surrogate targets** -- sigma at which the frontier attacker's surrogate
-  keeps R of its clean-answer accuracy (:mod:`.frontier`);
+  keeps R of the clean-answer accuracy of the strongest recipe, seed by seed
+  (what the thief would get without the defense; :mod:`.frontier`);
 * **averaging** -- at the lowest-retention target, M in ``m_values`` repeated
   queries, fresh versus per-input seeding, soft answers and hard labels.
 
-The *frontier attacker* (used for the frontier, the surrogate targets and
-averaging) is the recipe with the highest mean accuracy at the lowest-retention
+The *frontier attacker* (used for the frontier, the surrogate targets and the
+hard-label rows) is the recipe with the highest mean accuracy at the lowest-retention
 target; when that is the tuned attacker, its most frequent choice there is
-kept fixed, as a thief who tuned once at its operating point would.
+kept fixed, as a thief who tuned once at its operating point would. Averaged
+soft answers are attacked by the tuned attacker when it runs, since it re-tunes
+for the lower effective noise of M averaged answers.
 
 Each replicate seed fixes the noise draws (shared by every sigma: common
 random numbers), the per-input key, the vote tie-breaks and the students'
@@ -95,6 +98,9 @@ class ExtractionSettings:
         Seeds used by the surrogate-target search (default: max(2 seeds, 4)).
     averaging : bool
         Run the averaging and hard-label conditions.
+    averaging_attacker : {"tuned", "frontier"}
+        Who attacks averaged soft answers: the tuned attacker (re-tuned for
+        each M; when it runs) or the frontier attacker's fixed recipe (cheaper).
     """
 
     retention: tuple[float, ...] = DEFAULT_RETENTION
@@ -109,9 +115,12 @@ class ExtractionSettings:
     folds: int = DEFAULT_FOLDS
     near_seeds: int | None = None
     averaging: bool = True
+    averaging_attacker: str = "tuned"
 
     def __post_init__(self):
         recipes_for(self.attack)
+        if self.averaging_attacker not in ("tuned", "frontier"):
+            raise ValueError(f"averaging_attacker must be 'tuned' or 'frontier', got {self.averaging_attacker!r}")
         for name in ("seeds", "folds", "hidden"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -227,7 +236,8 @@ def plan_runs(settings: ExtractionSettings, *, frontier_points: int = len(FRONTI
     total = (1 + len(settings.retention)) * row + frontier_points * settings.seeds
     total += len(settings.surrogate_retention) * (4 * settings.n_near() + row)
     if settings.averaging and settings.retention:
-        total += settings.seeds * (2 * len(settings.m_values) + 3)
+        tuned = per.get(TUNED, 1) if settings.averaging_attacker == "tuned" else 1
+        total += settings.seeds * ((len(settings.m_values) + 1) * tuned + len(settings.m_values) + 2)
     return total
 
 
@@ -312,7 +322,13 @@ def run_extraction(
     sigmas = teacher_grid(levels, lambda r: _sigma_or_none(cal, r))
     sigmas = sorted(set(sigmas) | {c.sigma for c in targets})
     frontier, grid = [], []
-    clean_front = np.array([o.accuracy for o in frontier_eval(0.0, seeds)])
+    def clean_reference(seed_list: Sequence[int]) -> np.ndarray:
+        # Retention is measured against the strongest recipe on clean answers
+        # (same seed): what the thief would get without the defense.
+        return np.array([o.accuracy for o in thief.train(
+            [Request(_soft(pool.logits, 0.0, s), clean.headline, s) for s in seed_list])])
+
+    clean_front = clean_reference(seeds)
     for sigma in sigmas:
         outs = frontier_eval(sigma, seeds)
         acc = np.array([o.accuracy for o in outs])
@@ -321,7 +337,7 @@ def run_extraction(
         grid.append((sigma, acc / clean_front))
 
     near = settings.replicate_seeds(settings.n_near())
-    near_clean = np.array([o.accuracy for o in frontier_eval(0.0, near)])
+    near_clean = clean_reference(near)
     for big_r in settings.surrogate_retention:
         def evaluate(sigma, _near=near, _clean=near_clean):
             return np.array([o.accuracy for o in frontier_eval(sigma, _near)]) / _clean
@@ -337,7 +353,8 @@ def run_extraction(
     averaging, avg_sigma = [], None
     if settings.averaging and any(c.kind == "retention" for c in targets):
         avg_sigma = max(c.sigma for c in targets if c.kind == "retention")
-        averaging = _averaging(thief, attacker, pool.logits, avg_sigma, seeds, settings.m_values)
+        soft_attacker = TUNED if TUNED in names and settings.averaging_attacker == "tuned" else attacker
+        averaging = _averaging(thief, soft_attacker, attacker, pool.logits, avg_sigma, seeds, settings.m_values)
     tick.done = tick.total
     if progress is not None:
         progress(1.0)
@@ -379,7 +396,9 @@ def _frontier_attacker(anchor: Condition, thief: Thief, seeds, logits) -> Recipe
     return Recipe(f"tuned:{pick.name}", pick.temperature, pick.weight_decay)
 
 
-def _averaging(thief: Thief, attacker: Recipe, logits, sigma, seeds, m_values) -> list[AveragingRow]:
+def _averaging(thief: Thief, soft_attacker, attacker: Recipe, logits, sigma, seeds, m_values) -> list[AveragingRow]:
+    """Averaged soft answers go to ``soft_attacker`` (the tuned one when run: it re-tunes for the
+    lower effective noise), hard labels to the frontier attacker's weight decay."""
     rows = []
     reference = np.argmax(logits, axis=1)
     plan = [("fresh", sigma), ("per-input", sigma)]
@@ -390,7 +409,7 @@ def _averaging(thief: Thief, attacker: Recipe, logits, sigma, seeds, m_values) -
                                  kinds=("soft", "hard"))
             for (kind, m), a in got.items():
                 answers[(seeding, kind, m, s)] = a
-    reqs = [Request(a, attacker, key[3]) for key, a in answers.items()]
+    reqs = [Request(a, soft_attacker if key[1] == "soft" else attacker, key[3]) for key, a in answers.items()]
     outs = dict(zip(answers, thief.train(reqs)))
     for seeding, _ in plan:
         for kind in ("soft", "hard"):

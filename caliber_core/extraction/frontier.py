@@ -1,7 +1,7 @@
 """The defense frontier and sigma for a target on the thief's surrogate.
 
-The surrogate's retention rho(sigma) -- its accuracy at sigma over its own
-accuracy on clean answers, per seed -- is a *noisy* decreasing function: each
+The surrogate's retention rho(sigma) -- its accuracy at sigma over the
+accuracy of the strongest recipe on clean answers, per seed -- is a *noisy* decreasing function: each
 evaluation trains surrogates. :func:`solve_retention` finds the sigma where its
 mean crosses a target R:
 

@@ -61,10 +61,9 @@ class Recipe:
 
 LIGHT = Recipe("light", 2.0, 1e-4)
 STRONG = Recipe("strong", 4.0, 1e-2)
-#: What the tuned attacker chooses from: from near-logit matching (T = 16)
-#: to the light setting.
+#: What the tuned attacker chooses from: a moderate temperature for little
+#: noise, near-logit matching (T = 16) with two strengths of decay for more.
 TUNED_CANDIDATES = (
-    Recipe("T2-wd1e-4", 2.0, 1e-4),
     Recipe("T4-wd1e-3", 4.0, 1e-3),
     Recipe("T16-wd1e-3", 16.0, 1e-3),
     Recipe("T16-wd1e-2", 16.0, 1e-2),
