@@ -163,17 +163,39 @@ def test_estimates_match_a_brute_force_monte_carlo():
     assert iv.retention.estimate == pytest.approx(iv.accuracy.estimate / np.mean(z.argmax(1) == y))
 
 
-def test_same_seed_same_intervals_and_streamed_weights_match_stored(monkeypatch):
+def test_same_seed_same_intervals():
     z, y = _digits("mlp-wide")
     a = BootstrapIntervals(RowProbabilities(z, y), resamples=300, seed=5).at(2.0)
     b = BootstrapIntervals(RowProbabilities(z, y), resamples=300, seed=5).at(2.0)
     c = BootstrapIntervals(RowProbabilities(z, y), resamples=300, seed=6).at(2.0)
     assert a == b
     assert a.retention.low != c.retention.low
-    monkeypatch.setattr(intervals_mod, "STORE_MAX_ELEMENTS", 0)
-    streamed = BootstrapIntervals(RowProbabilities(z, y), resamples=300, seed=5)
-    assert streamed._stored is None
-    assert streamed.at(2.0) == a
+
+
+def test_row_groups_give_the_same_interval_as_rows(monkeypatch):
+    """Beyond MAX_UNITS rows, random groups of rows are resampled; here 500 rows in 125 groups."""
+    z, y = _digits("mlp-narrow")
+    rows = BootstrapIntervals(RowProbabilities(z, y), resamples=4000, seed=1).at(2.8)
+    monkeypatch.setattr(intervals_mod, "MAX_UNITS", 125)
+    boot = BootstrapIntervals(RowProbabilities(z, y), resamples=4000, seed=1)
+    assert "125 random groups" in boot.method
+    groups = boot.at(2.8)
+    for kind in ("accuracy", "retention", "agreement"):
+        r, g = rows.get(kind), groups.get(kind)
+        assert g.estimate == r.estimate
+        # 125 units: the group sums' spread is estimated from 125 values (~6% relative error).
+        assert abs(g.half_width / r.half_width - 1) < 0.2, (kind, r, g)
+
+
+def test_row_group_coverage_is_nominal(population, monkeypatch):
+    z, y, sigma0, truth, *_ = population
+    monkeypatch.setattr(intervals_mod, "MAX_UNITS", 200)  # samples of 400 rows: groups of two
+    m = 200
+    hits = 0
+    for i, idx in enumerate(_samples(m, SAMPLE_N, seed=7)):
+        iv = BootstrapIntervals(RowProbabilities(z[idx], y[idx]), resamples=1000, seed=i).at(sigma0)
+        hits += iv.retention.low <= truth["retention"] <= iv.retention.high
+    assert abs(hits / m - LEVEL) <= _binomial_band(LEVEL, m), hits / m
 
 
 def test_bands_order_and_interpolation():

@@ -16,7 +16,9 @@ Percentile bootstrap over rows. ``resamples`` multinomial count vectors ``w_b``
 (each summing to N) are fixed once by ``seed``. A replicate is
 ``A*_b = w_b . a / N``, ``A0*_b = w_b . c / N``, ``R*_b = A*_b / A0*_b`` and
 ``G*_b = w_b . g / N``, so A0, the denominator of retention, is resampled with
-its numerator. The same weights serve every sigma (common random numbers), so
+its numerator. Above ``MAX_UNITS`` rows the resampled units are random groups
+of rows (see ``MAX_UNITS``), so the cost of a sigma no longer grows with
+B x N. The same weights serve every sigma (common random numbers), so
 bands and one-sided bounds are smooth in sigma. Two-sided intervals are the
 ``(1 - level) / 2`` and ``(1 + level) / 2`` percentiles; the one-sided bounds
 used by ``side="at-least"`` / ``"at-most"`` are the ``1 - level`` and ``level``
@@ -55,9 +57,12 @@ DEFAULT_CONFIDENCE = 0.95
 DEFAULT_RESAMPLES = 2000
 #: Interval half-width (as a fraction) above which users are warned: 2 points.
 WIDE_HALF_WIDTH = 0.02
-# Count weights are kept in memory (float32) up to this many elements (32 MB);
-# beyond, each pass regenerates them chunk by chunk from the same seeds.
-STORE_MAX_ELEMENTS = 8_000_000
+#: Most units the bootstrap resamples. A larger file's rows are dealt at random
+#: into this many groups of equal size (up to one row), fixed by the seed, and
+#: groups are resampled: for i.i.d. rows the group sums are i.i.d. too, so this
+#: is the same bootstrap of a mean with fewer units, and the weights stay at
+#: resamples x 4,000 (32 MB) however large N is.
+MAX_UNITS = 4000
 _CHUNK_ELEMENTS = 2_000_000
 _CACHE_SIZE = 256
 
@@ -166,36 +171,39 @@ class BootstrapIntervals:
         self.resamples = int(resamples)
         self.seed = seed
         n = rows.n_samples
-        per_chunk = max(1, _CHUNK_ELEMENTS // n)
-        sizes = [min(per_chunk, self.resamples - i) for i in range(0, self.resamples, per_chunk)]
-        children = np.random.SeedSequence(seed).spawn(len(sizes))
-        self._chunks = list(zip(sizes, children))
-        self._stored = None
-        if self.resamples * n <= STORE_MAX_ELEMENTS:
-            self._stored = [self._counts(b, child) for b, child in self._chunks]
+        weights_seed, groups_seed = np.random.SeedSequence(seed).spawn(2)
+        # Resampled units: the rows, or (beyond MAX_UNITS rows) random groups of rows.
+        units = min(n, MAX_UNITS)
+        self._order = None if units == n else np.random.default_rng(groups_seed).permutation(n)
+        self._starts = np.linspace(0, n, units + 1).astype(np.int64)[:-1]
+        sizes = np.diff(np.append(self._starts, n)).astype(np.float32)
+        self._weights = self._counts(units, weights_seed)
+        # Rows per replicate: N for rows; for groups, the resampled groups' sizes.
+        self._rows_per_replicate = (self._weights @ sizes).astype(np.float64)
         self._cache: dict[float, IntervalSet] = {}
 
     @property
     def method(self) -> str:
         rows = "exact" if self.rows.method == "exact" else "Monte-Carlo"
-        return f"percentile row bootstrap, {self.resamples} resamples, {rows} per-row survival"
+        unit = "row" if self._order is None else f"row-group ({self._starts.size} random groups)"
+        return f"percentile {unit} bootstrap, {self.resamples} resamples, {rows} per-row survival"
 
-    def _counts(self, b: int, child: np.random.SeedSequence) -> np.ndarray:
-        n = self.rows.n_samples
-        idx = np.random.default_rng(child).integers(0, n, size=(b, n))
-        idx += (np.arange(b) * n)[:, None]
-        return np.bincount(idx.ravel(), minlength=b * n).reshape(b, n).astype(np.float32)
+    def _counts(self, units: int, seed: np.random.SeedSequence) -> np.ndarray:
+        """(B, units) multinomial counts, each row summing to ``units``."""
+        rng = np.random.default_rng(seed)
+        out = np.empty((self.resamples, units), dtype=np.float32)
+        per_chunk = max(1, _CHUNK_ELEMENTS // units)
+        for start in range(0, self.resamples, per_chunk):
+            b = min(per_chunk, self.resamples - start)
+            idx = rng.integers(0, units, size=(b, units)) + (np.arange(b) * units)[:, None]
+            out[start:start + b] = np.bincount(idx.ravel(), minlength=b * units).reshape(b, units)
+        return out
 
     def _replicate_means(self, values: np.ndarray) -> np.ndarray:
         """(B, M) resampled means of the (N, M) columns of ``values``."""
-        v = values.astype(np.float32)
-        out = np.empty((self.resamples, values.shape[1]))
-        start = 0
-        for i, (b, child) in enumerate(self._chunks):
-            w = self._stored[i] if self._stored is not None else self._counts(b, child)
-            out[start:start + b] = w @ v
-            start += b
-        return out / self.rows.n_samples
+        if self._order is not None:  # unit sums: one per random group of rows
+            values = np.add.reduceat(values[self._order], self._starts, axis=0)
+        return (self._weights @ values.astype(np.float32)) / self._rows_per_replicate[:, None]
 
     def replicates(self, sigma) -> dict:
         """Bootstrap replicates per quantity: arrays (B, n_sigma); None without labels."""
