@@ -27,16 +27,26 @@ percentiles. :meth:`BootstrapIntervals.delta_at` gives the delta-method
 
 API (build once per model; everything after is cheap)
 -----------------------------------------------------
+``target_intervals.interval_estimator(cal, *, confidence=0.95, resamples=2000, seed=0)``
+    the estimator of a :class:`.Calibration`, with the rows its sigma* was
+    solved on (exact or Monte-Carlo); build it once per (model, level) and keep it.
 ``RowProbabilities(logits, labels=None, *, method="exact"|"monte-carlo", draws=None)``
     per-row a, g at any sigma: ``.at(sigma) -> RowValues``.
 ``BootstrapIntervals(rows, *, confidence=0.95, resamples=2000, seed=0)``
-    ``.at(sigma) -> IntervalSet`` (one sigma, cached; milliseconds for a few
-    thousand rows), ``.bands(sigma_grid) -> IntervalBands`` (arrays for plots;
-    ``IntervalBands.at(sigma)`` interpolates them in microseconds),
-    ``.bound(sigma, kind=, side=)``, ``.sigma_for_bound(target, kind=, side=, guess=)``,
-    ``.delta_at(sigma)``, ``.row_spread(sigma)``.
-``half_width_rows(half_width, n_samples, goal)`` and ``sample_size_advice(...)``
-    the 1/sqrt(N) law: rows needed for a goal half-width.
+    ``.at(sigma) -> IntervalSet`` (one sigma, cached per sigma; measured here
+    ~10 ms at 500 exact rows, ~100 ms at 4,000 (the quadrature), ~25 ms at
+    50,000 Monte-Carlo rows);
+    ``.bands(sigma_grid) -> IntervalBands`` (one pass for a whole grid: arrays
+    ``bands[q]["estimate" | "low" | "high" | "lower" | "upper"]`` for plots, and
+    ``IntervalBands.at(sigma)`` interpolates them in ~0.1 ms);
+    ``.bound(sigma, kind=, side=)``; ``.sigma_for_bound(target, kind=, side=, guess=)``;
+    ``.delta_at(sigma)``; ``.row_spread(sigma)``.
+``IntervalSet``: ``.accuracy`` / ``.retention`` / ``.agreement`` are
+    ``Interval(estimate, low, high)`` with ``.half_width`` (None without labels);
+    ``.to_config()`` is a config target's ``interval`` record.
+``half_width_rows(half_width, n_samples, goal)`` and ``sample_size_advice(half_width, n_samples)``
+    the 1/sqrt(N) law: rows needed for a goal half-width, and the one-line advice.
+``WIDE_HALF_WIDTH``: the half-width (2 points) past which users are warned.
 """
 
 from __future__ import annotations
