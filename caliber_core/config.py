@@ -83,8 +83,8 @@ class TargetRecord:
     sigma_logistic : float or None
         The closed-form logistic answer, for comparison (inf: out of the law's reach).
     method : str
-        Which inversion produced ``sigma`` ("exact-curve", "monte-carlo-curve",
-        "logistic", "exact-agreement", "shared-logistic", "none-needed"),
+        Which inversion produced ``sigma`` ("exact-curve", "monte-carlo-curve", "logistic",
+        "exact-agreement", "monte-carlo-agreement", "shared-logistic", "none-needed"),
         prefixed "saturated-" for a saturated target.
     saturated : bool
         The target was out of reach and sigma is the largest sigma swept.
@@ -178,7 +178,7 @@ def build_config(
         },
         "inversion": {
             "accuracy_targets": "exact-curve" if cal.curve_method == "exact" else "monte-carlo-curve",
-            "agreement_targets": "exact-agreement",
+            "agreement_targets": "exact-agreement" if cal.curve_method == "exact" else "monte-carlo-agreement",
             "note": "sigma inverts the measured curve; sigma_logistic is the closed-form "
             "logistic answer (Eq. inverse-v) kept for comparison",
         },

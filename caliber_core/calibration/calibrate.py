@@ -10,7 +10,9 @@ Two inversions are kept side by side for every target:
   shapes; the curve has none, so the per-model default is the curve and the
   logistic stays for display, shared fits and transfer.
 
-Agreement targets always invert the exact pi(sigma) by quadrature. Every
+Agreement targets invert the exact pi(sigma) by quadrature, or on a file too
+large for it (the same rule as accuracy targets) the sweep's Monte-Carlo
+agreement curve: quadrature costs seconds per sigma there. Every
 inversion goes through :mod:`caliber_core.calibration.inversion`; the result
 is a :class:`caliber_core.config.TargetRecord`. A target out of reach raises,
 or with ``saturate`` serves the largest sigma the sweep measured
@@ -203,7 +205,8 @@ def sigma_for_target(
         or agreement with the clean prediction (kind="agreement").
     kind : {"retention", "accuracy", "agreement"}
     inversion : {"curve", "logistic"}, default "curve"
-        Ignored for agreement (always the exact pi(sigma)).
+        Ignored for agreement (the exact pi(sigma), or the Monte-Carlo one
+        when ``cal.curve_method`` is "monte-carlo").
     saturate : bool, default False
         A target the curve cannot reach returns the largest sigma the sweep
         measured (:func:`saturated_sigma`, flagged ``saturated``) instead of raising.
@@ -298,6 +301,9 @@ def _agreement_target(cal: Calibration, value: float, *, saturate: bool) -> Targ
         guess = first_crossing(cal.intervals.agreement, value, lo=lo, hi=hi)
     except ValueError:
         guess = hi
+    else:
+        if cal.curve_method == "monte-carlo":
+            return result(guess, "monte-carlo-agreement")
     s = sigma_for_agreement(cal.exact, value, guess=guess, slope=_slope(cal.intervals.agreement, guess))
     return result(s, "exact-agreement")
 

@@ -8,7 +8,7 @@ ablation repeats both with S as the median, mean or 10%-trimmed mean.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -128,12 +128,24 @@ def leave_one_out(
 
 
 def margin_ablation(
-    calibrations: Sequence[Calibration], *, retentions=DEFAULT_RETENTIONS
+    calibrations: Sequence[Calibration], *, retentions=DEFAULT_RETENTIONS,
+    known: Mapping[str, Sequence[dict]] | None = None,
 ) -> list[dict]:
-    """Mean in-sample and held-out shared-fit error (%) for each margin statistic."""
+    """Mean in-sample and held-out shared-fit error (%) for each margin statistic.
+
+    ``known`` maps a statistic to a :func:`leave_one_out` table already
+    computed for these calibrations and ``retentions``; it is used instead of
+    computing that table again.
+    """
+    known = {} if known is None else dict(known)
+    unknown = set(known) - set(MARGIN_STATISTICS)
+    if unknown:
+        raise ValueError(f"known tables must be keyed by {MARGIN_STATISTICS}, got {sorted(unknown)}")
     rows = []
     for stat in MARGIN_STATISTICS:
-        table = leave_one_out(calibrations, statistic=stat, retentions=retentions)
+        table = known.get(stat)
+        if table is None:
+            table = leave_one_out(calibrations, statistic=stat, retentions=retentions)
         fit = shared_fit(calibrations, statistic=stat)
         rows.append({
             "statistic": stat,
