@@ -9,29 +9,52 @@ content digest (sha256 of the file and labels) plus the options, bounded with
 cache, drawing ``st.progress`` from the core's ``progress`` callback. Later
 reruns, pages and sessions with the same content find the slot filled and
 draw nothing. Uploaded data never enters a cache key other than by digest.
+
+The server's warm-up thread (``warmup``) fills the same slots for the demo
+set before anyone asks; it runs inside :func:`quietly`, so a miss there draws
+no progress bar (there is no page to draw on).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import streamlit as st
 
+import plotly.graph_objects as go
+
 from caliber_core.calibration import fleet
 from caliber_core.calibration import pipeline
+from caliber_core.calibration.corridor import ModelCurves, model_curves
+from caliber_core.calibration.margins import MARGIN_STATISTICS
+from caliber_core.calibration.intervals import BootstrapIntervals, IntervalBands, IntervalSet
+from caliber_core.calibration.target_intervals import interval_estimator, with_interval
 from caliber_core.simulation.attack import simulate_averaging_attack
 from caliber_core.calibration.calibrate import Calibration, sigma_for_target
 from caliber_core.config import TargetRecord
 from caliber_core.loading import LogitsData
 
-from .curves import CalibrationCurves, exact_curves
+from .calibrate_plots import base_figure
+from .curves import sigma_grid
 
 _EMPTY = object()
+_thread = threading.local()  # marks the warm-up thread: fill without drawing
+
+
+@contextlib.contextmanager
+def quietly() -> Iterator[None]:
+    """Fill caches in this thread without progress bars or spinners (no page to draw on)."""
+    _thread.quiet = True
+    try:
+        yield
+    finally:
+        _thread.quiet = False
 
 
 def data_digest(data: LogitsData) -> str:
@@ -73,6 +96,26 @@ def _target_slot(key: tuple) -> _Slot:
     return _Slot()
 
 
+@st.cache_resource(max_entries=24, show_spinner=False)
+def _estimator_slot(key: tuple) -> _Slot:
+    return _Slot()
+
+
+@st.cache_resource(max_entries=512, show_spinner=False)
+def _served_slot(key: tuple) -> _Slot:
+    return _Slot()
+
+
+@st.cache_resource(max_entries=24, show_spinner=False)
+def _bands_slot(key: tuple) -> _Slot:
+    return _Slot()
+
+
+@st.cache_resource(max_entries=72, show_spinner=False)
+def _figure_slot(key: tuple) -> _Slot:
+    return _Slot()
+
+
 @st.cache_resource(max_entries=32, show_spinner=False)
 def _config_slot(key: tuple) -> _Slot:
     return _Slot()
@@ -83,7 +126,7 @@ def _attack_slot(key: tuple) -> _Slot:
     return _Slot()
 
 
-@st.cache_resource(max_entries=16, show_spinner=False)
+@st.cache_resource(max_entries=32, show_spinner=False)
 def _fleet_slot(key: tuple) -> _Slot:
     return _Slot()
 
@@ -96,6 +139,8 @@ def _fill(slot: _Slot, compute: Callable[[Callable[[float], None] | None], Any],
     with slot.lock:
         if slot.value is not _EMPTY:  # filled while we waited
             return slot.value
+        if getattr(_thread, "quiet", False):
+            progress_text = spinner_text = None
         if progress_text is not None:
             bar = st.progress(0.0, text=progress_text)
             last = [-1.0]
@@ -136,14 +181,73 @@ def calibration(data: LogitsData, *, statistic: str = "median", seed: int = 0,
     )
 
 
-def curves(data: LogitsData, cal: Calibration, *, n_points: int = 60) -> CalibrationCurves:
-    """Exact agreement, accuracy and corridor on a grid (quadrature), cached."""
-    key = (data_digest(data), cal.statistic, cal.seed, cal.intervals.realizations, n_points)
+def _model_key(data: LogitsData, cal: Calibration) -> tuple:
+    return (data_digest(data), cal.statistic, cal.seed, cal.intervals.realizations)
+
+
+def curves(data: LogitsData, cal: Calibration, *, n_points: int = 60) -> ModelCurves:
+    """Agreement, expected accuracy and the corridor on the page's grid, cached.
+
+    Exact by quadrature when that is cheap, else from the sweep's draws
+    (``corridor.model_curves`` decides and says which).
+    """
     return _fill(
-        _curves_slot(key),
-        lambda progress: exact_curves(cal, n_points=n_points, progress=progress),
-        progress_text=f"Exact curves and accuracy corridor for {data.name}…",
+        _curves_slot(_model_key(data, cal) + (n_points,)),
+        lambda progress: model_curves(cal.logits, cal.labels, sigma_grid(cal, n_points),
+                                      draws=cal.intervals, progress=progress),
+        progress_text=f"Curves and accuracy corridor for {data.name}…",
     )
+
+
+def estimator(data: LogitsData, cal: Calibration) -> BootstrapIntervals:
+    """The row bootstrap of one model (``target_intervals.interval_estimator``), cached."""
+    return _fill(_estimator_slot(_model_key(data, cal)), lambda _: interval_estimator(cal))
+
+
+def served(data: LogitsData, cal: Calibration, kind: str, value: float, *,
+           side: str = "point") -> tuple[TargetRecord, IntervalSet]:
+    """The target as a config serves it, and the intervals of what its sigma delivers. Cached.
+
+    Off the point, the sigma and record are ``target_intervals.with_interval``'s,
+    the function the command line writes into a config, so the readout and an
+    exported config agree. Raises ValueError (not cached) for a target out of
+    reach or a side that cannot be guaranteed.
+    """
+    record = target(data, cal, kind, value)
+    key = _model_key(data, cal) + (kind, float(value), side)
+
+    def compute(_):
+        est = estimator(data, cal)
+        # The point needs no drift reference for a readout: sigma* and its intervals only.
+        rec = record if side == "point" else with_interval(cal, record, est, side=side)
+        return rec, est.at(rec.sigma)
+
+    return _fill(_served_slot(key), compute)
+
+
+def bands(data: LogitsData, cal: Calibration) -> IntervalBands:
+    """The bootstrap's confidence bands on the page's grid, from the curves' own per-row values."""
+    def compute(_):
+        est, curve_set = estimator(data, cal), curves(data, cal)
+        # Same weights as the readout's bootstrap (same seed), over the rows the curves kept.
+        boot = BootstrapIntervals(curve_set.rows, confidence=est.confidence,
+                                  resamples=est.resamples, seed=est.seed)
+        return boot.bands(curve_set.sigma)
+
+    return _fill(_bands_slot(_model_key(data, cal)), compute,
+                 spinner_text=f"Confidence bands for {data.name}…")
+
+
+def figure(data: LogitsData, cal: Calibration, view: str, *, with_bands: bool = False) -> go.Figure:
+    """One view of the Calibrate page without its target, built once per model and view.
+
+    Shared by every session: never modify it; ``calibrate_plots.target_figure`` copies it.
+    """
+    def compute(_):
+        return base_figure(cal, curves(data, cal), view,
+                           bands=bands(data, cal) if with_bands else None)
+
+    return _fill(_figure_slot(_model_key(data, cal) + (view, bool(with_bands))), compute)
 
 
 def target(data: LogitsData, cal: Calibration, kind: str, value: float, *,
@@ -202,8 +306,29 @@ def fleet_report(datas: Sequence[LogitsData], cals: Sequence[Calibration], *,
                  spinner_text=f"Leave-one-architecture-out fits over {len(cals)} models…")
 
 
+def _ablation_key(datas: Sequence[LogitsData], cals: Sequence[Calibration]) -> tuple:
+    return ("ablation", tuple(data_digest(d) for d in datas), tuple(c.statistic for c in cals))
+
+
 def margin_ablation(datas: Sequence[LogitsData], cals: Sequence[Calibration]) -> list[dict]:
-    """``fleet.margin_ablation`` (every statistic), cached."""
-    key = ("ablation", tuple(data_digest(d) for d in datas), tuple(c.statistic for c in cals))
-    return _fill(_fleet_slot(key), lambda _: fleet.margin_ablation(cals),
+    """``fleet.margin_ablation`` (every statistic), cached.
+
+    A leave-one-out table this cache already holds for a statistic is reused,
+    not recomputed.
+    """
+    def compute(_):
+        known = {}
+        for stat in MARGIN_STATISTICS:
+            slot = _fleet_slot(("loo", tuple(data_digest(d) for d in datas),
+                                tuple(c.statistic for c in cals), stat))
+            if slot.value is not _EMPTY:
+                known[stat] = slot.value["leave_one_out"]
+        return fleet.margin_ablation(cals, known=known)
+
+    return _fill(_fleet_slot(_ablation_key(datas, cals)), compute,
                  spinner_text="Margin-statistic ablation (median, mean, trimmed)…")
+
+
+def has_margin_ablation(datas: Sequence[LogitsData], cals: Sequence[Calibration]) -> bool:
+    """Whether :func:`margin_ablation` would answer from the cache."""
+    return _fleet_slot(_ablation_key(datas, cals)).value is not _EMPTY

@@ -1,15 +1,14 @@
 """Plot-ready curves of one calibrated model, on the normalized axes of the paper.
 
 Plain functions (no Streamlit), so tests can call them directly. The numerics
-are the core's: this module evaluates its curves on grids and normalizes them
+are the core's (the curves and corridor themselves: ``caliber_core.calibration.corridor``);
+this module picks the grid and normalizes values the way the paper does
 (v = sigma^2 / S^2, A~ = (A - 1/K) / (A0 - 1/K)) for the figures.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,58 +17,10 @@ from caliber_core.calibration.calibrate import Calibration
 from caliber_core.config import TargetRecord
 
 
-@dataclass(frozen=True, kw_only=True)
-class CalibrationCurves:
-    """Exact (quadrature) curves of one model on a sigma grid.
-
-    ``accuracy``, ``corridor_lower`` and ``corridor_upper`` are None without labels.
-    """
-
-    sigma: np.ndarray
-    v: np.ndarray
-    agreement: np.ndarray
-    accuracy: np.ndarray | None
-    corridor_lower: np.ndarray | None
-    corridor_upper: np.ndarray | None
-
-
 def sigma_grid(cal: Calibration, n_points: int = 60) -> np.ndarray:
-    """A log grid over the sweep's sigma range."""
+    """A log grid over the sweep's sigma range (where the page draws its curves)."""
     lo, hi = cal.sigma_range()
     return np.geomspace(lo, hi, n_points)
-
-
-def exact_curves(
-    cal: Calibration,
-    *,
-    n_points: int = 60,
-    chunk: int = 6,
-    progress: Callable[[float], None] | None = None,
-) -> CalibrationCurves:
-    """Exact agreement, expected accuracy and the Corollary 1 corridor on a grid.
-
-    Evaluated ``chunk`` sigmas at a time so ``progress`` (fraction done) can be reported.
-    """
-    sigma = sigma_grid(cal, n_points)
-    exact = cal.exact
-    agree, acc, lower, upper = [], [], [], []
-    for start in range(0, sigma.size, chunk):
-        s = sigma[start : start + chunk]
-        agree.append(exact.agreement(s))
-        if cal.has_labels:
-            a, lo, hi = exact.accuracy_with_corridor(s)
-            acc.append(a)
-            lower.append(lo)
-            upper.append(hi)
-        if progress is not None:
-            progress(min(1.0, (start + s.size) / sigma.size))
-    v = margins.normalized_noise(sigma, cal.scale)
-    if cal.has_labels:
-        return CalibrationCurves(sigma=sigma, v=v, agreement=np.concatenate(agree),
-                                 accuracy=np.concatenate(acc), corridor_lower=np.concatenate(lower),
-                                 corridor_upper=np.concatenate(upper))
-    return CalibrationCurves(sigma=sigma, v=v, agreement=np.concatenate(agree), accuracy=None,
-                             corridor_lower=None, corridor_upper=None)
 
 
 def normalized_accuracy(accuracy, cal: Calibration) -> np.ndarray:

@@ -1,8 +1,19 @@
 """Plotly figure builders: plain functions, data in, figure out (no Streamlit).
 
 Every figure has axis titles with units, hover templates showing the values,
-and a white template that prints well; the Streamlit modebar offers the PNG
+and a white look that prints well; the Streamlit modebar offers the PNG
 download (see :func:`chart_config`).
+
+Cheap to build and to send, because the Calibrate page redraws one on every
+step of its target slider:
+
+* the look is a plain layout dict (:data:`LIGHT_LAYOUT`) with an empty
+  template, not ``plotly_white``, which plotly validates and copies into every
+  figure (about 7 KB of each figure's JSON and most of its build time);
+* guide lines are shapes written directly (:func:`_hline`, :func:`_vline`),
+  not ``add_hline``/``add_vline``, which resolve axis domains on every call;
+* a page builds a figure without its target once per model and view, and
+  :func:`with_target` puts the target marker and its guide lines on a copy.
 """
 
 from __future__ import annotations
@@ -16,6 +27,25 @@ import plotly.graph_objects as go
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22", "#17becf")
 CORRIDOR_FILL = "rgba(44, 160, 44, 0.18)"
+INTERVAL_FILL = "rgba(214, 39, 40, 0.12)"
+TARGET_NAME = "target σ*"
+CORRIDOR_NAME = "accuracy corridor (Corollary 1, exact)"
+_GRID = "#EBF0F8"
+_AXIS = dict(showline=True, linecolor="#888", mirror=True, ticks="outside", gridcolor=_GRID,
+             zerolinecolor=_GRID)
+#: The white look of every figure: a plain layout dict, set as the figure's
+#: whole template (assigned, so plotly's and Streamlit's default templates are
+#: replaced rather than merged into it).
+LIGHT_LAYOUT = dict(
+    paper_bgcolor="white",
+    plot_bgcolor="white",
+    font=dict(color="#2a3f5f"),
+    colorway=list(PALETTE),
+    hovermode="closest",
+    legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0.0),
+    xaxis=_AXIS,
+    yaxis=_AXIS,
+)
 V_AXIS = "normalized noise v = σ²/S² (log scale)"
 SIGMA_AXIS = "noise σ (logit units, log scale)"
 UTILITY_AXIS = "normalized accuracy Ã"
@@ -37,31 +67,59 @@ def _arr(x) -> np.ndarray:
 
 def _layout(fig: go.Figure, *, title: str | None, x_title: str, y_title: str,
             x_log: bool = False, height: int = 460) -> go.Figure:
+    fig.layout.template = {"layout": LIGHT_LAYOUT}
+    if title:
+        fig.layout.title = dict(text=title)
     fig.update_layout(
-        template="plotly_white",
-        title=dict(text=title) if title else None,
         height=height,
         margin=dict(l=70, r=20, t=100 if title else 70, b=60),
-        hovermode="closest",
-        legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0.0),
+        xaxis=dict(title=dict(text=x_title), type="log" if x_log else "linear"),
+        yaxis=dict(title=dict(text=y_title)),
     )
-    fig.update_xaxes(title_text=x_title, type="log" if x_log else "linear",
-                     showline=True, linecolor="#888", mirror=True, ticks="outside")
-    fig.update_yaxes(title_text=y_title, showline=True, linecolor="#888", mirror=True,
-                     ticks="outside")
     return fig
 
 
-def _band(fig: go.Figure, x, lower, upper, *, name: str, hover_x: str, hover_y: str) -> None:
+_ANCHOR = {"top right": (1.0, "right", "bottom"), "top left": (0.0, "left", "bottom"),
+           "bottom right": (1.0, "right", "top"), "bottom left": (0.0, "left", "top")}
+
+
+def _hline(y: float, *, color: str, dash: str = "dash", width: float = 1.0) -> dict:
+    """A horizontal line across the plot at data y (a shape, as add_hline draws it)."""
+    return dict(type="line", xref="x domain", x0=0.0, x1=1.0, yref="y", y0=y, y1=y,
+                line=dict(color=color, width=width, dash=dash))
+
+
+def _vline(x: float, *, color: str, dash: str = "dash", width: float = 1.0) -> dict:
+    """A vertical line across the plot at data x."""
+    return dict(type="line", yref="y domain", y0=0.0, y1=1.0, xref="x", x0=x, x1=x,
+                line=dict(color=color, width=width, dash=dash))
+
+
+def _label(text: str, *, y: float | None = None, x: float | None = None, x_log: bool = False,
+           position: str = "top right") -> dict:
+    """The text beside a guide line: at data y on a horizontal one, data x on a vertical one."""
+    along, xanchor, yanchor = _ANCHOR[position]
+    if y is not None:
+        return dict(text=text, showarrow=False, xref="x domain", x=along, yref="y", y=y,
+                    xanchor=xanchor, yanchor=yanchor)
+    # Annotations (unlike shapes) sit at log10(x) on a log axis.
+    xa = float(np.log10(x)) if x_log else x
+    return dict(text=text, showarrow=False, xref="x", x=xa, yref="y domain",
+                y=0.0 if position.startswith("bottom") else 1.0,
+                xanchor="left", yanchor="bottom" if position.startswith("bottom") else "top")
+
+
+def _band(fig: go.Figure, x, lower, upper, *, name: str, hover_x: str, hover_y: str,
+          fill: str = CORRIDOR_FILL) -> None:
     """Shaded band: the upper bound (no line), then the lower bound filled to it."""
     fig.add_trace(go.Scatter(
-        x=_arr(x), y=_arr(upper), mode="lines", line=dict(width=0, color=CORRIDOR_FILL),
+        x=_arr(x), y=_arr(upper), mode="lines", line=dict(width=0, color=fill),
         name=f"{name} (upper)", showlegend=False, legendgroup=name,
         hovertemplate=f"{hover_x}=%{{x:.4g}}<br>upper {hover_y}=%{{y:.4f}}<extra>{name}</extra>",
     ))
     fig.add_trace(go.Scatter(
-        x=_arr(x), y=_arr(lower), mode="lines", line=dict(width=0, color=CORRIDOR_FILL),
-        fill="tonexty", fillcolor=CORRIDOR_FILL, name=name, legendgroup=name,
+        x=_arr(x), y=_arr(lower), mode="lines", line=dict(width=0, color=fill),
+        fill="tonexty", fillcolor=fill, name=name, legendgroup=name,
         hovertemplate=f"{hover_x}=%{{x:.4g}}<br>lower {hover_y}=%{{y:.4f}}<extra>{name}</extra>",
     ))
 
@@ -77,14 +135,25 @@ def _sweep_points(fig: go.Figure, x, y, se, *, name: str, hover: str) -> None:
     ))
 
 
-def _target_marker(fig: go.Figure, x: float, y: float, *, label: str, hover: str) -> None:
+def with_target(base: go.Figure, target: tuple[float, float] | None, *,
+                x_name: str = "v*", label: str = TARGET_NAME) -> go.Figure:
+    """A copy of ``base`` with the target marker and its two guide lines; ``base`` is untouched.
+
+    ``target`` is (x, y) in data units, or None for the copy alone. The marker
+    is the last trace; the guide lines follow the base's own shapes.
+    """
+    fig = go.Figure(base)
+    if target is None:
+        return fig
+    x, y = float(target[0]), float(target[1])
     fig.add_trace(go.Scatter(
         x=[x], y=[y], mode="markers", name=label,
         marker=dict(symbol="star", size=16, color="#000", line=dict(width=1, color="#fff")),
-        hovertemplate=hover + "<extra></extra>",
+        hovertemplate=f"{x_name}={x:.4g}<br>target={y:.4f}<extra></extra>",
     ))
-    fig.add_vline(x=x, line=dict(color="#444", width=1, dash="dot"))
-    fig.add_hline(y=y, line=dict(color="#444", width=1, dash="dot"))
+    fig.layout.shapes = tuple(fig.layout.shapes) + (
+        _vline(x, color="#444", dash="dot"), _hline(y, color="#444", dash="dot"))
+    return fig
 
 
 # --------------------------------------------------------------------- data page
@@ -125,19 +194,29 @@ def normalized_figure(
     target: tuple[float, float] | None = None,
     y_title: str = UTILITY_AXIS,
     points_name: str = "Monte-Carlo sweep (±1 s.e.)",
+    corridor_name: str = CORRIDOR_NAME,
+    agreement_name: str = "exact agreement π(σ), normalized",
+    interval_lower=None,
+    interval_upper=None,
+    interval_name: str = "95% interval",
     title: str | None = None,
 ) -> go.Figure:
     """The normalized view: sweep points, fitted logistic, corridor band, exact agreement.
 
-    All y values on the normalized scale; v on a log axis. ``target`` is (v*, y*).
+    All y values on the normalized scale; v on a log axis. ``target`` is (v*, y*)
+    (see :func:`with_target`). ``interval_lower``/``interval_upper`` shade a
+    confidence band (on ``v_curve``) around the curve the targets invert.
     """
     fig = go.Figure()
     if corridor_lower is not None and corridor_upper is not None and v_curve is not None:
         _band(fig, v_curve, corridor_lower, corridor_upper,
-              name="accuracy corridor (Corollary 1, exact)", hover_x="v", hover_y="Ã")
+              name=corridor_name, hover_x="v", hover_y="Ã")
+    if interval_lower is not None and interval_upper is not None and v_curve is not None:
+        _band(fig, v_curve, interval_lower, interval_upper, name=interval_name, hover_x="v",
+              hover_y="value", fill=INTERVAL_FILL)
     if agreement is not None and v_curve is not None:
         fig.add_trace(go.Scatter(
-            x=_arr(v_curve), y=_arr(agreement), mode="lines", name="exact agreement π(σ), normalized",
+            x=_arr(v_curve), y=_arr(agreement), mode="lines", name=agreement_name,
             line=dict(color=PALETTE[4], width=2, dash="dash"),
             hovertemplate="v=%{x:.4g}<br>(π−1/K)/(1−1/K)=%{y:.4f}<extra>exact agreement</extra>",
         ))
@@ -149,12 +228,9 @@ def normalized_figure(
         ))
     _sweep_points(fig, v_points, u_points, u_se, name=points_name,
                   hover="v=%{x:.4g}<br>value=%{y:.4f}<extra>sweep</extra>")
-    if target is not None:
-        _target_marker(fig, target[0], target[1], label="target σ*",
-                       hover=f"v*={target[0]:.4g}<br>target={target[1]:.4f}")
     _layout(fig, title=title, x_title=V_AXIS, y_title=y_title, x_log=True)
-    fig.update_yaxes(range=[-0.05, 1.08])
-    return fig
+    fig.layout.yaxis.range = [-0.05, 1.08]
+    return fig if target is None else with_target(fig, target, x_name="v*")
 
 
 def raw_figure(
@@ -172,13 +248,24 @@ def raw_figure(
     y_title: str = "accuracy (fraction correct)",
     points_name: str = "Monte-Carlo sweep (±1 s.e.)",
     exact_name: str = "exact expected accuracy",
+    corridor_name: str = CORRIDOR_NAME,
+    interval_lower=None,
+    interval_upper=None,
+    interval_name: str = "95% interval",
     title: str | None = None,
 ) -> go.Figure:
-    """The raw view: accuracy (or agreement) against sigma in logit units."""
+    """The raw view: accuracy (or agreement) against sigma in logit units.
+
+    ``target`` is (sigma*, y*) (see :func:`with_target`); the interval band,
+    when given, lies on ``sigma_curve``.
+    """
     fig = go.Figure()
     if corridor_lower is not None and corridor_upper is not None and sigma_curve is not None:
         _band(fig, sigma_curve, corridor_lower, corridor_upper,
-              name="accuracy corridor (Corollary 1, exact)", hover_x="σ", hover_y="A")
+              name=corridor_name, hover_x="σ", hover_y="A")
+    if interval_lower is not None and interval_upper is not None and sigma_curve is not None:
+        _band(fig, sigma_curve, interval_lower, interval_upper, name=interval_name, hover_x="σ",
+              hover_y="value", fill=INTERVAL_FILL)
     if exact is not None and sigma_curve is not None:
         fig.add_trace(go.Scatter(
             x=_arr(sigma_curve), y=_arr(exact), mode="lines", name=exact_name,
@@ -187,17 +274,16 @@ def raw_figure(
         ))
     _sweep_points(fig, sigma_points, y_points, y_se, name=points_name,
                   hover="σ=%{x:.4g}<br>%{y:.4f}<extra>sweep</extra>")
+    shapes, notes = [], []
     if clean is not None:
-        fig.add_hline(y=clean, line=dict(color="#2ca02c", width=1, dash="dash"),
-                      annotation_text=f"clean {clean:.3f}", annotation_position="top right")
+        shapes.append(_hline(clean, color="#2ca02c"))
+        notes.append(_label(f"clean {clean:.3f}", y=clean, position="top right"))
     if chance is not None:
-        fig.add_hline(y=chance, line=dict(color="#7f7f7f", width=1, dash="dash"),
-                      annotation_text=f"chance 1/K = {chance:.3f}",
-                      annotation_position="bottom left")
-    if target is not None:
-        _target_marker(fig, target[0], target[1], label="target σ*",
-                       hover=f"σ*={target[0]:.4g}<br>target={target[1]:.4f}")
-    return _layout(fig, title=title, x_title=SIGMA_AXIS, y_title=y_title, x_log=True)
+        shapes.append(_hline(chance, color="#7f7f7f"))
+        notes.append(_label(f"chance 1/K = {chance:.3f}", y=chance, position="bottom left"))
+    _layout(fig, title=title, x_title=SIGMA_AXIS, y_title=y_title, x_log=True)
+    fig.update_layout(shapes=shapes, annotations=notes)
+    return fig if target is None else with_target(fig, target, x_name="σ*")
 
 
 def residual_figure(v, residuals, *, rmse: float | None = None,
@@ -210,13 +296,14 @@ def residual_figure(v, residuals, *, rmse: float | None = None,
         marker=dict(color=PALETTE[0], size=6), line=dict(color="rgba(31,119,180,0.35)"),
         hovertemplate="v=%{x:.4g}<br>residual=%{y:+.4f}<extra></extra>",
     ))
-    fig.add_hline(y=0.0, line=dict(color="#444", width=1))
+    shapes, notes = [_hline(0.0, color="#444", dash="solid")], []
     if rmse is not None:
-        fig.add_hline(y=rmse, line=dict(color="#d62728", width=1, dash="dot"),
-                      annotation_text=f"+rmse = {rmse:.4f}", annotation_position="top right")
-        fig.add_hline(y=-rmse, line=dict(color="#d62728", width=1, dash="dot"),
-                      annotation_text=f"−rmse", annotation_position="bottom right")
-    return _layout(fig, title=title, x_title=V_AXIS, y_title=y_title, x_log=True, height=320)
+        shapes += [_hline(rmse, color="#d62728", dash="dot"), _hline(-rmse, color="#d62728", dash="dot")]
+        notes += [_label(f"+rmse = {rmse:.4f}", y=rmse, position="top right"),
+                  _label("−rmse", y=-rmse, position="bottom right")]
+    _layout(fig, title=title, x_title=V_AXIS, y_title=y_title, x_log=True, height=460)
+    fig.update_layout(shapes=shapes, annotations=notes)
+    return fig
 
 
 # --------------------------------------------------------------------- fleet page
@@ -309,23 +396,24 @@ def attack_figure(
     if simulation is not None and not simulation.empty:
         ys.append(float(np.nanmin(simulation[column].to_numpy(dtype=float))))
     y_lo = max(0.0, min(ys) - 0.08)
-    fig.add_hline(y=clean, line=dict(color="#2ca02c", width=1, dash="dash"),
-                  annotation_text=f"clean A0 = {clean:.3f}", annotation_position="top left")
+    shapes = [_hline(clean, color="#2ca02c")]
+    notes = [_label(f"clean A0 = {clean:.3f}", y=clean, position="top left")]
     if chance >= y_lo:
-        fig.add_hline(y=chance, line=dict(color="#7f7f7f", width=1, dash="dash"),
-                      annotation_text=f"chance 1/K = {chance:.3f}", annotation_position="bottom left")
+        shapes.append(_hline(chance, color="#7f7f7f"))
+        notes.append(_label(f"chance 1/K = {chance:.3f}", y=chance, position="bottom left"))
     if target is not None:
-        fig.add_hline(y=target, line=dict(color="#d62728", width=1, dash="dot"),
-                      annotation_text=f"served (target) {target:.3f}",
-                      annotation_position="bottom right")
+        shapes.append(_hline(target, color="#d62728", dash="dot"))
+        notes.append(_label(f"served (target) {target:.3f}", y=target, position="bottom right"))
     if usable is not None:
-        fig.add_hline(y=usable, line=dict(color="#ff7f0e", width=1.5, dash="dot"),
-                      annotation_text=f"usable level {usable:.3f}", annotation_position="top right")
+        shapes.append(_hline(usable, color="#ff7f0e", dash="dot", width=1.5))
+        notes.append(_label(f"usable level {usable:.3f}", y=usable, position="top right"))
     if m_bound is not None:
-        fig.add_vline(x=m_bound, line=dict(color="#ff7f0e", width=1.5, dash="dot"),
-                      annotation_text=f"M ≥ v/v_use = {m_bound}", annotation_position="bottom right")
+        shapes.append(_vline(m_bound, color="#ff7f0e", dash="dot", width=1.5))
+        notes.append(_label(f"M ≥ v/v_use = {m_bound}", x=m_bound, x_log=True,
+                            position="bottom right"))
     _layout(fig, title=title, x_title="queries per input M (log scale)",
             y_title=f"{column} the attacker recovers", x_log=True, height=500)
+    fig.update_layout(shapes=shapes, annotations=notes)
     m_max = float(np.nanmax(_arr(m_curve)))
     fig.update_xaxes(dtick=np.log10(2), range=[np.log10(0.8), np.log10(m_max * 1.25)])
     fig.update_yaxes(range=[y_lo, min(1.0, max(ys)) + 0.02])

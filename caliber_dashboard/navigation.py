@@ -18,7 +18,7 @@ import threading
 
 import streamlit as st
 
-from . import state, ui
+from . import state, ui, warmup
 from .workspace import session as workspace
 
 _run = threading.local()  # a script-run marker (per script thread), not session data
@@ -79,6 +79,7 @@ def _megabytes(n: int) -> str:
 
 def run_app() -> None:
     """The body of ``app.py``: set-up, then the chosen page; choices are saved after it."""
+    warmup.start()  # once per server: heavy imports and the demo caches, in the background
     nav = _setup()
     _run.inside_app = True
     try:

@@ -35,11 +35,14 @@ def model_selector(label: str, *, key: str, labelled_only: bool = False) -> Logi
 
 
 def target_control(data: LogitsData, cal: Calibration, *, key_prefix: str,
-                   kinds: tuple[str, ...] = CALIBRATED_KINDS) -> tuple[str, float, float]:
+                   kinds: tuple[str, ...] = CALIBRATED_KINDS,
+                   remember: bool = True) -> tuple[str, float, float]:
     """Kind radio + percent slider. Returns (kind, value as a fraction, percent).
 
     The slider's key carries the model's digest (ranges differ per model); its
     starting value is the last target chosen for that kind on any page.
+    ``remember=False`` leaves storing the choice (``state.remember_target``, a
+    workspace write) to the caller, e.g. after the results are on the page.
     """
     if not cal.has_labels:
         kinds = tuple(k for k in kinds if k == "agreement")
@@ -58,7 +61,8 @@ def target_control(data: LogitsData, cal: Calibration, *, key_prefix: str,
         step=rng.step, format="%.1f%%", key=f"{key_prefix}_{kind}_{data.sha256[:12]}",
         help="Move it: σ* follows at once, the sweep is not recomputed.",
     )
-    state.remember_target(kind, percent)
+    if remember:
+        state.remember_target(kind, percent)
     return kind, percent_to_fraction(percent), percent
 
 

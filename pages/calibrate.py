@@ -1,19 +1,30 @@
-"""Calibrate: one model's sweep, fit and corridor; a target in, sigma* out; verify it."""
-
-import math
+"""Calibrate: one model's sweep, fit and corridor; a target in, sigma* and its interval out; verify it."""
 
 import streamlit as st
 
-from caliber_core.calibration.calibrate import measured_accuracy
-from caliber_core.calibration.margins import MARGIN_STATISTICS, normalized_noise
-from caliber_dashboard import cache, curves as plot, figures, navigation, state, tables, ui
-from caliber_dashboard.verification import verify_realizations, verify_sigma
+from caliber_core.calibration.margins import MARGIN_STATISTICS
+from caliber_core.config import SIDES
+from caliber_dashboard import cache, calibrate_plots, figures, navigation, readouts, state, tables, ui
 from caliber_dashboard.ui import fmt
+from caliber_dashboard.verification import verify_realizations, verify_sigma
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 
 VERIFY_RESULT = "caliber_verify_result"
 VERIFY_REQUEST = "caliber_verify_request"
+# The plot follows every slider step (the marker and its guide lines move with
+# the numbers). Measured in Chromium against a minimal one-figure page
+# (benchmarks/bench_dashboard.py): with the base figure cached and one view
+# drawn, a step that redraws the plot stays within the budget of a plain page
+# that redraws one figure, and a marker left behind the numbers reads as stale.
+CAPTIONS = {
+    "normalized": "Points: Monte-Carlo sweep with ±1 s.e. bars. Red: the logistic law fit to them. "
+                  "Shaded green: the accuracy corridor of Corollary 1, normalized like Ã. Dashed: "
+                  "agreement π(σ) on the same [chance, clean] scale.",
+    "raw": "Points: Monte-Carlo sweep with ±1 s.e. bars. Red: expected accuracy under noise. "
+           "Shaded green: the accuracy corridor of Corollary 1.",
+    "residuals": "Sweep points minus the fitted logistic, with ±rmse.",
+}
 
 st.title("Calibrate")
 st.caption(
@@ -36,138 +47,136 @@ try:
 except ValueError as exc:
     st.error(ui.plain(f"{data.name}: {exc}"))
     st.stop()
-
-exact_ok = cal.curve_method == "exact"
-if not exact_ok:
-    exact_ok = st.checkbox(
-        "Compute the exact agreement curve and accuracy corridor (quadrature; slow for a file this size)",
-        key="calibrate_exact_big")
-curves = cache.curves(data, cal) if exact_ok else None
+curves = cache.curves(data, cal)  # exact, or from the sweep's draws on a large file: said below
+estimator = cache.estimator(data, cal)
+clean = estimator.at(0.0)
 
 m = st.columns(6)
 m[0].metric("inputs N", f"{cal.n_samples:,}")
 m[1].metric("classes K", cal.n_classes)
-m[2].metric("clean accuracy A0", fmt(cal.clean_accuracy, ".4f"))
+if cal.has_labels:
+    m[2].metric("clean accuracy A0", fmt(cal.clean_accuracy, ".4f"),
+                delta=f"{clean.level:.0%}: {clean.accuracy.low:.3f}–{clean.accuracy.high:.3f}",
+                delta_color="off", delta_arrow="off",
+                help="The interval is for the population the file samples (row bootstrap).")
+else:
+    m[2].metric("clean accuracy A0", "—", help="No labels in this file.")
 m[3].metric(f"S ({statistic} margin)", fmt(cal.scale, ".4g"))
 m[4].metric(f"logistic R² ({cal.fit_quantity})", fmt(cal.fit.r2, ".4f"))
 m[5].metric("noise draws / input", cal.intervals.realizations,
             help="Monte-Carlo draws per input in the sweep (common random numbers over σ).")
-st.caption("σ* inverts the " + ("exact expected-accuracy curve (quadrature, Proposition 1)."
+st.caption("σ* inverts the " + ("exact expected-accuracy curve (quadrature, Proposition 1). "
                                 if cal.curve_method == "exact" else
-                                "Monte-Carlo sweep curve (the file is too large for quadrature)."))
+                                "Monte-Carlo sweep curve (the file is too large for quadrature). ")
+           + calibrate_plots.curves_note(curves, cal.n_samples, cal.n_classes))
 if not cal.has_labels:
     st.info("This file has no labels: the fit is to normalized agreement and only agreement "
             "targets are possible.")
-
-
-def _figures(result):
-    """Normalized and raw views, with the target marked when there is one."""
-    v_pts, u_pts, u_se = plot.fitted_points(cal)
-    if curves is not None:
-        v_curve, sigma_curve = curves.v, curves.sigma
-    else:
-        sigma_curve = plot.sigma_grid(cal)
-        v_curve = normalized_noise(sigma_curve, cal.scale)
-    norm_kw = dict(v_points=v_pts, u_points=u_pts, u_se=u_se, v_curve=v_curve,
-                   logistic=cal.fit.predict(v_curve))
-    raw_kw = dict(sigma_points=cal.sweep.sigma, chance=cal.chance)
-    if curves is not None:
-        norm_kw["agreement"] = plot.normalized_agreement(curves.agreement, cal.n_classes)
-    if cal.has_labels:
-        raw_kw.update(y_points=cal.sweep.accuracy, y_se=cal.sweep.accuracy_se,
-                      clean=cal.clean_accuracy)
-        if curves is not None:
-            norm_kw["corridor_lower"] = plot.normalized_accuracy(curves.corridor_lower, cal)
-            norm_kw["corridor_upper"] = plot.normalized_accuracy(curves.corridor_upper, cal)
-            raw_kw.update(sigma_curve=sigma_curve, exact=curves.accuracy,
-                          corridor_lower=curves.corridor_lower, corridor_upper=curves.corridor_upper)
-    else:
-        norm_kw["y_title"] = figures.AGREEMENT_AXIS
-        raw_kw.update(y_points=cal.sweep.agreement, y_se=cal.sweep.agreement_se, clean=1.0,
-                      y_title="agreement with the clean prediction (fraction)",
-                      exact_name="exact agreement π(σ)")
-        if curves is not None:
-            raw_kw.update(sigma_curve=sigma_curve, exact=curves.agreement)
-    if result is not None and math.isfinite(result.sigma) and result.sigma > 0:
-        norm_kw["target"] = plot.target_point(cal, result)
-        if cal.has_labels:
-            raw_kw["target"] = (result.sigma, float(measured_accuracy(cal, result.sigma)[0]))
-        else:
-            raw_kw["target"] = (result.sigma, result.agreement)
-    tab_norm, tab_raw = st.tabs(["Normalized view (v, Ã)", "Raw view (σ, accuracy)"])
-    with tab_norm:
-        st.plotly_chart(figures.normalized_figure(**norm_kw), width="stretch", key="fig_normalized",
-                        config=figures.chart_config(f"{data.name}_normalized"))
-        st.caption("Points: Monte-Carlo sweep with ±1 s.e. bars. Shaded: the accuracy corridor of "
-                   "Corollary 1 (exact quadrature), normalized like Ã. Dashed: exact agreement π(σ) "
-                   "on the same [chance, clean] scale.")
-    with tab_raw:
-        st.plotly_chart(figures.raw_figure(**raw_kw), width="stretch", key="fig_raw",
-                        config=figures.chart_config(f"{data.name}_raw"))
 
 
 def _request_verify(key):
     st.session_state[VERIFY_REQUEST] = key
 
 
-@st.fragment
-def target_panel():
-    """Target control, sigma* readout, plots with the target, verify. Reruns alone."""
-    st.subheader("Target → σ*")
-    kind, value, percent = ui.target_control(data, cal, key_prefix="calibrate")
-    result = None
-    try:
-        result = cache.target(data, cal, kind, value)
-    except ValueError as exc:
-        st.warning(ui.plain(str(exc)))
-    if result is not None:
-        r = st.columns(5)
-        r[0].metric("σ* (logit units)", fmt(result.sigma, ".5g"))
-        r[1].metric("v* = σ*²/S²", fmt(result.v, ".5g"))
-        if cal.has_labels:
-            predicted = float(measured_accuracy(cal, result.sigma)[0])
-            r[2].metric("predicted accuracy at σ*", fmt(predicted, ".4f"),
-                        help="The measured curve (exact quadrature when available) at σ*.")
-        if kind == "agreement":
-            r[3 if cal.has_labels else 2].metric("target agreement", fmt(result.agreement, ".4f"))
-        else:
-            r[3].metric("retention of A0", fmt(predicted / cal.clean_accuracy * 100, ".1f") + "%")
-        r[4].metric("logistic σ (closed form)", fmt(result.sigma_logistic, ".5g"),
-                    help="Eq. inverse-v on the fitted law, for comparison; σ* inverts the curve.")
-        st.caption(f"Method: {result.method}" + (" (saturated)" if result.saturated else ""))
-    _figures(result)
+def _readout(record, intervals, kind, side):
+    label = "σ* (logit units)" if side == "point" else f"σ, {readouts.SIDE_LABELS[side]} (logit units)"
+    r = st.columns(3)
+    r[0].metric(label, fmt(record.sigma, ".5g"), help=readouts.SIDE_HELP[side])
+    r[1].metric("v* = σ*²/S²", fmt(record.v, ".5g"))
+    r[2].metric("logistic σ (closed form)", fmt(record.sigma_logistic, ".5g"),
+                help="Eq. inverse-v on the fitted law, for comparison; σ* inverts the curve.")
+    st.markdown(readouts.interval_line(intervals, first=kind))
+    advice, wide = readouts.advice(intervals, kind=kind)
+    if wide:
+        st.warning(advice + " Wider than ±2 points: more calibration rows narrow it.",
+                   icon=":material/warning:")
+    else:
+        st.caption(advice)
+    st.caption(f"Method: {record.method}" + (" (saturated)" if record.saturated else "")
+               + f" · side: {readouts.SIDE_LABELS[side]} · interval: {intervals.method}")
 
-    st.markdown("**Verify** σ* with fresh Monte-Carlo noise (a new seed every click).")
-    key = (cache.data_digest(data), statistic, kind, value)
+
+def _plot(record, intervals):
+    v1, v2 = st.columns([3, 1])
+    with v1:
+        view = st.segmented_control(
+            "View", calibrate_plots.VIEWS, format_func=calibrate_plots.VIEW_LABELS.get,
+            default="normalized", required=True, key="calibrate_view",
+            help="One view at a time: only the one shown is built and sent.")
+    with v2:
+        with_bands = st.toggle(f"{estimator.confidence:.0%} interval band", key="calibrate_bands",
+                               disabled=view == "residuals",
+                               help="The row bootstrap's band around the curve σ* inverts.")
+    base = cache.figure(data, cal, view, with_bands=with_bands and view != "residuals")
+    delivered = {}
+    if intervals is not None:
+        delivered = {q: (None if intervals.get(q) is None else intervals.get(q).estimate)
+                     for q in ("accuracy", "agreement")}
+    fig = calibrate_plots.target_figure(base, cal, record, view, delivered=delivered)
+    st.plotly_chart(fig, width="stretch", key=f"fig_{view}",
+                    config=figures.chart_config(f"{data.name}_{view}"))
+    st.caption(CAPTIONS[view])
+
+
+def _verify(record, intervals, kind, side, key):
+    st.markdown("**Verify** σ with fresh Monte-Carlo noise (a new seed every click).")
     # A callback, not `if st.button(...)`: the request survives a rerun.
-    st.button("Verify", key="verify_btn", icon=":material/science:", disabled=result is None,
+    st.button("Verify", key="verify_btn", icon=":material/science:", disabled=record is None,
               on_click=_request_verify, args=(key,))
-    if result is not None and st.session_state.pop(VERIFY_REQUEST, None) == key:
+    if record is not None and st.session_state.pop(VERIFY_REQUEST, None) == key:
         reps = verify_realizations(cal.n_samples)
         seed = state.next_verify_seed()
         bar = st.progress(0.0, text=f"Adding fresh noise: {reps} draws × {cal.n_samples} inputs…")
-        ver = verify_sigma(data.logits, data.labels, result.sigma, realizations=reps,
-                                  seed=seed, progress=lambda f: bar.progress(f))
+        ver = verify_sigma(data.logits, data.labels, record.sigma, realizations=reps,
+                           seed=seed, progress=lambda f: bar.progress(f))
         bar.empty()
         st.session_state[VERIFY_RESULT] = {"key": key, "result": ver}
     stored = st.session_state.get(VERIFY_RESULT)
-    if result is not None and stored and stored["key"] == key:
-        ver = stored["result"]
-        if kind == "agreement" or not cal.has_labels:
-            measured, se, wanted, what = ver.agreement, ver.agreement_se, result.agreement, "agreement"
-        else:
-            measured, se, wanted, what = ver.accuracy, ver.accuracy_se, result.accuracy, "accuracy"
-        rel = (measured - wanted) / wanted * 100.0
-        v = st.columns(4)
-        v[0].metric(f"measured {what}", fmt(measured, ".4f"), help=f"± {1.96 * se:.4f} (95%, binomial)")
-        v[1].metric(f"target {what}", fmt(wanted, ".4f"))
-        v[2].metric("relative error", f"{rel:+.2f}%")
-        v[3].metric("draws", f"{ver.realizations} × {cal.n_samples}", help=f"seed {ver.seed}")
-        ok = abs(measured - wanted) <= 1.96 * se + 1e-12
-        (st.success if ok else st.warning)(
-            f"Measured {what} {measured:.4f} ± {1.96 * se:.4f} at σ* = {ver.sigma:.5g}; target "
-            f"{wanted:.4f}: {'within' if ok else 'outside'} the 95% Monte-Carlo band "
-            f"(relative error {rel:+.2f}%).")
+    if record is None or not stored or stored["key"] != key:
+        return
+    ver = stored["result"]
+    what = "agreement" if kind == "agreement" or not cal.has_labels else "accuracy"
+    measured, se = (ver.agreement, ver.agreement_se) if what == "agreement" else (ver.accuracy, ver.accuracy_se)
+    if side == "point":
+        wanted, wanted_label = getattr(record, what), f"target {what}"
+    else:  # off the point: compare with what the sample predicts at the sigma served
+        wanted, wanted_label = intervals.get(what).estimate, f"predicted {what}"
+    rel = (measured - wanted) / wanted * 100.0
+    v = st.columns(4)
+    v[0].metric(f"measured {what}", fmt(measured, ".4f"), help=f"± {1.96 * se:.4f} (95%, binomial)")
+    v[1].metric(wanted_label, fmt(wanted, ".4f"))
+    v[2].metric("relative error", f"{rel:+.2f}%")
+    v[3].metric("draws", f"{ver.realizations} × {cal.n_samples}", help=f"seed {ver.seed}")
+    ok = abs(measured - wanted) <= 1.96 * se + 1e-12
+    (st.success if ok else st.warning)(
+        f"Measured {what} {measured:.4f} ± {1.96 * se:.4f} at σ = {ver.sigma:.5g}; {wanted_label} "
+        f"{wanted:.4f}: {'within' if ok else 'outside'} the 95% Monte-Carlo band "
+        f"(relative error {rel:+.2f}%).")
+
+
+@st.fragment
+def target_panel():
+    """Target, side, readout with intervals, the plot with the target, verify. Reruns alone."""
+    st.subheader("Target → σ*")
+    t1, t2 = st.columns([3, 1])
+    with t1:
+        kind, value, percent = ui.target_control(data, cal, key_prefix="calibrate", remember=False)
+    with t2:
+        side = st.segmented_control(
+            "Side", SIDES, format_func=readouts.SIDE_LABELS.get, default="point", required=True,
+            key="calibrate_side", help=" ".join(f"{readouts.SIDE_LABELS[s]}: {readouts.SIDE_HELP[s]}"
+                                                for s in SIDES))
+    record = intervals = None
+    try:
+        record, intervals = cache.served(data, cal, kind, value, side=side)
+    except ValueError as exc:
+        st.warning(ui.plain(str(exc)))
+    if record is not None:
+        _readout(record, intervals, kind, side)
+    _plot(record, intervals)
+    _verify(record, intervals, kind, side, (cache.data_digest(data), statistic, kind, value, side))
+    # Stored last: the workspace write (a database commit) need not hold up the readout and plot.
+    state.remember_target(kind, percent)
 
 
 target_panel()
@@ -180,8 +189,6 @@ f[2].metric("v50", fmt(cal.fit.v50, ".4g"))
 f[3].metric("p", fmt(cal.fit.p, ".4g"))
 f[4].metric("c", fmt(cal.fit.c, ".4g"))
 f[5].metric("points", cal.fit.n_points)
-v_res, res = plot.residuals(cal)
-st.plotly_chart(figures.residual_figure(v_res, res, rmse=cal.fit.rmse), width="stretch",
-                key="fig_residuals", config=figures.chart_config(f"{data.name}_residuals"))
+st.caption("The residuals are the third view of the plot above.")
 ui.csv_download(tables.sweep_table(cal), label="Sweep data (CSV)",
                 file_name=f"{data.name}.sweep.csv", key="sweep_csv")

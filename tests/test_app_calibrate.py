@@ -14,6 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from caliber_core.calibration import pipeline
 from caliber_core.calibration.calibrate import measured_accuracy, sigma_for_target
+from caliber_core.calibration.target_intervals import interval_estimator
 from caliber_dashboard import state
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -50,25 +51,47 @@ def _array(spec) -> np.ndarray:
     return np.asarray(spec, dtype=float)
 
 
+def _readout(at) -> str:
+    lines = [m.value for m in at.markdown if m.value.startswith(("retention ", "accuracy ", "agreement "))]
+    assert len(lines) == 1, [m.value for m in at.markdown]
+    return lines[0]
+
+
 def _slider_key(at, kind: str) -> str:
     return f"calibrate_{kind}_{_selected(at).sha256[:12]}"
+
+
+def _view(at, view: str) -> None:
+    at.segmented_control(key="calibrate_view").set_value(view).run()
+    assert not at.exception
+
+
+def _intervals(at, cal, sigma: float):
+    return interval_estimator(cal).at(sigma)
 
 
 def test_first_visit_plots_and_readout():
     at = _app()
     data = _selected(at)
     cal = pipeline.calibrate_data(data)
+    # One view at a time: only the normalized one is built and sent at first.
+    assert [c.proto.id for c in at.get("plotly_chart")] and len(at.get("plotly_chart")) == 1
     norm = _figure(at, "fig_normalized")
     assert norm["layout"]["xaxis"]["type"] == "log"
+    assert set(norm["layout"].get("template", {})) <= {"layout"}  # a light layout, no trace templates
     names = [t.get("name") for t in norm["data"]]
     assert "fitted logistic Ã(v)" in names and "exact agreement π(σ), normalized" in names
+    assert "accuracy corridor (Corollary 1): exact" in names
     assert [t.get("fill") for t in norm["data"]].count("tonexty") == 1
     sweep = [t for t in norm["data"] if t.get("name", "").startswith("Monte-Carlo")][0]
     np.testing.assert_allclose(_array(sweep["x"]), cal.sweep.v)
     np.testing.assert_allclose(_array(sweep["y"]), cal.sweep.utility)
+    _view(at, "raw")
+    assert len(at.get("plotly_chart")) == 1
     raw = _figure(at, "fig_raw")
     assert raw["layout"]["xaxis"]["type"] == "log"
     assert "σ" in raw["layout"]["xaxis"]["title"]["text"]
+    _view(at, "residuals")
     assert _figure(at, "fig_residuals")["data"]
     # Default target: 80% retention; the readout is the core's sigma*.
     expected = sigma_for_target(cal, 0.8)
@@ -90,7 +113,9 @@ def test_slider_moves_change_sigma():
         want = sigma_for_target(cal, pct / 100.0)
         got = _metric(at, "σ* (logit units)")
         assert got == f"{want.sigma:.5g}"
-        assert _metric(at, "predicted accuracy at σ*") == f"{float(measured_accuracy(cal, want.sigma)[0]):.4f}"
+        delivered = _intervals(at, cal, want.sigma)
+        assert f"accuracy {100 * float(measured_accuracy(cal, want.sigma)[0]):.1f}%" in _readout(at)
+        assert delivered.accuracy.estimate == pytest.approx(float(measured_accuracy(cal, want.sigma)[0]))
         seen.add(got)
         # The target marker moved with it.
         star = [t for t in _figure(at, "fig_normalized")["data"] if t.get("name") == "target σ*"][0]

@@ -43,6 +43,11 @@ def test_fleet_tables_match_the_core(demo_cals):
     fig = json.loads(at.get("plotly_chart")[0].proto.spec)
     assert len(fig["data"]) == len(demo_cals) + 1  # a trace per model + the shared curve
     assert fig["layout"]["xaxis"]["type"] == "log"
+    # The ablation runs on request (unless a cache, e.g. the server's warm-up, has it).
+    if [b for b in at.button if b.key == "fleet_ablation_btn"]:
+        assert len(at.dataframe) == 2
+        at.button(key="fleet_ablation_btn").click().run()
+        assert not at.exception
     tables = [df.value for df in at.dataframe]
     models, loo, ablation = tables[0], tables[1], tables[2]
     assert len(models) == len(demo_cals)

@@ -14,6 +14,8 @@ import pytest
 
 from caliber_core.calibration import pipeline
 from caliber_core.calibration.calibrate import measured_accuracy, sigma_for_target
+from caliber_core.calibration.corridor import model_curves
+from caliber_core.calibration.margins import normalized_noise
 from caliber_core.calibration.fleet import normalized_points
 from caliber_core.loading import load_logits
 from caliber_core.calibration.cost import analytic_attack, query_bound
@@ -35,7 +37,12 @@ def cal(data):
 
 @pytest.fixture(scope="module")
 def curves(cal):
-    return plot.exact_curves(cal, n_points=24)
+    return model_curves(cal.logits, cal.labels, plot.sigma_grid(cal, 24), draws=cal.intervals,
+                        method="exact")
+
+
+def _v(curves, cal):
+    return normalized_noise(curves.sigma, cal.scale)
 
 
 def _by_name(fig: go.Figure) -> dict:
@@ -69,12 +76,12 @@ def test_margin_histogram_one_overlaid_trace_per_model():
 
 def test_normalized_figure_traces_band_and_log_axis(cal, curves):
     v_pts, u_pts, u_se = plot.fitted_points(cal)
-    lower = plot.normalized_accuracy(curves.corridor_lower, cal)
-    upper = plot.normalized_accuracy(curves.corridor_upper, cal)
+    lower = plot.normalized_accuracy(curves.lower, cal)
+    upper = plot.normalized_accuracy(curves.upper, cal)
     agreement = plot.normalized_agreement(curves.agreement, cal.n_classes)
     fig = figures.normalized_figure(
-        v_points=v_pts, u_points=u_pts, u_se=u_se, v_curve=curves.v,
-        logistic=cal.fit.predict(curves.v), corridor_lower=lower, corridor_upper=upper,
+        v_points=v_pts, u_points=u_pts, u_se=u_se, v_curve=_v(curves, cal),
+        logistic=cal.fit.predict(_v(curves, cal)), corridor_lower=lower, corridor_upper=upper,
         agreement=agreement, target=(0.5, 0.6))
     assert fig.layout.xaxis.type == "log"
     assert "v = σ²/S²" in fig.layout.xaxis.title.text
@@ -86,10 +93,10 @@ def test_normalized_figure_traces_band_and_log_axis(cal, curves):
     assert up_trace.line.width == 0
     np.testing.assert_allclose(up_trace.y, upper)
     np.testing.assert_allclose(lo_trace.y, lower)
-    np.testing.assert_allclose(lo_trace.x, curves.v)
+    np.testing.assert_allclose(lo_trace.x, _v(curves, cal))
     assert all(t.type == "scatter" for t in fig.data)  # never scattergl: fills break there
     named = _by_name(fig)
-    np.testing.assert_allclose(named["fitted logistic Ã(v)"].y, cal.fit.predict(curves.v))
+    np.testing.assert_allclose(named["fitted logistic Ã(v)"].y, cal.fit.predict(_v(curves, cal)))
     np.testing.assert_allclose(named["exact agreement π(σ), normalized"].y, agreement)
     sweep = named["Monte-Carlo sweep (±1 s.e.)"]
     np.testing.assert_allclose(sweep.x, v_pts)
@@ -110,18 +117,19 @@ def test_normalized_figure_without_corridor_has_no_band():
 
 def test_corridor_contains_exact_accuracy(cal, curves):
     """Corollary 1 on the plotted series: lower <= exact accuracy <= upper, lower decreasing."""
-    assert np.all(curves.corridor_lower <= curves.accuracy + 1e-12)
-    assert np.all(curves.accuracy <= curves.corridor_upper + 1e-12)
-    assert np.all(np.diff(curves.corridor_lower) < 0)
+    assert np.all(curves.lower <= curves.accuracy + 1e-12)
+    assert np.all(curves.accuracy <= curves.upper + 1e-12)
+    assert np.all(np.diff(curves.lower) < 0)
     assert np.all(np.diff(curves.agreement) < 0)
-    np.testing.assert_allclose(curves.v, (curves.sigma / cal.scale) ** 2)
+    np.testing.assert_allclose(_v(curves, cal), (curves.sigma / cal.scale) ** 2)
     assert curves.sigma[0] == pytest.approx(cal.sweep.sigma[0])
     assert curves.sigma[-1] == pytest.approx(cal.sweep.sigma[-1])
 
 
-def test_exact_curves_reports_progress_to_one(cal):
+def test_curves_report_progress_to_one(cal):
     seen = []
-    plot.exact_curves(cal, n_points=12, chunk=5, progress=seen.append)
+    model_curves(cal.logits, cal.labels, plot.sigma_grid(cal, 12), draws=cal.intervals, chunk=5,
+                 progress=seen.append)
     assert seen == sorted(seen) and seen[-1] == 1.0 and len(seen) == 3
 
 
@@ -138,8 +146,8 @@ def test_normalized_axes_endpoints(cal):
 def test_raw_figure_values_lines_and_band(cal, curves):
     fig = figures.raw_figure(
         sigma_points=cal.sweep.sigma, y_points=cal.sweep.accuracy, y_se=cal.sweep.accuracy_se,
-        sigma_curve=curves.sigma, exact=curves.accuracy, corridor_lower=curves.corridor_lower,
-        corridor_upper=curves.corridor_upper, clean=cal.clean_accuracy, chance=cal.chance,
+        sigma_curve=curves.sigma, exact=curves.accuracy, corridor_lower=curves.lower,
+        corridor_upper=curves.upper, clean=cal.clean_accuracy, chance=cal.chance,
         target=(2.0, 0.7))
     assert fig.layout.xaxis.type == "log"
     assert "logit units" in fig.layout.xaxis.title.text
