@@ -1,15 +1,16 @@
 """Extraction: what a thief distills from the noisy answers, and σ aimed at the thief."""
 
+import time
+
 import streamlit as st
 
 from caliber_core.extraction.experiment import ExtractionSettings
 from caliber_core.loading import LogitsFileError
+from caliber_dashboard import extraction_runs as runs
 from caliber_dashboard import extraction_view as view
 from caliber_dashboard import navigation, ui
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
-
-UPLOADS = "caliber_extraction_uploads"  # plain key: sha256 -> uploaded archive (survives page switches)
 
 st.title("Extraction")
 st.caption(
@@ -19,8 +20,7 @@ st.caption(
     "with the clean teacher. Several recipes attack; the headline is always the strongest one."
 )
 
-archives = dict(view.demo_archives())
-archives.update(st.session_state.get(UPLOADS, {}))
+archives = runs.archives()  # the demo set and this workspace's uploads
 with st.expander("Use your own archive (inputs + logits)"):
     up = st.file_uploader("An .npz with inputs, logits, labels and heldout_inputs, heldout_logits, heldout_labels",
                           key="extraction_upload")
@@ -30,12 +30,13 @@ with st.expander("Use your own archive (inputs + logits)"):
         except LogitsFileError as exc:
             st.error(ui.plain(str(exc)))
         else:
-            st.session_state.setdefault(UPLOADS, {})[a.sha256] = a
+            runs.keep_upload(a, up.getvalue())
             archives[a.sha256] = a
 if not archives:
     st.info("No model with inputs is available: extraction needs the inputs the thief queried.")
     st.stop()
 
+runs.seed_widgets(archives)  # drawn afresh (reload, restart, page switch): the last run's choices
 options = list(archives)
 sha = st.selectbox("Model (files that carry their inputs)", options, key="extraction_model",
                    format_func=lambda s: f"{archives[s].name} · {s[:8]} · pool {archives[s].pool.n_samples}")
@@ -65,14 +66,22 @@ run_key = (sha, view.settings_key(settings))
 if not retention:
     st.info("Choose at least one teacher retention target.")
     st.stop()
-if not (view.is_cached(archive, settings) or st.session_state.get("extraction_run_key") == run_key):
+result = runs.find(archive, settings)  # this session's or this workspace's finished run
+if result is None and not (view.is_cached(archive, settings)
+                           or st.session_state.get("extraction_run_key") == run_key):
+    for text in runs.warnings():
+        st.warning(ui.plain(text), icon=":material/warning:")
     st.button("Run the extraction", key="extraction_run", type="primary", icon=":material/play_arrow:",
               on_click=_request_run, args=(run_key,))
     st.caption(f"{archive.pool.n_samples} queries, {archive.evaluation.n_samples} held-out inputs; "
                "about half a minute on a demo model. One progress tick per batch of training runs.")
     st.stop()
 
-result = view.run(archive, settings)
+if result is None:
+    result = view.run(archive, settings)
+runs.keep(result)  # into the workspace: a reload or a restart shows it again without training
+for text in runs.warnings():
+    st.warning(ui.plain(text), icon=":material/warning:")
 
 st.subheader("Defense frontier")
 
@@ -82,6 +91,7 @@ def surrogate_target():
     pct = st.slider("Surrogate target: the thief keeps this share of its clean-answer accuracy",
                     min_value=50.0, max_value=99.0, value=90.0, step=0.5, format="%.1f%%",
                     key=f"extraction_surrogate_{sha[:12]}")
+    runs.remember_surrogate_target(sha, pct)  # the Export page's starting value
     readout = view.surrogate_readout(result, pct / 100.0)
     m = st.columns(3)
     if readout is None:
@@ -93,7 +103,8 @@ def surrogate_target():
         m[2].metric("teacher retention (cost to a flagged user)", f"{readout['teacher_retention'] * 100:.1f}%")
         st.caption(f"Interpolated between the measured frontier points σ={readout['bracket'][0]:.4g} and "
                    f"{readout['bracket'][1]:.4g}; `python -m caliber_core extract FILE --surrogate-retention "
-                   f"{pct / 100:.3g} --out CONFIG` searches it with more seeds and writes it into a config.")
+                   f"{pct / 100:.3g} --out CONFIG` searches it with more seeds and writes it into a config; "
+                   "the Export page does the same search on request and adds it to the config it downloads.")
     st.plotly_chart(view.frontier_figure(result, readout=readout), width="stretch", key="fig_extraction_frontier")
 
 
@@ -130,4 +141,8 @@ from caliber_core.extraction.report import report_to_json, to_report  # noqa: E4
 st.download_button("Report (caliber.extraction/v1 JSON)", data=report_to_json(to_report(result)).encode(),
                    file_name=f"{archive.name}.extraction.json", mime="application/json",
                    key="extraction_report", on_click="ignore", icon=":material/download:")
-st.caption(f"{result.runs} training runs in {result.seconds:.0f} s (cached for this file and these settings).")
+saved = runs.saved_at(result)
+st.caption(f"{result.runs} training runs in {result.seconds:.0f} s"
+           + (f", finished {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(saved))}" if saved else "")
+           + "; kept in this workspace for this file and these settings (a reload or a restart shows it "
+           "again without training).")
