@@ -1,4 +1,4 @@
-"""Export: the config JSON (the CLI's own function) to download; review a saved config."""
+"""Export: the config JSON (the CLI's own function) to download, with a σ aimed at the thief; review a saved config."""
 
 import re
 
@@ -9,9 +9,14 @@ from caliber_core.calibration.calibrate import measured_accuracy
 from caliber_core.calibration.drift import check_drift
 from caliber_core.calibration.intervals import DEFAULT_CONFIDENCE
 from caliber_core.calibration.target_intervals import interval_estimator, side_sigma
-from caliber_core.config import CALIBRATED_KINDS, ConfigError, config_to_json, inversion_of_method, load_config
+from caliber_core.config import CALIBRATED_KINDS, SIDES, ConfigError, config_to_json, inversion_of_method, load_config
 from caliber_core.calibration.margins import MARGIN_STATISTICS
-from caliber_dashboard import cache, navigation, state, ui
+from caliber_core.extraction.experiment import plan_runs
+from caliber_dashboard import cache, export_config, navigation, state, ui
+from caliber_dashboard import extraction_runs as runs
+from caliber_dashboard import extraction_view as view
+from caliber_dashboard.extraction_codec import run_key
+from caliber_dashboard.readouts import SIDE_HELP, SIDE_LABELS
 from caliber_dashboard.targets import target_list
 from caliber_dashboard.ui import fmt
 
@@ -43,6 +48,12 @@ with st.expander("Options (the CLI's defaults)"):
     saturate = o3.checkbox("saturate unreachable targets (--saturate)", key="export_saturate",
                            help="An unreachable target serves the largest σ the sweep measured, "
                            "marked saturated, instead of failing.")
+s1, s2 = st.columns(2)
+side = s1.selectbox("side (--side)", SIDES, format_func=SIDE_LABELS.get, key="export_side",
+                    help=" ".join(f"{SIDE_LABELS[k]}: {SIDE_HELP[k]}" for k in SIDES))
+confidence = s2.number_input("confidence level (--confidence)", min_value=0.5, max_value=0.995,
+                             value=DEFAULT_CONFIDENCE, step=0.005, format="%.3f", key="export_confidence",
+                             help="Level of every target's interval, and of the bound a one-sided target keeps.")
 
 try:
     targets = target_list(retention_text, accuracy_text, agreement_text)
@@ -54,24 +65,91 @@ if not targets:
     st.stop()
 
 try:
-    _, results, config = cache.config(data, targets, statistic=statistic, inversion=inversion,
-                                      saturate=saturate)
-    text = config_to_json(config)
-except ValueError as exc:  # an unreachable target, missing labels (LogitsFileError)
+    cal, results, config = export_config.config(data, targets, statistic=statistic, inversion=inversion,
+                                                saturate=saturate, side=side, confidence=float(confidence))
+except ValueError as exc:  # an unreachable target, a side out of reach, missing labels (LogitsFileError)
     st.error(ui.plain(str(exc)))
     st.stop()
 
-rows = [{"target": f"{r.kind} {r.requested:g}", "σ*": r.sigma, "v*": r.v, "accuracy": r.accuracy,
-         "retention": r.retention, "agreement": r.agreement, "σ logistic": r.sigma_logistic,
-         "method": r.method} for r in results]
-results_df = pd.DataFrame(rows).dropna(axis=1, how="all")
+# ------------------------------------------------------------------ surrogate target
+st.subheader("Surrogate target (σ aimed at the thief)")
+surrogate, surrogate_run = [], None  # the surrogate-retention record added to the config, and its run
+archive = runs.archives().get(data.sha256)
+latest = None if archive is None else runs.latest(archive)  # this session's or this workspace's run
+for warning_text in runs.warnings():
+    st.warning(ui.plain(warning_text), icon=":material/warning:")
+if archive is None:
+    st.caption("This file carries no inputs, so no thief can be simulated on it (the Extraction page "
+               "needs the queried inputs).")
+elif latest is None:
+    st.caption("No finished extraction run for this model yet: run one on the Extraction page, then a "
+               "σ at which the thief keeps a chosen share of its accuracy can be added here.")
+elif st.checkbox("Add a surrogate-retention target from the extraction run", key="export_surrogate"):
+    pct = st.number_input("Surrogate retention R (% of the thief's clean-answer accuracy)", min_value=50.0,
+                          max_value=99.0, value=runs.surrogate_target(data.sha256), step=0.5, format="%.1f",
+                          key=f"export_surrogate_r_{data.sha256[:12]}",
+                          help="Starts at the Extraction page's surrogate-target slider.")
+    requested = round(pct / 100.0, 6)
+    found = runs.with_surrogate(archive, requested)
+    search = runs.search_settings(latest.settings, requested)
+    search_key = (data.sha256, run_key(archive.sha256, search))
+    if found is None and st.session_state.get("export_surrogate_search") == search_key:
+        runs.keep(view.run(archive, search), as_last=False)  # asked for with the button below
+        found = runs.with_surrogate(archive, requested)
+    if found is None:
+        readout = view.surrogate_readout(latest, requested)
+        st.caption(ui.plain(
+            (f"The run's frontier crosses it between its measured points σ = {readout['bracket'][0]:.3g} and "
+             f"{readout['bracket'][1]:.3g}" if readout else "The run's frontier does not reach it")
+            + "; a config needs σ searched with "
+            f"{search.n_near()} seeds near the crossing, as extract --surrogate-retention {requested:g} "
+            f"does: up to {plan_runs(search)} training runs (fewer while this server still holds the run's "
+            "surrogates)."))
+        st.button(f"Search σ for R = {pct:g}%", key="export_surrogate_run", icon=":material/play_arrow:",
+                  on_click=lambda: st.session_state.update(export_surrogate_search=search_key))
+    else:
+        found_run, condition = found
+        if not condition.by_recipe:
+            st.warning(ui.plain(f"Surrogate retention {pct:g}% is out of reach: "
+                                f"{condition.root.reason if condition.root else 'no σ found'}."),
+                       icon=":material/warning:")
+        else:
+            surrogate = export_config.surrogate_records(cal, data, found_run, requested)
+            surrogate_run = found_run
+            kept = condition.frontier_retention
+            m = st.columns(3)
+            m[0].metric("σ ± s.e. (surrogate target)", export_config.sigma_text(condition.sigma, condition.sigma_se))
+            m[1].metric("thief keeps (mean ± sd)", view.pm(kept) + "%" if kept else "—")
+            m[2].metric("teacher accuracy there (held-out)", f"{condition.teacher_accuracy * 100:.1f}%")
+            for record in surrogate:
+                st.caption(ui.plain(export_config.attacker_summary(record)))
+
+try:
+    if surrogate:
+        config = export_config.with_surrogate(cal, results, data, surrogate)
+    text = config_to_json(config)
+except ValueError as exc:
+    st.error(ui.plain(str(exc)))
+    st.stop()
+
+st.subheader("Config")
+results_df = export_config.preview_table(list(results) + surrogate)
 for r in results:
     if r.saturated:
         st.warning(ui.plain(f"{r.kind} {r.requested:g} is out of reach: the config serves σ = {r.sigma:.5g}, "
                             "the largest σ the sweep measured, marked saturated."), icon=":material/warning:")
 st.dataframe(results_df, hide_index=True, width="stretch",
              column_config={c: st.column_config.NumberColumn(format="%.5g")
-                            for c in ("σ*", "v*", "accuracy", "retention", "agreement", "σ logistic")})
+                            for c in ("σ*", "v*", "accuracy", "retention", "agreement", "σ logistic")}
+             | {"σ s.e.": st.column_config.NumberColumn(format="%.2g")})
+if any(r.interval for r in results):
+    level = results[0].interval["level"] if results[0].interval else confidence
+    st.caption(f"Intervals: {100 * level:g}% confidence for what each σ delivers on the population the file "
+               f"samples ({next(r.interval['method'] for r in results if r.interval)}). Side "
+               f"{SIDE_LABELS[side]}: {SIDE_HELP[side]}"
+               + (" The side applies to the calibrated targets; the surrogate-retention σ is searched on the "
+                  "thief's surrogates, and its precision is its standard error (σ s.e.) and the spread over "
+                  "seeds of what the thief keeps." if surrogate else ""))
 
 safe_name = re.sub(r"[^A-Za-z0-9._-]+", "_", data.name).strip("._") or "model"
 st.download_button("Download config JSON", data=text.encode("utf-8"),
@@ -87,7 +165,15 @@ st.caption(f"Equivalent command: `python -m caliber_core calibrate {data.source.
            + " ".join(f"{flag} {' '.join(values)}" for flag, values in flags)
            + ("" if statistic == "median" else f" --margin-stat {statistic}")
            + ("" if inversion == "curve" else f" --inversion {inversion}")
-           + (" --saturate" if saturate else "") + " --out cfg.json`")
+           + (" --saturate" if saturate else "")
+           + ("" if side == "point" else f" --side {side}")
+           + ("" if float(confidence) == DEFAULT_CONFIDENCE else f" --confidence {float(confidence):g}")
+           + " --out cfg.json`")
+if surrogate:
+    st.caption(f"The surrogate-retention target is the record that "
+               f"`{export_config.extract_command(data.source, surrogate_run, surrogate[0].requested)}` writes "
+               "(caliber_core.extraction.targets), measured here against this config's calibration; a "
+               "Perturber serves it like any other target.")
 with st.expander("Config JSON preview", expanded=False):
     st.code(text, language="json")
 

@@ -1,0 +1,177 @@
+"""The Export page's config: the CLI's pipeline with a side and a confidence, plus a σ aimed at the thief.
+
+* :func:`config` -- ``pipeline.config_for(side=, confidence=)``, the function
+  behind ``calibrate --side --confidence --out``, cached per file digest and
+  options (the default side and level go through :func:`caliber_dashboard.cache.config`,
+  shared with the rest of the dashboard);
+* :func:`surrogate_records` / :func:`with_surrogate` -- a ``surrogate-retention``
+  target from a finished extraction run, made by
+  :func:`caliber_core.extraction.targets.surrogate_records` (what ``extract
+  --surrogate-retention R --out`` writes) against the exported file's own
+  calibration, and the config rebuilt with ``build_config``;
+* :func:`preview_table` -- every target with its side, interval and, for a
+  surrogate target, the standard error of σ.
+
+No page code; the table is a plain function tests call without Streamlit.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+
+import pandas as pd
+import streamlit as st
+
+from caliber_core.calibration import pipeline
+from caliber_core.calibration.calibrate import Calibration
+from caliber_core.calibration.intervals import DEFAULT_CONFIDENCE
+from caliber_core.config import SIDES, TargetRecord, build_config
+from caliber_core.extraction.experiment import ExtractionResult
+from caliber_core.extraction import targets as extraction_targets
+from caliber_core.loading import LogitsData
+
+from . import cache
+
+QUANTITIES = ("accuracy", "retention", "agreement")
+
+
+class _Slot:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.value = None
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _config_slot(key: tuple) -> _Slot:
+    return _Slot()
+
+
+def config(data: LogitsData, targets: Sequence[tuple[str, float]], *, statistic: str = "median",
+           inversion: str = "curve", saturate: bool = False, side: str = "point",
+           confidence: float = DEFAULT_CONFIDENCE) -> tuple[Calibration, list[TargetRecord], dict]:
+    """``pipeline.config_for`` with ``side`` and ``confidence`` (cached): (calibration, targets, config).
+
+    Raises ValueError (not cached) for an unreachable target, missing labels,
+    a side that cannot be guaranteed, or a bad side or level.
+    """
+    if side not in SIDES:
+        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+    if not (isinstance(confidence, (int, float)) and 0.5 <= confidence < 1.0):
+        raise ValueError(f"confidence must be a level in [0.5, 1), got {confidence!r}")
+    if side == "point" and confidence == DEFAULT_CONFIDENCE:
+        return cache.config(data, targets, statistic=statistic, inversion=inversion, saturate=saturate)
+    key = (cache.data_digest(data), tuple((k, float(v)) for k, v in targets), statistic, inversion,
+           bool(saturate), side, float(confidence))
+    slot = _config_slot(key)
+    if slot.value is not None:
+        return slot.value
+    with slot.lock:
+        if slot.value is None:
+            text = f"Building the {side} config for {data.name}…"
+            bar = st.progress(0.0, text=text)
+            try:
+                slot.value = pipeline.config_for(
+                    data, list(targets), statistic=statistic, inversion=inversion, saturate=saturate,
+                    side=side, confidence=float(confidence),
+                    progress=lambda f: bar.progress(min(1.0, f), text=f"{text} {f:.0%}"))
+            finally:
+                bar.empty()
+    return slot.value
+
+
+def surrogate_records(cal: Calibration, data: LogitsData, result: ExtractionResult,
+                      requested: float) -> list[TargetRecord]:
+    """The ``surrogate-retention`` record of ``result`` for ``requested``, on the exported calibration.
+
+    The record is the command line's (:func:`caliber_core.extraction.targets.surrogate_records`);
+    its accuracy, retention and v are measured with ``cal`` -- the exported
+    file's calibration, with the page's margin statistic -- so they agree with
+    the config's scale. Empty when the run did not reach that target.
+    """
+    if data.sha256 != result.archive.sha256:
+        raise ValueError(f"the extraction run is for file {result.archive.sha256[:12]}…, "
+                         f"the config for {data.sha256[:12]}…")
+    return [r for r in extraction_targets.surrogate_records(replace(result, calibration=cal))
+            if abs(r.requested - requested) < 1e-9]
+
+
+def with_surrogate(cal: Calibration, results: Sequence[TargetRecord], data: LogitsData,
+                   extra: Sequence[TargetRecord]) -> dict:
+    """The config of ``results`` then ``extra``, through ``build_config`` like every other config."""
+    return build_config(cal, list(results) + list(extra), sha256=data.sha256, source=data.source)
+
+
+def _bounds(interval: dict | None, quantity: str) -> str:
+    b = None if interval is None else interval.get(quantity)
+    return "—" if b is None else f"{100 * b[0]:.1f}–{100 * b[1]:.1f}%"
+
+
+def preview_table(records: Sequence[TargetRecord]) -> pd.DataFrame:
+    """One row per target: σ (with its standard error for a surrogate target), what it delivers, intervals.
+
+    Interval columns are named with their level (e.g. "retention 95% interval");
+    a surrogate-retention row has none (its precision is σ's standard error and
+    the spread over seeds of the retention the thief keeps there).
+    """
+    levels = sorted({r.interval["level"] for r in records if r.interval})
+    named = f" {100 * levels[0]:g}%" if len(levels) == 1 else ""
+    rows = []
+    for r in records:
+        a = r.attacker or {}
+        kept = a.get("surrogate_retention") or {}
+        se = a.get("sigma_se")
+        rows.append({
+            "target": f"{r.kind} {r.requested:g}", "side": r.side, "σ*": r.sigma,
+            "σ s.e.": se if isinstance(se, (int, float)) and math.isfinite(se) else None, "v*": r.v,
+            "accuracy": r.accuracy, "retention": r.retention, "agreement": r.agreement,
+            **{f"{q}{named} interval": _bounds(r.interval, q) for q in QUANTITIES},
+            "thief keeps": (f"{100 * kept['mean']:.1f} ± {100 * (kept.get('sd') or 0):.1f}%"
+                            if kept.get("mean") is not None else None),
+            "σ logistic": r.sigma_logistic, "method": r.method,
+        })
+    df = pd.DataFrame(rows).dropna(axis=1, how="all")
+    return df.loc[:, [c for c in df.columns if not (c.endswith("interval") and (df[c] == "—").all())]]
+
+
+def sigma_text(sigma: float, se: float | None) -> str:
+    """"14.65 ± 0.50": σ to the decimal of its standard error's second significant digit."""
+    if se is None or not (math.isfinite(se) and se > 0):
+        return f"{sigma:.4g}"
+    decimals = max(0, 1 - math.floor(math.log10(se)))
+    return f"{sigma:.{decimals}f} ± {se:.{decimals}f}"
+
+
+def extract_command(source: str, result: ExtractionResult, requested: float) -> str:
+    """The ``extract`` command line whose ``--out`` writes the same surrogate-retention record."""
+    s = result.settings
+    return (f"python -m caliber_core extract {source.replace('`', '')} --retention "
+            + " ".join(f"{r:g}" for r in s.retention) + f" --surrogate-retention {requested:g} "
+            f"--seeds {s.seeds} --attack {s.attack} --seed {s.seed}"
+            + ("" if s.architecture == "mlp" else f" --student {s.architecture}") + " --out CONFIG")
+
+
+def attacker_summary(record: TargetRecord) -> str:
+    """One paragraph: the attacker record a surrogate-retention target carries into the config."""
+    a = record.attacker or {}
+    recipe = a.get("recipe") or {}
+    student = a.get("student") or {}
+    kept = a.get("surrogate_retention") or {}
+    se = a.get("sigma_se")
+    parts = [
+        f"σ = {sigma_text(record.sigma, se)}" + (" (± its standard error from the search)" if se else
+                                                " (standard error not estimated: too few seeds near the crossing)"),
+        f"attacker {recipe.get('name', '?')} (T={recipe.get('temperature', float('nan')):g}, weight decay "
+        f"{recipe.get('weight_decay', float('nan')):g}), student {student.get('architecture', '?')}"
+        + (f" D-{student['hidden']}-K" if student.get("hidden") else ""),
+        f"replicate seeds {a.get('seeds')}, {a.get('near_seeds')} seeds near the crossing (base seed "
+        f"{a.get('base_seed')})",
+    ]
+    if kept.get("mean") is not None:
+        parts.append(f"the thief keeps {100 * kept['mean']:.1f} ± {100 * (kept.get('sd') or 0):.1f}% "
+                     f"of its clean-answer accuracy there (mean ± sd over {kept.get('n')} seeds)")
+    if record.retention is not None:
+        parts.append(f"a flagged user keeps {100 * record.retention:.1f}% of A0 on the calibration file")
+    return "; ".join(parts) + "."
