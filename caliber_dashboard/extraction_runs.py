@@ -45,6 +45,10 @@ SURROGATE_TARGET = "caliber_surrogate_target"  # sha256 -> the Extraction slider
 RUN_KIND = "extraction-run:"
 LAST_KIND, LAST_KEY = "extraction-last", "last"
 UPLOAD_KIND = "extraction-upload"
+# The Extraction page's choices (its widgets offer these; a stored choice outside them is not restored).
+RETENTION_CHOICES = (0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5)
+ATTACKS = ("all", "fixed", "tuned")
+MAX_SEEDS = 6
 WIDGETS = ("extraction_model", "extraction_retention", "extraction_seeds", "extraction_attack",
            "extraction_retune")
 _SAME = 1e-9  # surrogate targets are percents with at most a few decimals
@@ -220,6 +224,8 @@ def seed_widgets(available: dict[str, ExtractionArchive]) -> None:
     except codec.StoredRunError as exc:
         _warn(f"The Extraction page's last settings were skipped: {exc}")
         return
+    if not (set(s.retention) <= set(RETENTION_CHOICES) and s.attack in ATTACKS and s.seeds <= MAX_SEEDS):
+        return  # made with options the page does not offer
     ss["extraction_model"] = last["sha256"]
     ss["extraction_retention"] = list(s.retention)
     ss["extraction_seeds"] = int(s.seeds)

@@ -11,7 +11,9 @@ layers, both ``st.cache_resource`` keyed by content digest:
 * the whole result per (archive sha256, settings).
 
 The progress bar is drawn outside the cache from the core's ``progress``
-callback, so a cached rerun draws nothing (STREAMLIT.md).
+callback, so a cached rerun draws nothing (STREAMLIT.md). Both layers live
+in this process only; :mod:`caliber_dashboard.extraction_runs` keeps finished
+runs in the session's workspace, so a reload or a restart needs neither.
 """
 
 from __future__ import annotations

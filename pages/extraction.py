@@ -43,11 +43,11 @@ sha = st.selectbox("Model (files that carry their inputs)", options, key="extrac
 archive = archives[sha]
 
 c1, c2, c3 = st.columns(3)
-retention = c1.multiselect("Teacher retention targets", [0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5],
+retention = c1.multiselect("Teacher retention targets", runs.RETENTION_CHOICES,
                            default=[0.95, 0.85, 0.75], format_func=lambda r: f"{r:.0%}", key="extraction_retention")
-seeds = c2.number_input("Seeds", min_value=1, max_value=6, value=3, key="extraction_seeds",
+seeds = c2.number_input("Seeds", min_value=1, max_value=runs.MAX_SEEDS, value=3, key="extraction_seeds",
                         help="Independent replicates (noise draws and student initializations).")
-attack = c3.selectbox("Attackers", ["all", "fixed", "tuned"], key="extraction_attack",
+attack = c3.selectbox("Attackers", runs.ATTACKS, key="extraction_attack",
                       help="fixed: the light and strong recipes; tuned: chooses its own regularization by "
                            "k-fold agreement with its own noisy answers; all: every recipe.")
 retune = st.checkbox("Re-tune the attacker for averaged answers (slower)", value=False,

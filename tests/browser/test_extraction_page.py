@@ -53,3 +53,45 @@ def test_run_extraction_slide_the_surrogate_target_and_download(page, server, tm
     report = json.loads(path.read_text())
     assert report["schema"] == "caliber.extraction/v1"
     assert [t["requested"] for t in report["targets"]] == [0.95, 0.85, 0.75]
+
+
+def _table_text(page) -> str:
+    return page.locator("[data-testid='stDataFrame']").first.inner_text()
+
+
+def test_a_finished_run_survives_a_reload_and_a_server_restart(browser, restartable_server):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(60_000)
+    page = context.new_page()
+    try:
+        page.goto(restartable_server.url)
+        _idle(page)
+        page.locator("[data-testid='stSidebarNavLink']", has_text="Extraction").first.click()
+        _idle(page)
+        seeds = page.get_by_role("spinbutton", name="Seeds")
+        seeds.fill("1")
+        seeds.press("Enter")
+        _idle(page)
+        page.get_by_role("button", name="Run the extraction").click()
+        _idle(page, timeout_ms=180_000)
+        assert page.get_by_text("Table 3 analogue").count() >= 1
+        sigma = _metric(page, "σ (read off the frontier)")
+        url = page.url
+        assert "ws=" in url
+
+        page.reload()
+        _idle(page)
+        assert page.get_by_role("button", name="Run the extraction").count() == 0
+        assert page.get_by_text("Table 3 analogue").count() >= 1
+        assert _metric(page, "σ (read off the frontier)") == sigma
+        assert page.get_by_role("spinbutton", name="Seeds").input_value() == "1"  # the run's choices
+
+        restartable_server.restart()  # nothing in memory: only the workspace on disk
+        page.goto(url)
+        _idle(page, timeout_ms=120_000)
+        assert page.locator("[data-testid='stException']").count() == 0
+        assert page.get_by_role("button", name="Run the extraction").count() == 0
+        assert _metric(page, "σ (read off the frontier)") == sigma
+        assert page.get_by_text("kept in this workspace").count() >= 1
+    finally:
+        context.close()
