@@ -17,15 +17,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from .answers import Answers
-from .distill import Schedule, distill, one_hot, tempered_targets
+from .distill import Schedule, one_hot, tempered_targets
 from .recipes import DEFAULT_FOLDS, TUNED, Recipe, candidates_for, fixed_recipe, fold_rows, select_by_agreement
 from .students import DEFAULT_HIDDEN, StudentShape
+from .workers import DistillPool
 
 # Students trained per distill() call: bounds memory and gives progress ticks.
 _BATCH_LIMIT = 48
@@ -52,11 +53,18 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Request:
-    """Train one surrogate on ``answers`` with ``recipe`` ("light", "strong", "tuned" or a Recipe)."""
+    """Train one surrogate on ``answers`` with ``recipe`` ("light", "strong", "tuned" or a Recipe).
+
+    ``group`` (tuned requests only): requests with equal groups -- answers at
+    one noise level, one per replicate seed -- share one k-fold selection,
+    whose folds are spread over the group's answers (see :meth:`Thief.train`).
+    Without a group, the selection uses this request's answers alone.
+    """
 
     answers: Answers
     recipe: str | Recipe
     seed: int
+    group: tuple | None = None
 
 
 def training_seed(seed: int, role: int = 0) -> int:
@@ -83,6 +91,9 @@ class Thief:
         k of the tuned attacker's k-fold selection.
     on_runs : callable, optional
         Called with the number of training runs just finished (progress).
+    processes : int, default 1
+        Processes that train each batch (:class:`~.workers.DistillPool`);
+        the numbers do not depend on it. Call :meth:`close` when done.
 
     Notes
     -----
@@ -93,7 +104,7 @@ class Thief:
 
     def __init__(self, pool_inputs, eval_inputs, eval_labels, eval_teacher, *, n_classes: int,
                  architecture: str = "mlp", hidden: int = DEFAULT_HIDDEN, schedule: Schedule = Schedule(),
-                 folds: int = DEFAULT_FOLDS, on_runs: Callable[[int], None] | None = None):
+                 folds: int = DEFAULT_FOLDS, on_runs: Callable[[int], None] | None = None, processes: int = 1):
         torch.set_num_threads(1)
         x = np.asarray(pool_inputs, dtype=np.float64)
         mean = x.mean(axis=0)
@@ -111,12 +122,24 @@ class Thief:
         self.on_runs = on_runs
         self._memo: dict[tuple, Outcome] = {}
         self._choice: dict[tuple, Recipe] = {}
+        self._group_choice: dict[tuple, Recipe] = {}
         self.runs = 0  # training runs actually performed (memo hits excluded)
+        self._trainer = DistillPool(self._pool, processes=processes)
 
     # ------------------------------------------------------------------ public
 
     def train(self, requests: Sequence[Request]) -> list[Outcome]:
-        """Train (or recall) one surrogate per request; outcomes in request order."""
+        """Train (or recall) one surrogate per request; outcomes in request order.
+
+        The tuned attacker selects its recipe once per *group* of requests
+        (:attr:`Request.group`; a request without one is its own group): k
+        folds of the pool, fold f's models trained on the answers of member
+        f mod (group size) and scored on that member's held-out answers, the
+        agreements summed over folds. A group of one is the plain k-fold
+        selection on its own answers; a group of one answer set per seed
+        costs the same and uses every seed's answers. A group chosen earlier
+        keeps its choice for later members (the same noise level).
+        """
         tuned = [r for r in requests if r.recipe == TUNED]
         self._tune(tuned)
         plain: list[tuple[Answers, Recipe, int]] = []
@@ -130,6 +153,10 @@ class Thief:
                 todo[key] = (answers, recipe, seed)
         self._run_jobs(list(todo.items()))
         return [self._memo[self._key(a, rec, s)] for a, rec, s in plain]
+
+    def close(self) -> None:
+        """End the worker processes, if any (the thief still trains, in this process)."""
+        self._trainer.close()
 
     def chosen(self, answers: Answers, seed: int) -> Recipe:
         """The candidate the tuned attacker chose for these answers and seed (after :meth:`train`)."""
@@ -164,39 +191,53 @@ class Thief:
         return tempered_targets(answers.values, recipe.temperature)
 
     def _tune(self, requests: Sequence[Request]) -> None:
-        """k-fold selection for every tuned request not chosen yet, all fold models in batches."""
-        pending = {}
+        """k-fold selection for every group of tuned requests not chosen yet, all fold models in batches."""
+        pending: dict[tuple, list[Request]] = {}
         for r in requests:
-            key = (r.answers.digest(), r.seed)
-            if key not in self._choice and key not in pending:
-                pending[key] = r
+            member = (r.answers.digest(), r.seed)
+            if member in self._choice:
+                continue
+            gkey = r.group if r.group is not None else ("member",) + member
+            if gkey in self._group_choice:
+                self._choice[member] = self._group_choice[gkey]
+                continue
+            members = pending.setdefault(gkey, [])
+            if all((m.answers.digest(), m.seed) != member for m in members):
+                members.append(r)
         if not pending:
             return
+        # Fold models take as many passes as the final surrogate will: (k - 1)/k of its
+        # minimum steps on (k - 1)/k of the rows.
+        fold_schedule = replace(self.schedule, min_steps=max(1, round(self.schedule.min_steps * (self.folds - 1)
+                                                                      / self.folds)))
         jobs, layout = [], []
-        for key, r in pending.items():
-            cands = candidates_for(r.answers.kind)
-            parts = fold_rows(self.n_pool, folds=self.folds, seed=training_seed(r.seed, 1))
+        for gkey, members in pending.items():
+            cands = candidates_for(members[0].answers.kind)
+            parts = fold_rows(self.n_pool, folds=self.folds, seed=training_seed(members[0].seed, 1))
             for c_i, cand in enumerate(cands):
                 for f_i, held in enumerate(parts):
+                    m = members[f_i % len(members)]
                     train_rows = np.setdiff1d(np.arange(self.n_pool), held, assume_unique=True)
-                    jobs.append((r.answers, cand, training_seed(r.seed, 2 + f_i), train_rows, held))
-                    layout.append((key, c_i, f_i))
+                    jobs.append((m.answers, cand, training_seed(m.seed, 2 + f_i), train_rows, held))
+                    layout.append((gkey, c_i, f_i))
         hits: dict[tuple, np.ndarray] = {}
         for start in range(0, len(jobs), _BATCH_LIMIT):
             chunk = jobs[start:start + _BATCH_LIMIT]
             students = self._distill([(a, rec, s) for a, rec, s, _, _ in chunk],
-                                     train_rows=[t for _, _, _, t, _ in chunk])
+                                     train_rows=[t for _, _, _, t, _ in chunk], schedule=fold_schedule)
             pred = students.predict_logits(self._pool).argmax(dim=2).numpy()
             for j, (answers, _, _, _, held) in enumerate(chunk):
                 given = answers.labels if answers.kind == "hard" else np.argmax(answers.values, axis=1)
-                key, c_i, f_i = layout[start + j]
-                n_c = len(candidates_for(pending[key].answers.kind))
-                table = hits.setdefault(key, np.zeros((n_c, self.folds), dtype=np.int64))
+                gkey, c_i, f_i = layout[start + j]
+                n_c = len(candidates_for(pending[gkey][0].answers.kind))
+                table = hits.setdefault(gkey, np.zeros((n_c, self.folds), dtype=np.int64))
                 table[c_i, f_i] = int(np.count_nonzero(pred[j, held] == given[held]))
-        for key, r in pending.items():
-            cands = candidates_for(r.answers.kind)
-            best, _ = select_by_agreement(hits[key], cands)
-            self._choice[key] = cands[best]
+        for gkey, members in pending.items():
+            cands = candidates_for(members[0].answers.kind)
+            best, _ = select_by_agreement(hits[gkey], cands)
+            self._group_choice[gkey] = cands[best]
+            for m in members:
+                self._choice[(m.answers.digest(), m.seed)] = cands[best]
 
     def _run_jobs(self, items: list[tuple[tuple, tuple[Answers, Recipe, int]]]) -> None:
         for start in range(0, len(items), _BATCH_LIMIT):
@@ -208,16 +249,15 @@ class Thief:
             for j, (key, (_, recipe, _)) in enumerate(chunk):
                 self._memo[key] = Outcome(float(acc[j]), float(agr[j]), recipe)
 
-    def _distill(self, jobs: Sequence[tuple[Answers, Recipe, int]], *, train_rows=None):
-        students = distill(
-            self._pool,
+    def _distill(self, jobs: Sequence[tuple[Answers, Recipe, int]], *, train_rows=None, schedule=None):
+        students = self._trainer.distill(
             [self._targets(a, rec) for a, rec, _ in jobs],
             shape=self.shape,
             temperatures=[1.0 if a.kind == "hard" else rec.temperature for a, rec, _ in jobs],
             weight_decays=[rec.weight_decay for _, rec, _ in jobs],
             seeds=[training_seed(s) if train_rows is None else s for _, _, s in jobs],
             train_rows=train_rows,
-            schedule=self.schedule,
+            schedule=self.schedule if schedule is None else schedule,
         )
         self.runs += len(jobs)
         if self.on_runs is not None:
@@ -233,3 +273,8 @@ def modal_choice(recipes: Sequence[Recipe]) -> Recipe:
         if counts[r.key()] == top:
             return r
     raise ValueError("no recipes given")
+
+
+def noise_group(sigma: float) -> tuple:
+    """The tuned attacker's selection group (:attr:`Request.group`) of soft answers at effective noise ``sigma``."""
+    return ("soft", float(sigma))

@@ -7,6 +7,7 @@ file or option raises ``ValueError`` (the CLI prints one line and exits 2).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -64,6 +65,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="recipes: the fixed light/strong ones, the self-tuned one, or all (default)")
     p.add_argument("--student", choices=("mlp", "linear"), default="mlp", help="surrogate model (default mlp)")
     p.add_argument("--seed", type=_non_negative, default=0, help="base seed (default 0)")
+    p.add_argument("--processes", type=_positive, default=None, metavar="N",
+                   help="processes that train surrogates (default: 2 when the machine has 2 or more CPUs; "
+                        "the numbers do not depend on it)")
     p.add_argument("--json", dest="json_out", metavar="REPORT", help="write the caliber.extraction/v1 report here")
     p.add_argument("--out", metavar="CONFIG",
                    help="write a config with the retention and surrogate-retention targets here")
@@ -83,6 +87,11 @@ def _progress(enabled: bool):
     return report
 
 
+def default_processes() -> int:
+    """2 training processes where the machine has at least 2 CPUs, else 1."""
+    return 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
 def run(args) -> int:
     """Execute ``extract`` for parsed ``args``; returns the exit status."""
     from ..loading import DEFAULT_MAX_ELEMENTS
@@ -96,7 +105,7 @@ def run(args) -> int:
         retention=tuple(DEFAULT_RETENTION if args.retention is None else args.retention),
         surrogate_retention=tuple(args.surrogate_retention), seeds=args.seeds,
         m_values=tuple(sorted(set(args.m))), attack=args.attack, seed=args.seed,
-        architecture=args.student,
+        architecture=args.student, processes=default_processes() if args.processes is None else args.processes,
     )
     result = run_extraction(archive, settings, progress=_progress(not args.quiet))
     print(format_tables(result))
@@ -110,5 +119,6 @@ def run(args) -> int:
 
         save_config(extraction_config(result), args.out)
         print(f"config written to {args.out}")
-    print(f"{result.runs} training runs in {result.seconds:.0f} s")
+    print(f"{result.runs} training runs in {result.seconds:.0f} s ("
+          + ", ".join(f"{name} {sec:.0f} s" for name, sec in result.timings.items()) + ")")
     return 0

@@ -19,7 +19,14 @@ hard-label rows) is the recipe with the highest mean accuracy at the lowest-rete
 target; when that is the tuned attacker, its most frequent choice there is
 kept fixed, as a thief who tuned once at its operating point would. Averaged
 soft answers are attacked by the tuned attacker when it runs, since it re-tunes
-for the lower effective noise of M averaged answers.
+for the lower effective noise of M averaged answers. The tuned attacker
+selects once per noise level (sigma, or sigma / sqrt(M) for M fresh answers
+averaged) with its k folds spread over the replicate seeds' answers, and every
+seed keeps that choice (:meth:`.attacker.Thief.train`); per-input answers at
+sigma keep the choice made at sigma.
+
+``timings`` holds the wall seconds of each phase (calibration, clean, each
+target, frontier, each surrogate search, averaging, hard labels).
 
 Each replicate seed fixes the noise draws (shared by every sigma: common
 random numbers), the per-input key, the vote tie-breaks and the students'
@@ -41,10 +48,12 @@ from ..calibration.calibrate import Calibration, calibrate_model, sigma_for_targ
 from ..calibration.survival import ExactCurves
 from .answers import answer_queries
 from .archive import ExtractionArchive
-from .attacker import Outcome, Request, Thief, modal_choice
+from .attacker import Outcome, Request, Thief, modal_choice, noise_group
+from .averaging import AveragingRow, averaging_rows
 from .distill import Schedule
 from .frontier import RetentionRoot, solve_retention, teacher_grid
 from .recipes import DEFAULT_FOLDS, TUNED, Recipe, fixed_recipe, recipes_for
+from .spread import Spread
 
 DEFAULT_M = (1, 2, 4, 8, 16)
 DEFAULT_RETENTION = (0.95, 0.85, 0.75)
@@ -52,25 +61,6 @@ DEFAULT_RETENTION = (0.95, 0.85, 0.75)
 # continues until the teacher is within a few points of chance.
 FRONTIER_LEVELS = (0.95, 0.85, 0.75, 0.65, 0.55, 0.45, 0.35, 0.25)
 _NEAR_CHANCE = 0.03
-
-
-@dataclass(frozen=True)
-class Spread:
-    """Mean and sample standard deviation over seeds (sd None for one seed)."""
-
-    mean: float
-    sd: float | None
-    n: int
-
-    @classmethod
-    def of(cls, values) -> "Spread":
-        v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=np.float64)
-        if v.size == 0:
-            return cls(math.nan, None, 0)
-        return cls(float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else None, int(v.size))
-
-    def to_dict(self) -> dict:
-        return {"mean": None if math.isnan(self.mean) else self.mean, "sd": self.sd, "n": self.n}
 
 
 @dataclass(frozen=True)
@@ -101,6 +91,8 @@ class ExtractionSettings:
     averaging_attacker : {"tuned", "frontier"}
         Who attacks averaged soft answers: the tuned attacker (re-tuned for
         each M; when it runs) or the frontier attacker's fixed recipe (cheaper).
+    processes : int
+        Processes that train the surrogates (the numbers do not depend on it).
     """
 
     retention: tuple[float, ...] = DEFAULT_RETENTION
@@ -116,12 +108,13 @@ class ExtractionSettings:
     near_seeds: int | None = None
     averaging: bool = True
     averaging_attacker: str = "tuned"
+    processes: int = 1
 
     def __post_init__(self):
         recipes_for(self.attack)
         if self.averaging_attacker not in ("tuned", "frontier"):
             raise ValueError(f"averaging_attacker must be 'tuned' or 'frontier', got {self.averaging_attacker!r}")
-        for name in ("seeds", "folds", "hidden"):
+        for name in ("seeds", "folds", "hidden", "processes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -185,17 +178,6 @@ class FrontierPoint:
 
 
 @dataclass
-class AveragingRow:
-    sigma: float
-    m: int
-    seeding: str
-    labels: str
-    surrogate_accuracy: Spread
-    surrogate_agreement: Spread
-    label_agreement: Spread | None  # hard labels: voted label == clean teacher argmax on the pool
-
-
-@dataclass
 class ExtractionResult:
     archive: ExtractionArchive
     settings: ExtractionSettings
@@ -214,6 +196,25 @@ class ExtractionResult:
     seconds: float
     calibration: Calibration | None = None
     notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)  # wall seconds per phase, in run order
+
+
+class _Phases:
+    """Wall seconds per phase of the experiment; ``start`` ends the phase before."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._name: str | None = None
+        self._t0 = 0.0
+
+    def start(self, name: str) -> None:
+        self.stop()
+        self._name, self._t0 = name, time.perf_counter()
+
+    def stop(self) -> None:
+        if self._name is not None:
+            self.seconds[self._name] = self.seconds.get(self._name, 0.0) + time.perf_counter() - self._t0
+            self._name = None
 
 
 class _Progress:
@@ -230,14 +231,15 @@ def plan_runs(settings: ExtractionSettings, *, frontier_points: int = len(FRONTI
     """An upper bound on training runs (progress total); tuned runs include their fold models."""
     from .recipes import candidates_for
 
-    per = {name: (1 + settings.folds * len(candidates_for("soft")) if name == TUNED else 1)
-           for name in recipes_for(settings.attack)}
-    row = settings.seeds * sum(per.values())
+    names = recipes_for(settings.attack)
+    select = settings.folds * len(candidates_for("soft"))  # one tuned selection (shared by the seeds)
+    row = settings.seeds * len(names) + (select if TUNED in names else 0)
     total = (1 + len(settings.retention)) * row + frontier_points * settings.seeds
     total += len(settings.surrogate_retention) * (4 * settings.n_near() + row)
     if settings.averaging and settings.retention:
-        tuned = per.get(TUNED, 1) if settings.averaging_attacker == "tuned" else 1
-        total += settings.seeds * ((len(settings.m_values) + 1) * tuned + len(settings.m_values) + 2)
+        retuned = TUNED in names and settings.averaging_attacker == "tuned"
+        total += settings.seeds * (2 * len(settings.m_values) + 3)
+        total += (len(settings.m_values) - 1) * select if retuned else 0
     return total
 
 
@@ -266,13 +268,26 @@ def run_extraction(
     start = time.perf_counter()
     pool, ev = archive.pool, archive.evaluation
     tick = _Progress(progress, plan_runs(settings))
+    timer = _Phases()
+    timer.start("calibration")
     cal = calibrate_model(pool.logits, pool.labels, name=archive.name)
     exact = ExactCurves(ev.logits, ev.labels)
-    a0_eval = float(exact.accuracy(0.0)[0])
-    if thief is None:
+    own = thief is None
+    if own:
         thief = Thief(pool.inputs, ev.inputs, ev.labels, np.argmax(ev.logits, axis=1),
                       n_classes=archive.n_classes, architecture=settings.architecture,
-                      hidden=settings.hidden, schedule=settings.schedule, folds=settings.folds)
+                      hidden=settings.hidden, schedule=settings.schedule, folds=settings.folds,
+                      processes=settings.processes)
+    try:
+        return _experiment(archive, settings, thief, cal, exact, tick, timer, progress, start)
+    finally:
+        if own:
+            thief.close()
+
+
+def _experiment(archive, settings, thief, cal, exact, tick, timer, progress, start) -> ExtractionResult:
+    pool = archive.pool
+    a0_eval = float(exact.accuracy(0.0)[0])
     thief.on_runs = tick
     runs_before = thief.runs
     seeds = settings.replicate_seeds()
@@ -285,7 +300,7 @@ def run_extraction(
         reqs, index = [], []
         for name in names:
             for s in seeds:
-                reqs.append(Request(_soft(pool.logits, sigma, s), name, s))
+                reqs.append(Request(_soft(pool.logits, sigma, s), name, s, noise_group(sigma)))
                 index.append((name, s))
         outs = thief.train(reqs)
         t_acc = teacher(sigma)
@@ -300,11 +315,14 @@ def run_extraction(
         headline = max(names, key=lambda n: (by_recipe[n].accuracy.mean, n == TUNED))
         return Condition(kind, requested, float(sigma), t_acc, by_recipe, headline)
 
+    timer.start("clean")
     clean = condition("clean", None, 0.0)
     targets = []
     for r in settings.retention:
+        timer.start(f"retention {r:g}")
         sigma = float(sigma_for_target(cal, r, kind="retention").sigma)
         targets.append(condition("retention", r, sigma, clean.by_recipe))
+    timer.start("frontier")
 
     anchor = max(targets, key=lambda c: c.sigma) if targets else clean
     attacker = _frontier_attacker(anchor, thief, seeds, pool.logits)
@@ -326,11 +344,13 @@ def run_extraction(
         # Retention is measured against the strongest recipe on clean answers
         # (same seed): what the thief would get without the defense.
         return np.array([o.accuracy for o in thief.train(
-            [Request(_soft(pool.logits, 0.0, s), clean.headline, s) for s in seed_list])])
+            [Request(_soft(pool.logits, 0.0, s), clean.headline, s, noise_group(0.0)) for s in seed_list])])
 
     clean_front = clean_reference(seeds)
-    for sigma in sigmas:
-        outs = frontier_eval(sigma, seeds)
+    # The whole grid in one request list: its surrogates train in a few large batches.
+    grid_outs = thief.train([Request(_soft(pool.logits, sigma, s), attacker, s) for sigma in sigmas for s in seeds])
+    for i, sigma in enumerate(sigmas):
+        outs = grid_outs[i * len(seeds):(i + 1) * len(seeds)]
         acc = np.array([o.accuracy for o in outs])
         frontier.append(FrontierPoint(sigma, teacher(sigma), Spread.of(acc), Spread.of([o.agreement for o in outs]),
                                       Spread.of(acc / clean_front)))
@@ -339,12 +359,15 @@ def run_extraction(
     near = settings.replicate_seeds(settings.n_near())
     near_clean = clean_reference(near)
     for big_r in settings.surrogate_retention:
+        timer.start(f"surrogate {big_r:g} search")
+
         def evaluate(sigma, _near=near, _clean=near_clean):
             return np.array([o.accuracy for o in frontier_eval(sigma, _near)]) / _clean
         root = solve_retention(grid, big_r, evaluate)
         if root.sigma is None:
             cond = Condition("surrogate-retention", big_r, math.nan, math.nan, {}, "", root=root)
         else:
+            timer.start(f"surrogate {big_r:g} every recipe")
             cond = condition("surrogate-retention", big_r, root.sigma, clean.by_recipe)
             cond.sigma_se, cond.root = root.sigma_se, root
             cond.frontier_retention = Spread.of(evaluate(root.sigma))
@@ -354,7 +377,9 @@ def run_extraction(
     if settings.averaging and any(c.kind == "retention" for c in targets):
         avg_sigma = max(c.sigma for c in targets if c.kind == "retention")
         soft_attacker = TUNED if TUNED in names and settings.averaging_attacker == "tuned" else attacker
-        averaging = _averaging(thief, soft_attacker, attacker, pool.logits, avg_sigma, seeds, settings.m_values)
+        averaging = averaging_rows(thief, soft_attacker, attacker, pool.logits, avg_sigma, seeds, settings.m_values,
+                                   on_phase=timer.start)
+    timer.stop()
     tick.done = tick.total
     if progress is not None:
         progress(1.0)
@@ -363,7 +388,7 @@ def run_extraction(
         clean_accuracy_pool=float(cal.clean_accuracy), clean_accuracy_eval=a0_eval, scale=float(cal.scale),
         clean=clean, targets=targets, frontier_attacker=attacker, frontier=frontier,
         averaging=averaging, averaging_sigma=avg_sigma, runs=thief.runs - runs_before,
-        seconds=time.perf_counter() - start, calibration=cal, notes=notes,
+        seconds=time.perf_counter() - start, calibration=cal, notes=notes, timings=timer.seconds,
     )
 
 
@@ -394,35 +419,3 @@ def _frontier_attacker(anchor: Condition, thief: Thief, seeds, logits) -> Recipe
     picks = [thief.chosen(_soft(logits, anchor.sigma, s), s) for s in seeds]
     pick = modal_choice(picks)
     return Recipe(f"tuned:{pick.name}", pick.temperature, pick.weight_decay)
-
-
-def _averaging(thief: Thief, soft_attacker, attacker: Recipe, logits, sigma, seeds, m_values) -> list[AveragingRow]:
-    """Averaged soft answers go to ``soft_attacker`` (the tuned one when run: it re-tunes for the
-    lower effective noise), hard labels to the frontier attacker's weight decay."""
-    rows = []
-    reference = np.argmax(logits, axis=1)
-    plan = [("fresh", sigma), ("per-input", sigma)]
-    answers = {}
-    for seeding, s_val in plan:
-        for s in seeds:
-            got = answer_queries(logits, sigma=s_val, seed=s, m_values=m_values, seeding=seeding,
-                                 kinds=("soft", "hard"))
-            for (kind, m), a in got.items():
-                answers[(seeding, kind, m, s)] = a
-    reqs = [Request(a, soft_attacker if key[1] == "soft" else attacker, key[3]) for key, a in answers.items()]
-    outs = dict(zip(answers, thief.train(reqs)))
-    for seeding, _ in plan:
-        for kind in ("soft", "hard"):
-            for m in sorted(m_values):
-                o = [outs[(seeding, kind, m, s)] for s in seeds]
-                label_agr = None
-                if kind == "hard":
-                    label_agr = Spread.of([float(np.mean(answers[(seeding, kind, m, s)].labels == reference))
-                                           for s in seeds])
-                rows.append(AveragingRow(sigma, m, seeding, kind, Spread.of([x.accuracy for x in o]),
-                                         Spread.of([x.agreement for x in o]), label_agr))
-    hard_clean = [answer_queries(logits, sigma=0.0, seed=s, kinds=("hard",))[("hard", 1)] for s in seeds]
-    o = thief.train([Request(a, attacker, s) for a, s in zip(hard_clean, seeds)])
-    rows.append(AveragingRow(0.0, 1, "fresh", "hard", Spread.of([x.accuracy for x in o]),
-                             Spread.of([x.agreement for x in o]), Spread.of([1.0 for _ in seeds])))
-    return rows

@@ -97,6 +97,9 @@ def to_report(result: ExtractionResult) -> dict:
             {"name": TUNED, "kind": "tuned", "folds": s.folds,
              "selection": "k-fold agreement of the student's argmax with the argmax of its own noisy "
                           "answers on the held-out fold (no true labels)",
+             "shared": "one choice per noise level (sigma, or sigma / sqrt(M) for M fresh answers averaged), "
+                       "kept by every replicate seed and by per-input answers at that sigma; fold f trains "
+                       "on the answers of replicate seed f mod (seeds)",
              "candidates": [c.to_dict() for c in TUNED_CANDIDATES]} if TUNED in result.recipes else None,
         ) if r is not None],
         "calibration": {"clean_accuracy_pool": result.clean_accuracy_pool, "scale": result.scale,
@@ -126,6 +129,7 @@ def to_report(result: ExtractionResult) -> dict:
         "averaging_sigma": result.averaging_sigma,
         "training_runs": result.runs,
         "seconds": round(result.seconds, 1),
+        "timings": {name: round(sec, 1) for name, sec in result.timings.items()},
         "notes": list(result.notes),
     }
 

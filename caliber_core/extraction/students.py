@@ -90,6 +90,18 @@ class StudentBatch:
             self.params.append(torch.from_numpy(np.stack(w).astype(np.float32)).requires_grad_(True))
             self.params.append(torch.from_numpy(np.stack(b).astype(np.float32)).requires_grad_(True))
 
+    @classmethod
+    def from_params(cls, shape: StudentShape, params: Sequence[torch.Tensor]) -> "StudentBatch":
+        """A batch holding trained parameters (stacked as in ``params``), e.g. joined from two batches."""
+        expected = 2 * len(shape.layer_sizes())
+        if len(params) != expected:
+            raise ValueError(f"a {shape.architecture} student has {expected} parameter tensors, got {len(params)}")
+        batch = cls.__new__(cls)
+        batch.shape = shape
+        batch.size = int(params[0].shape[0])
+        batch.params = list(params)
+        return batch
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of every student.
 
