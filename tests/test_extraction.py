@@ -248,3 +248,26 @@ def test_settings_validate():
         ExtractionSettings(retention=(1.2,))
     with pytest.raises(ValueError, match="seeds must be a positive integer"):
         ExtractionSettings(seeds=0)
+
+
+def test_a_group_of_seeds_shares_one_tuned_selection(archive):
+    thief = _thief(archive)
+    reqs = [Request(answer_queries(archive.pool.logits, sigma=4.0, seed=s)[("soft", 1)], "tuned", s, ("soft", 4.0))
+            for s in (0, 1, 2)]
+    thief.train(reqs)
+    assert thief.runs == 3 * 3 + 3  # 3 candidates x 3 folds (spread over the seeds), then one surrogate per seed
+    assert len({thief.chosen(r.answers, r.seed) for r in reqs}) == 1
+    again = Request(answer_queries(archive.pool.logits, sigma=4.0, seed=7)[("soft", 1)], "tuned", 7, ("soft", 4.0))
+    thief.train([again])
+    assert thief.runs == 13 and thief.chosen(again.answers, 7) == thief.chosen(reqs[0].answers, 0)
+
+
+def test_two_training_processes_give_the_same_surrogates(archive):
+    reqs = [Request(answer_queries(archive.pool.logits, sigma=sigma, seed=s)[("soft", 1)], "strong", s)
+            for sigma in (0.0, 5.0) for s in (0, 1, 2)]
+    one = _thief(archive).train(reqs)
+    pair = _thief(archive, processes=2)
+    try:
+        assert pair.train(reqs) == one
+    finally:
+        pair.close()
