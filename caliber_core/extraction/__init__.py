@@ -6,10 +6,13 @@ Modules, one concept each:
 * :mod:`.answers`    answers from cached logits through the Perturber; averaging, votes
 * :mod:`.students`   the surrogate models (MLP D-128-K, linear), batched
 * :mod:`.distill`    Eq. 1 distillation with Adam, many students per step
+* :mod:`.workers`    distillation batches split over two processes
 * :mod:`.recipes`    fixed recipes and the self-tuned attacker's k-fold selection
 * :mod:`.attacker`   the thief: recipes on answers, memoized surrogates, scoring
 * :mod:`.frontier`   the defense frontier and the noisy root for a surrogate target
-* :mod:`.experiment` conditions, seeds, spreads: the whole experiment
+* :mod:`.averaging`  M repeated queries, fresh against per-input seeding
+* :mod:`.spread`     mean and sd over replicate seeds
+* :mod:`.experiment` conditions, seeds, phases: the whole experiment
 * :mod:`.report`     the ``caliber.extraction/v1`` JSON and the printed tables
 * :mod:`.command`    ``python -m caliber_core extract``
 
