@@ -132,7 +132,8 @@ def _put(idx, value):
 
 
 @pytest.mark.parametrize("change, match", [
-    (dict(raw={"agree_hi": np.array([object()] * 3, dtype=object)}), "not a readable .npz"),
+    (dict(raw={"agree_hi": np.array([object()] * 3, dtype=object)}), "agree_hi is an object array"),
+    (dict(raw={"header": np.zeros(1 << 17, dtype=np.uint8)}), "header is too large"),
     (dict(arrays={"agree_hi": lambda a: a[:, :-2]}), r"agree_hi must have shape"),
     (dict(arrays={"sigma": lambda a: a[:-1]}), r"sigma must have shape"),
     (dict(arrays={"acc_hi": lambda a: a.astype(np.float32)}), "acc_hi must be float64"),
@@ -176,7 +177,7 @@ def test_object_array_is_never_unpickled(exact_cal, tmp_path):
 
     buf = io.BytesIO()
     np.savez(buf, header=np.array([Boom()], dtype=object))
-    with pytest.raises(CalibrationArraysError, match="not a readable .npz"):
+    with pytest.raises(CalibrationArraysError, match="header is an object array"):
         calibration_from_bytes(buf.getvalue(), logits=data.logits, labels=data.labels)
     assert not marker.exists()
 
@@ -186,6 +187,23 @@ def test_garbage_is_refused(exact_cal, content):
     data, cal = exact_cal
     with pytest.raises(CalibrationArraysError, match="not a readable .npz"):
         calibration_from_bytes(content, logits=data.logits, labels=data.labels)
+
+
+def test_flipped_byte_is_refused(exact_cal):
+    data, cal = exact_cal
+    content = bytearray(calibration_to_bytes(cal))
+    content[len(content) // 3] ^= 0xFF  # inside a deflated entry: the zip's CRC catches it
+    with pytest.raises(CalibrationArraysError):
+        calibration_from_bytes(bytes(content), logits=data.logits, labels=data.labels)
+
+
+def test_duplicate_and_foreign_entries_are_refused(exact_cal):
+    data, cal = exact_cal
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("dir/header.npy", b"x")
+    with pytest.raises(CalibrationArraysError, match="unexpected entry 'dir/header.npy'"):
+        calibration_from_bytes(buf.getvalue(), logits=data.logits, labels=data.labels)
 
 
 def test_truncated_bytes_are_refused(exact_cal):
@@ -215,9 +233,13 @@ def test_logits_and_labels_must_fit(exact_cal):
 
 def test_header_is_plain_json_named_by_format(exact_cal):
     _, cal = exact_cal
-    with zipfile.ZipFile(io.BytesIO(calibration_to_bytes(cal))) as zf:
+    content = calibration_to_bytes(cal)
+    with zipfile.ZipFile(io.BytesIO(content)) as zf:
         names = sorted(zf.namelist())
     assert "header.npy" in names and all(n.endswith(".npy") for n in names)
+    with np.load(io.BytesIO(content), allow_pickle=False) as npz:  # an ordinary .npz
+        assert sorted(npz.files) == sorted(n[:-4] for n in names)
+        assert json.loads(npz["header"].tobytes())["format"] == FORMAT
     header, arrays = calibration_to_arrays(cal)
     assert header["format"] == FORMAT and header["version"] == __version__
     assert all(a.dtype == np.float64 and a.flags.c_contiguous for a in arrays.values())
