@@ -84,9 +84,30 @@ def validate_labels(
     return np.array(y, dtype=np.int64, order="C")
 
 
+# Rows per top-two pass: about 8 MB of float64 at a time. One pass over a large
+# file would partition a full copy of it (360 MB at 45,000 x 1,000): 0.4 s of
+# fresh memory in a new process against 0.1 s in cache-sized chunks.
+_MARGIN_CHUNK_ELEMENTS = 1 << 20
+
+
+def margins_in_chunks(logits: np.ndarray) -> np.ndarray:
+    """``top_two_margins`` of a float64 (n, K) array, computed a block of rows at a time.
+
+    The same values as one pass (each row's margin depends on that row only).
+    """
+    n, k = logits.shape
+    rows = max(1, _MARGIN_CHUNK_ELEMENTS // k)
+    if n <= rows:
+        return top_two_margins(logits)
+    out = np.empty(n, dtype=np.float64)
+    for start in range(0, n, rows):
+        out[start:start + rows] = top_two_margins(logits[start:start + rows])
+    return out
+
+
 def check_margin_scale(logits: np.ndarray, src: str) -> None:
     """The margin scale S = median top-two margin must be positive (Eq. normalized-noise)."""
-    margins = top_two_margins(logits)
+    margins = margins_in_chunks(logits)
     median = float(np.median(margins))
     if not median > 0:
         tied = float(np.mean(margins == 0))
