@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from numpy.lib import format as npy_format
 
 from caliber_core.loading import LogitsFileError, load_logits_bytes
+from caliber_core.loading import npy as npy_reader
 from caliber_core.loading.safety import MESSAGE_MAX_CHARS, clean_name, display_name, fail, one_line
 
 PACKAGE = Path(__file__).resolve().parents[1] / "caliber_core" / "loading"
@@ -69,6 +70,7 @@ def _logits(n=300, k=5, seed=0):
 
 def test_npy_huge_header_never_reaches_numpys_array_reader(monkeypatch):
     _forbid(monkeypatch, npy_format, "read_array")
+    _forbid(monkeypatch, npy_reader, "view_data")  # a whole .npy is read as a view of its bytes
     with pytest.raises(LogitsFileError, match=r"^huge\.npy: " + SHARED_COUNT_MESSAGE):
         load_logits_bytes(_npy_header(HUGE) + b"\0" * 64, "huge.npy")
 
@@ -87,16 +89,18 @@ def test_labels_files_huge_headers_never_reach_numpys_array_reader(monkeypatch):
     logits_npy = buf.getvalue()
     labels_npy = _npy_header((10**12,), "<i8")
     labels_npz = _zip(**{"labels.npy": labels_npy})
-    real_read_array = npy_format.read_array
     calls = []
 
-    def only_for_logits(fp, *args, **kwargs):
-        calls.append(1)
-        if len(calls) > 1:
-            raise Allocated("read_array was called for the labels")
-        return real_read_array(fp, *args, **kwargs)
+    def only_for_logits(real):
+        def reader(*args, **kwargs):
+            calls.append(1)
+            if len(calls) > 1:
+                raise Allocated("the labels' data was read")
+            return real(*args, **kwargs)
+        return reader
 
-    monkeypatch.setattr(npy_format, "read_array", only_for_logits)
+    monkeypatch.setattr(npy_format, "read_array", only_for_logits(npy_format.read_array))
+    monkeypatch.setattr(npy_reader, "view_data", only_for_logits(npy_reader.view_data))
     for name, content in (("y.npy", labels_npy), ("y.npz", labels_npz)):
         calls.clear()
         with pytest.raises(LogitsFileError, match=rf"^{name[0]}\.{name[2:]}: labels shape \(1000000000000,\) has 1,000,000,000,000 elements"):
@@ -166,7 +170,8 @@ def test_the_patched_calls_are_the_ones_each_format_uses(monkeypatch):
     buf = io.BytesIO()
     np.save(buf, z)
     cases = [
-        (npy_format, "read_array", buf.getvalue(), "ok.npy"),
+        (npy_reader, "view_data", buf.getvalue(), "ok.npy"),
+        (npy_format, "read_array", _zip(**{"logits.npy": buf.getvalue()}), "ok.npz"),
         (np, "frombuffer", safetensors.numpy.save({"logits": z}), "ok.safetensors"),
         (pd, "read_csv", pd.DataFrame(z).to_csv(index=False).encode(), "ok.csv"),
     ]

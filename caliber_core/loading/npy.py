@@ -3,14 +3,17 @@
 ``numpy.lib.format.read_magic`` and ``read_array_header_1_0``/``_2_0`` parse
 the header (at most :data:`HEADER_MAX_BYTES` bytes, a ``literal_eval`` of a
 dict, never an unpickle). The declared dtype and element count are checked
-next, and only then does ``numpy.lib.format.read_array`` (``allow_pickle=False``)
-allocate the array and read its data. ``read_array`` on its own would allocate
-as many elements as the header claims before reading a byte of data.
+next, and only then is the data read: a whole ``.npy`` file as a read-only view
+of its bytes (:func:`view_data`), an ``.npz`` member by
+``numpy.lib.format.read_array`` (``allow_pickle=False``). ``read_array`` on its
+own would allocate as many elements as the header claims before reading a byte
+of data.
 """
 
 from __future__ import annotations
 
 import io
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,7 +104,23 @@ def read_npy(content: bytes, *, src: str, field: str, max_elements: int) -> np.n
         header, size=len(content), src=src, field=field, max_elements=max_elements, what="npy"
     )
     with library_errors(src, "the file is not a valid npy array"):
-        return read_data(fp)
+        return view_data(content, header)
+
+
+def view_data(content: bytes, header: NpyHeader) -> np.ndarray:
+    """A read-only view of the data a checked header declares, inside ``content`` (no copy).
+
+    ``check_dtype`` and ``check_data_size`` must have passed: the dtype holds no
+    objects and the bytes are all there. The validators copy what they keep, so
+    a 180 MB float32 file is not copied once more before its float64 conversion.
+    """
+    count = math.prod(header.shape)
+    if count == 0:
+        return np.empty(header.shape, dtype=header.dtype)
+    flat = np.frombuffer(content, dtype=header.dtype, count=count, offset=header.data_offset)
+    if header.fortran_order:
+        return flat.reshape(header.shape[::-1]).T
+    return flat.reshape(header.shape)
 
 
 def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
