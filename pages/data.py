@@ -1,10 +1,13 @@
 """Data: upload logits files (or use the demo set), see their margins, remove models."""
 
+import numpy as np
+import pandas as pd
 import streamlit as st
 
 from caliber_core.calibration import margins
 from caliber_core.loading import LABELS_EXTENSIONS, SUPPORTED_EXTENSIONS, describe
-from caliber_dashboard import figures, navigation, state, tables, ui
+from caliber_core.loading.checks import margins_in_chunks
+from caliber_dashboard import cache, figures, navigation, state, tables, ui
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 
@@ -14,6 +17,20 @@ st.caption(
     "Uploads are kept in this workspace (its link is in the address bar; see the sidebar) and "
     "come back after a reload; files are validated before use and never unpickled."
 )
+
+# Per model, by content digest: a 45,000 x 1,000 file costs ~0.3 s per table row
+# and per margin pass, on every rerun of this page otherwise.
+@st.cache_resource(max_entries=64, show_spinner=False)
+def _table_row(key: tuple, _data) -> pd.DataFrame:
+    return tables.model_table([_data])
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def _margins(key: str, _data) -> np.ndarray:
+    m = margins_in_chunks(_data.logits)
+    m.flags.writeable = False  # shared by every session
+    return m
+
 
 def _on_upload():
     # Runs before the script body, so every part of this run (the sidebar's model
@@ -80,7 +97,8 @@ st.subheader("Loaded models")
 if not models:
     st.info("No models loaded. Upload logits files above, or load the bundled demo set.")
 else:
-    table = tables.model_table(list(models.values()))
+    table = pd.concat([_table_row((cache.data_digest(d), d.name, d.source), d) for d in models.values()],
+                      ignore_index=True)
     st.dataframe(
         table, hide_index=True, width="stretch",
         column_config={
@@ -120,7 +138,7 @@ if models:
     normalized = scale_mode != "logit units"
     hist_data = {}
     for sha in shown:
-        m = margins.top_two_margins(models[sha].logits)
+        m = _margins(cache.data_digest(models[sha]), models[sha])
         hist_data[state.model_label(models[sha])] = m / margins.scale_from_margins(m) if normalized else m
     fig = figures.margin_histogram(
         hist_data,
