@@ -119,6 +119,26 @@ CORRIDOR_JS = """
 # ----------------------------------------------------------------------------- servers
 
 
+_PIDS: dict[str, int] = {}  # server url -> process id, for its CPU time
+
+
+def _cpu_seconds(url: str) -> float:
+    """CPU time (user + system, all threads) the server at ``url`` has used so far."""
+    fields = Path(f"/proc/{_PIDS[url]}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _wait_idle(url: str, *, limit_s: float = 30.0, window_s: float = 0.5) -> float:
+    """Wait until the server at ``url`` uses under 5% of a CPU (its warm-up is over); seconds waited."""
+    start = time.monotonic()
+    while time.monotonic() - start < limit_s:
+        before = _cpu_seconds(url)
+        time.sleep(window_s)
+        if _cpu_seconds(url) - before < 0.05 * window_s:
+            break
+    return time.monotonic() - start
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -149,6 +169,7 @@ def serve(script: str, log: Path, *, root: Path = ROOT):
             if time.monotonic() - start > 90:
                 raise RuntimeError(f"streamlit did not become healthy: {log.read_text()[-2000:]}")
             time.sleep(0.1)
+        _PIDS[url] = proc.pid
         yield url, time.monotonic() - start
     finally:
         proc.terminate()
@@ -242,9 +263,14 @@ def slider_steps(browser, app_url: str, minimal_url: str, *, steps: int, warmup:
         project.open(app_url, "Data")
         project.click_page("Calibrate")
         minimal.open(minimal_url, "Minimal slider page")
+        settled = _wait_idle(app_url)  # a person reads the page before moving the slider
         times = {"project": [], "minimal": []}
         sizes = {"project": [], "minimal": []}
+        urls = {"project": app_url, "minimal": minimal_url}
+        cpu = {}
         for i in range(warmup + steps):
+            if i == warmup:
+                cpu = {name: _cpu_seconds(u) for name, u in urls.items()}
             order = (("project", project), ("minimal", minimal))
             for name, visitor in order if i % 2 == 0 else order[::-1]:
                 visitor.page.bring_to_front()
@@ -253,12 +279,14 @@ def slider_steps(browser, app_url: str, minimal_url: str, *, steps: int, warmup:
                     times[name].append(seconds)
                     sizes[name].append(received)
                 time.sleep(0.2)
-        out = {name: {**_summary(t), "bytes_median": float(np.median(sizes[name]))}
+        out = {name: {**_summary(t), "bytes_median": float(np.median(sizes[name])),
+                      "server_cpu_per_step": (_cpu_seconds(urls[name]) - cpu[name]) / steps}
                for name, t in times.items()}
         out["ratio_of_medians"] = out["project"]["median"] / out["minimal"]["median"]
         paired = np.array(times["project"]) / np.array(times["minimal"])
         out["paired_ratio"] = _summary(paired)
         out["exceptions"] = project.exceptions() + minimal.exceptions()
+        out["settled_s"] = settled
         return out
     finally:
         project.close()
@@ -380,11 +408,11 @@ def main(argv=None) -> None:
                     s = slider_steps(browser, app_url, minimal_url, steps=args.steps,
                                      warmup=args.warmup_steps, quiet=args.quiet)
                     results["slider"] = s
-                    print("\nSlider steps, interleaved in one run (key press to the last paint):")
-                    print(f"  Calibrate page: {_fmt(s['project'])}, "
-                          f"{s['project']['bytes_median'] / 1024:.1f} KiB per step")
-                    print(f"  minimal page:   {_fmt(s['minimal'])}, "
-                          f"{s['minimal']['bytes_median'] / 1024:.1f} KiB per step")
+                    print("\nSlider steps, interleaved in one run (key press to the last paint; "
+                          f"first {s['settled_s']:.1f} s for the server to go idle):")
+                    for name, label in (("project", "Calibrate page:"), ("minimal", "minimal page:  ")):
+                        print(f"  {label} {_fmt(s[name])}, {s[name]['bytes_median'] / 1024:.1f} KiB "
+                              f"and {1000 * s[name]['server_cpu_per_step']:.0f} ms of server CPU per step")
                     print(f"  ratio of medians {s['ratio_of_medians']:.2f} (target <= 1.5); "
                           f"paired ratios: {_fmt(s['paired_ratio'], unit='x')}; "
                           f"exceptions {s['exceptions']}")

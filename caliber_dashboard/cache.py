@@ -17,6 +17,7 @@ no progress bar (there is no page to draw on).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import threading
@@ -40,7 +41,7 @@ from caliber_core.calibration.calibrate import Calibration, sigma_for_target
 from caliber_core.config import TargetRecord
 from caliber_core.loading import LogitsData
 
-from .calibrate_plots import base_figure
+from . import calibrate_plots
 from .curves import sigma_grid
 
 _EMPTY = object()
@@ -104,6 +105,15 @@ def _estimator_slot(key: tuple) -> _Slot:
 @st.cache_resource(max_entries=512, show_spinner=False)
 def _served_slot(key: tuple) -> _Slot:
     return _Slot()
+
+
+@st.cache_resource(max_entries=24, show_spinner=False)
+def _model_lock(key: tuple) -> threading.Lock:
+    return threading.Lock()
+
+
+# Neighbouring slider targets are computed here while the page is drawn (see served()).
+_prefetcher = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-prefetch")
 
 
 @st.cache_resource(max_entries=24, show_spinner=False)
@@ -181,6 +191,13 @@ def calibration(data: LogitsData, *, statistic: str = "median", seed: int = 0,
     )
 
 
+def is_calibrated(data: LogitsData, *, statistic: str = "median", seed: int = 0,
+                  realizations: int | None = None) -> bool:
+    """Whether :func:`calibration` would answer from the cache."""
+    key = (data_digest(data), statistic, seed, _realizations(realizations))
+    return _calibration_slot(key).value is not _EMPTY
+
+
 def _model_key(data: LogitsData, cal: Calibration) -> tuple:
     return (data_digest(data), cal.statistic, cal.seed, cal.intervals.realizations)
 
@@ -213,16 +230,38 @@ def served(data: LogitsData, cal: Calibration, kind: str, value: float, *,
     exported config agree. Raises ValueError (not cached) for a target out of
     reach or a side that cannot be guaranteed.
     """
-    record = target(data, cal, kind, value)
-    key = _model_key(data, cal) + (kind, float(value), side)
+    model = _model_key(data, cal)
 
     def compute(_):
-        est = estimator(data, cal)
-        # The point needs no drift reference for a readout: sigma* and its intervals only.
-        rec = record if side == "point" else with_interval(cal, record, est, side=side)
-        return rec, est.at(rec.sigma)
+        # One computation per model at a time: the bootstrap's own cache is not thread-safe.
+        with _model_lock(model):
+            record = target(data, cal, kind, value)
+            est = estimator(data, cal)
+            # The point needs no drift reference for a readout: sigma* and its intervals only.
+            rec = record if side == "point" else with_interval(cal, record, est, side=side)
+            return rec, est.at(rec.sigma)
 
-    return _fill(_served_slot(key), compute)
+    return _fill(_served_slot(model + (kind, float(value), side)), compute)
+
+
+def prefetch(data: LogitsData, cal: Calibration, kind: str, values: Sequence[float], *,
+             side: str = "point") -> None:
+    """Compute :func:`served` for ``values`` (the slider's neighbours) in the background.
+
+    The next step then finds its readout ready.
+    """
+    key = _model_key(data, cal) + (kind,)
+    for v in values:
+        if _served_slot(key + (float(v), side)).value is _EMPTY:
+            _prefetcher.submit(_prefetch_one, data, cal, kind, float(v), side)
+
+
+def _prefetch_one(data, cal, kind, value, side) -> None:
+    try:
+        with quietly():
+            served(data, cal, kind, value, side=side)
+    except ValueError:
+        pass  # out of reach: the page says so if that value is ever asked for
 
 
 def bands(data: LogitsData, cal: Calibration) -> IntervalBands:
@@ -241,10 +280,11 @@ def bands(data: LogitsData, cal: Calibration) -> IntervalBands:
 def figure(data: LogitsData, cal: Calibration, view: str, *, with_bands: bool = False) -> go.Figure:
     """One view of the Calibrate page without its target, built once per model and view.
 
-    Shared by every session: never modify it; ``calibrate_plots.target_figure`` copies it.
+    Shared by every session: never modify it; ``calibrate_plots.target_figure`` copies it
+    (once per session and view; a slider step then moves the target on that copy).
     """
     def compute(_):
-        return base_figure(cal, curves(data, cal), view,
+        return calibrate_plots.base_figure(cal, curves(data, cal), view,
                            bands=bands(data, cal) if with_bands else None)
 
     return _fill(_figure_slot(_model_key(data, cal) + (view, bool(with_bands))), compute)

@@ -24,7 +24,7 @@ import plotly.graph_objects as go
 
 from caliber_core.calibration.calibrate import Calibration
 from caliber_core.calibration.corridor import ModelCurves
-from caliber_core.calibration.intervals import IntervalBands
+from caliber_core.calibration.intervals import IntervalBands, IntervalSet
 from caliber_core.calibration.margins import normalized_noise
 from caliber_core.config import TargetRecord
 
@@ -139,8 +139,23 @@ def target_xy(cal: Calibration, record: TargetRecord, view: str, *,
     return record.v, float(y)
 
 
+def delivered(intervals: IntervalSet | None) -> dict:
+    """{"accuracy": ..., "agreement": ...}: the estimates at the served sigma (None when absent)."""
+    if intervals is None:
+        return {}
+    return {q: (None if intervals.get(q) is None else intervals.get(q).estimate)
+            for q in ("accuracy", "agreement")}
+
+
 def target_figure(base: go.Figure, cal: Calibration, record: TargetRecord | None, view: str, *,
                   delivered: Mapping[str, float | None]) -> go.Figure:
-    """A copy of ``base`` with the served target marked (or the plain copy)."""
+    """A copy of ``base`` with the served target marked (hidden when there is none to mark)."""
     xy = None if record is None else target_xy(cal, record, view, delivered=delivered)
     return figures.with_target(base, xy, x_name="σ*" if view == "raw" else "v*")
+
+
+def move_target(fig: go.Figure, cal: Calibration, record: TargetRecord | None, view: str, *,
+                delivered: Mapping[str, float | None]) -> go.Figure:
+    """Move the target of a :func:`target_figure` in place (a slider step)."""
+    xy = None if record is None else target_xy(cal, record, view, delivered=delivered)
+    return figures.move_target(fig, xy, x_name="σ*" if view == "raw" else "v*")

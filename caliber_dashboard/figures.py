@@ -139,20 +139,38 @@ def with_target(base: go.Figure, target: tuple[float, float] | None, *,
                 x_name: str = "v*", label: str = TARGET_NAME) -> go.Figure:
     """A copy of ``base`` with the target marker and its two guide lines; ``base`` is untouched.
 
-    ``target`` is (x, y) in data units, or None for the copy alone. The marker
-    is the last trace; the guide lines follow the base's own shapes.
+    ``target`` is (x, y) in data units, or None (marker and lines hidden). The
+    marker is the last trace and the guide lines the last two shapes, so
+    :func:`move_target` can move them in place.
     """
     fig = go.Figure(base)
-    if target is None:
-        return fig
-    x, y = float(target[0]), float(target[1])
     fig.add_trace(go.Scatter(
-        x=[x], y=[y], mode="markers", name=label,
+        x=[], y=[], mode="markers", name=label,
         marker=dict(symbol="star", size=16, color="#000", line=dict(width=1, color="#fff")),
-        hovertemplate=f"{x_name}={x:.4g}<br>target={y:.4f}<extra></extra>",
     ))
     fig.layout.shapes = tuple(fig.layout.shapes) + (
-        _vline(x, color="#444", dash="dot"), _hline(y, color="#444", dash="dot"))
+        _vline(1.0, color="#444", dash="dot"), _hline(0.0, color="#444", dash="dot"))
+    return move_target(fig, target, x_name=x_name)
+
+
+def move_target(fig: go.Figure, target: tuple[float, float] | None, *,
+                x_name: str = "v*") -> go.Figure:
+    """Move (or hide) the marker and guide lines of a :func:`with_target` figure, in place.
+
+    The cheap update of a slider step: three small properties of one trace
+    and two shapes, nothing else validated again.
+    """
+    marker, (vline, hline) = fig.data[-1], fig.layout.shapes[-2:]
+    with fig.batch_update():
+        if target is None:
+            marker.update(x=[], y=[], showlegend=False, hovertemplate=None)
+            vline.visible = hline.visible = False
+            return fig
+        x, y = float(target[0]), float(target[1])
+        marker.update(x=[x], y=[y], showlegend=True,
+                      hovertemplate=f"{x_name}={x:.4g}<br>target={y:.4f}<extra></extra>")
+        vline.update(x0=x, x1=x, visible=True)
+        hline.update(y0=y, y1=y, visible=True)
     return fig
 
 

@@ -34,26 +34,30 @@ def model_selector(label: str, *, key: str, labelled_only: bool = False) -> Logi
     return store[sha]
 
 
-def target_control(data: LogitsData, cal: Calibration, *, key_prefix: str,
-                   kinds: tuple[str, ...] = CALIBRATED_KINDS,
-                   remember: bool = True) -> tuple[str, float, float]:
-    """Kind radio + percent slider. Returns (kind, value as a fraction, percent).
+def target_kind(cal: Calibration, *, key_prefix: str,
+                kinds: tuple[str, ...] = CALIBRATED_KINDS) -> str:
+    """The kind radio (none when only one kind fits the file); remembers the choice across pages."""
+    if not cal.has_labels:
+        kinds = tuple(k for k in kinds if k == "agreement")
+    if len(kinds) == 1:
+        return kinds[0]
+    remembered = st.session_state.get(state.TARGETS, {}).get(_KIND_KEY, kinds[0])
+    kind = st.radio("Target", kinds, index=kinds.index(remembered) if remembered in kinds else 0,
+                    format_func=lambda k: KIND_LABELS[k], horizontal=True,
+                    key=f"{key_prefix}_kind")
+    st.session_state.setdefault(state.TARGETS, {})[_KIND_KEY] = kind
+    return kind
+
+
+def target_slider(data: LogitsData, cal: Calibration, kind: str, *, key_prefix: str,
+                  remember: bool = True) -> tuple[float, float]:
+    """The percent slider for one kind. Returns (value as a fraction, percent).
 
     The slider's key carries the model's digest (ranges differ per model); its
     starting value is the last target chosen for that kind on any page.
     ``remember=False`` leaves storing the choice (``state.remember_target``, a
     workspace write) to the caller, e.g. after the results are on the page.
     """
-    if not cal.has_labels:
-        kinds = tuple(k for k in kinds if k == "agreement")
-    if len(kinds) == 1:
-        kind = kinds[0]
-    else:
-        remembered = st.session_state.get(state.TARGETS, {}).get(_KIND_KEY, kinds[0])
-        kind = st.radio("Target", kinds, index=kinds.index(remembered) if remembered in kinds else 0,
-                        format_func=lambda k: KIND_LABELS[k], horizontal=True,
-                        key=f"{key_prefix}_kind")
-        st.session_state.setdefault(state.TARGETS, {})[_KIND_KEY] = kind
     rng = slider_range(kind, clean_accuracy=cal.clean_accuracy, n_classes=cal.n_classes)
     start = min(rng.hi, max(rng.lo, state.remembered_target(kind, rng.default)))
     percent = st.slider(
@@ -63,7 +67,18 @@ def target_control(data: LogitsData, cal: Calibration, *, key_prefix: str,
     )
     if remember:
         state.remember_target(kind, percent)
-    return kind, percent_to_fraction(percent), percent
+    return percent_to_fraction(percent), percent
+
+
+def target_control(data: LogitsData, cal: Calibration, *, key_prefix: str,
+                   kinds: tuple[str, ...] = CALIBRATED_KINDS) -> tuple[str, float, float]:
+    """Kind radio + percent slider (:func:`target_kind`, :func:`target_slider`).
+
+    Returns (kind, value as a fraction, percent).
+    """
+    kind = target_kind(cal, key_prefix=key_prefix, kinds=kinds)
+    value, percent = target_slider(data, cal, kind, key_prefix=key_prefix)
+    return kind, value, percent
 
 
 def csv_download(df: pd.DataFrame, *, label: str, file_name: str, key: str) -> None:

@@ -4,7 +4,8 @@ import streamlit as st
 
 from caliber_core.calibration.margins import MARGIN_STATISTICS
 from caliber_core.config import SIDES
-from caliber_dashboard import cache, calibrate_plots, figures, navigation, readouts, state, tables, ui
+from caliber_dashboard import background, cache, calibrate_plots, figures, navigation, readouts, state, tables, ui
+from caliber_dashboard.targets import percent_to_fraction, slider_range
 from caliber_dashboard.ui import fmt
 from caliber_dashboard.verification import verify_realizations, verify_sigma
 
@@ -12,11 +13,9 @@ navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 
 VERIFY_RESULT = "caliber_verify_result"
 VERIFY_REQUEST = "caliber_verify_request"
-# The plot follows every slider step (the marker and its guide lines move with
-# the numbers). Measured in Chromium against a minimal one-figure page
-# (benchmarks/bench_dashboard.py): with the base figure cached and one view
-# drawn, a step that redraws the plot stays within the budget of a plain page
-# that redraws one figure, and a marker left behind the numbers reads as stale.
+LAST_PERCENT = "caliber_calibrate_last_percent"
+CURRENT_TARGET = "caliber_calibrate_current_target"
+SESSION_FIGURE = "caliber_calibrate_figure"
 CAPTIONS = {
     "normalized": "Points: Monte-Carlo sweep with ±1 s.e. bars. Red: the logistic law fit to them. "
                   "Shaded green: the accuracy corridor of Corollary 1, normalized like Ã. Dashed: "
@@ -74,8 +73,9 @@ if not cal.has_labels:
             "targets are possible.")
 
 
-def _request_verify(key):
-    st.session_state[VERIFY_REQUEST] = key
+def _request_verify():
+    # The target is the fragment's latest (it may have moved since this button was drawn).
+    st.session_state[VERIFY_REQUEST] = st.session_state.get(CURRENT_TARGET)
 
 
 def _readout(record, intervals, kind, side):
@@ -87,43 +87,33 @@ def _readout(record, intervals, kind, side):
                 help="Eq. inverse-v on the fitted law, for comparison; σ* inverts the curve.")
     st.markdown(readouts.interval_line(intervals, first=kind))
     advice, wide = readouts.advice(intervals, kind=kind)
+    method = (f"Method: {record.method}" + (" (saturated)" if record.saturated else "")
+              + f" · side: {readouts.SIDE_LABELS[side]} · interval: {intervals.method}.")
     if wide:
-        st.warning(advice + " Wider than ±2 points: more calibration rows narrow it.",
+        st.warning(f"{advice} Wider than ±2 points: more calibration rows narrow it. {method}",
                    icon=":material/warning:")
     else:
-        st.caption(advice)
-    st.caption(f"Method: {record.method}" + (" (saturated)" if record.saturated else "")
-               + f" · side: {readouts.SIDE_LABELS[side]} · interval: {intervals.method}")
+        st.caption(f"{advice} {method}")
 
 
-def _plot(record, intervals):
-    v1, v2 = st.columns([3, 1])
-    with v1:
-        view = st.segmented_control(
-            "View", calibrate_plots.VIEWS, format_func=calibrate_plots.VIEW_LABELS.get,
-            default="normalized", required=True, key="calibrate_view",
-            help="One view at a time: only the one shown is built and sent.")
-    with v2:
-        with_bands = st.toggle(f"{estimator.confidence:.0%} interval band", key="calibrate_bands",
-                               disabled=view == "residuals",
-                               help="The row bootstrap's band around the curve σ* inverts.")
-    base = cache.figure(data, cal, view, with_bands=with_bands and view != "residuals")
-    delivered = {}
-    if intervals is not None:
-        delivered = {q: (None if intervals.get(q) is None else intervals.get(q).estimate)
-                     for q in ("accuracy", "agreement")}
-    fig = calibrate_plots.target_figure(base, cal, record, view, delivered=delivered)
+def _plot(record, intervals, view, with_bands):
+    """This session's copy of the view (made once per model and view), the target moved on it."""
+    key = (cache.data_digest(data), statistic, view, with_bands)
+    held = st.session_state.get(SESSION_FIGURE)
+    if held is None or held["key"] != key:
+        base = cache.figure(data, cal, view, with_bands=with_bands)
+        held = {"key": key, "figure": calibrate_plots.target_figure(base, cal, None, view, delivered={})}
+        st.session_state[SESSION_FIGURE] = held
+    fig = calibrate_plots.move_target(held["figure"], cal, record, view,
+                                      delivered=calibrate_plots.delivered(intervals))
     st.plotly_chart(fig, width="stretch", key=f"fig_{view}",
                     config=figures.chart_config(f"{data.name}_{view}"))
-    st.caption(CAPTIONS[view])
 
 
-def _verify(record, intervals, kind, side, key):
-    st.markdown("**Verify** σ with fresh Monte-Carlo noise (a new seed every click).")
-    # A callback, not `if st.button(...)`: the request survives a rerun.
-    st.button("Verify", key="verify_btn", icon=":material/science:", disabled=record is None,
-              on_click=_request_verify, args=(key,))
-    if record is not None and st.session_state.pop(VERIFY_REQUEST, None) == key:
+def _verification(record, intervals, kind, side, key):
+    """Fresh-noise measurement at the served sigma, when the Verify button asked for this target."""
+    if record is not None and st.session_state.get(VERIFY_REQUEST) == key:
+        st.session_state.pop(VERIFY_REQUEST)
         reps = verify_realizations(cal.n_samples)
         seed = state.next_verify_seed()
         bar = st.progress(0.0, text=f"Adding fresh noise: {reps} draws × {cal.n_samples} inputs…")
@@ -154,18 +144,19 @@ def _verify(record, intervals, kind, side, key):
         f"(relative error {rel:+.2f}%).")
 
 
+# Only the slider, the readout and the plot are in the fragment: a step re-sends and
+# redraws them and nothing else. Kind, side, view and band are chosen outside it (a
+# change there reruns the page, which is rare). The plot follows every step. Measured
+# in Chromium next to a minimal one-figure page (benchmarks/bench_dashboard.py, load
+# ~3-5 on 2 CPUs): numbers only, 0.11 s a step (0.5x the minimal page); numbers and
+# plot, 0.27-0.31 s (1.05-1.17x). Both are quick; a marker that stays behind while the
+# numbers move reads as stale, so the plot follows.
 @st.fragment
-def target_panel():
-    """Target, side, readout with intervals, the plot with the target, verify. Reruns alone."""
-    st.subheader("Target → σ*")
-    t1, t2 = st.columns([3, 1])
-    with t1:
-        kind, value, percent = ui.target_control(data, cal, key_prefix="calibrate", remember=False)
-    with t2:
-        side = st.segmented_control(
-            "Side", SIDES, format_func=readouts.SIDE_LABELS.get, default="point", required=True,
-            key="calibrate_side", help=" ".join(f"{readouts.SIDE_LABELS[s]}: {readouts.SIDE_HELP[s]}"
-                                                for s in SIDES))
+def target_panel(kind, side, view, with_bands):
+    """Slider, readout with intervals, the plot with the target, verification. Reruns alone."""
+    value, percent = ui.target_slider(data, cal, kind, key_prefix="calibrate", remember=False)
+    key = (cache.data_digest(data), statistic, kind, value, side)
+    st.session_state[CURRENT_TARGET] = key
     record = intervals = None
     try:
         record, intervals = cache.served(data, cal, kind, value, side=side)
@@ -173,13 +164,37 @@ def target_panel():
         st.warning(ui.plain(str(exc)))
     if record is not None:
         _readout(record, intervals, kind, side)
-    _plot(record, intervals)
-    _verify(record, intervals, kind, side, (cache.data_digest(data), statistic, kind, value, side))
-    # Stored last: the workspace write (a database commit) need not hold up the readout and plot.
-    state.remember_target(kind, percent)
+    _plot(record, intervals, view, with_bands)
+    # The slider's neighbours, the next one in the direction of the last move first.
+    rng = slider_range(kind, clean_accuracy=cal.clean_accuracy, n_classes=cal.n_classes)
+    last = st.session_state.get(LAST_PERCENT, percent)
+    st.session_state[LAST_PERCENT] = percent
+    ahead = [percent - rng.step, percent + rng.step][:: 1 if last >= percent else -1]
+    cache.prefetch(data, cal, kind, [percent_to_fraction(p) for p in ahead if rng.lo <= p <= rng.hi],
+                   side=side)
+    _verification(record, intervals, kind, side, key)
+    # The workspace write (two database commits) need not hold up the readout and plot.
+    background.run_after(state.remember_target, kind, percent)
 
 
-target_panel()
+st.subheader("Target → σ*")
+left, right = st.columns([3, 1])
+with right:
+    side = st.segmented_control(
+        "Side", SIDES, format_func=readouts.SIDE_LABELS.get, default="point", required=True,
+        key="calibrate_side", help=" ".join(f"{readouts.SIDE_LABELS[s]}: {readouts.SIDE_HELP[s]}"
+                                            for s in SIDES))
+    view = st.radio("View", calibrate_plots.VIEWS, format_func=calibrate_plots.VIEW_LABELS.get,
+                    key="calibrate_view", help="One view at a time: only the one shown is built and sent.")
+    with_bands = st.toggle(f"{estimator.confidence:.0%} interval band", key="calibrate_bands",
+                           disabled=view == "residuals",
+                           help="The row bootstrap's band around the curve σ* inverts.")
+    with_bands = with_bands and view != "residuals"
+    st.caption(CAPTIONS[view])
+    st.markdown("**Verify** σ with fresh Monte-Carlo noise (a new seed every click).")
+    st.button("Verify", key="verify_btn", icon=":material/science:", on_click=_request_verify)
+with left:
+    target_panel(ui.target_kind(cal, key_prefix="calibrate"), side, view, with_bands)
 
 st.subheader("Fit quality")
 f = st.columns(6)

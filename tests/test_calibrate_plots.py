@@ -54,8 +54,17 @@ def test_with_target_copies_and_leaves_the_base_alone(cal, curves):
     v, h = fig.layout.shapes[-2:]
     assert (v.x0, v.x1, v.yref) == (2.0, 2.0, "y domain")
     assert (h.y0, h.y1, h.xref) == (0.7, 0.7, "x domain")
-    plain = figures.with_target(base, None)
-    assert plain is not base and json.loads(plain.to_json()) == before
+    hidden = figures.with_target(base, None)
+    assert hidden.data[-1].x == () and hidden.data[-1].showlegend is False
+    assert [s.visible for s in hidden.layout.shapes[-2:]] == [False, False]
+    assert json.loads(base.to_json()) == before
+    # A step moves the marker and lines in place, and can hide them again.
+    moved = figures.move_target(hidden, (3.0, 0.5), x_name="σ*")
+    assert moved is hidden and hidden.data[-1].x == (3.0,) and hidden.layout.shapes[-2].x0 == 3.0
+    assert hidden.layout.shapes[-1].y0 == 0.5 and hidden.layout.shapes[-1].visible
+    figures.move_target(hidden, None)
+    assert hidden.data[-1].x == () and not hidden.layout.shapes[-1].visible
+    assert hidden.data[:-1] == fig.data[:-1]  # the rest is the base's
 
 
 def test_target_sits_on_the_plotted_quantity(cal):

@@ -1,0 +1,35 @@
+"""The server warm-up fills the demo caches the first visits read, and never starts under AppTest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+from caliber_dashboard import cache, state, warmup
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+def test_no_warm_up_without_a_server():
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    assert not at.exception
+    assert warmup.start() is False  # no server runtime here
+    assert warmup._thread is None  # noqa: SLF001  (this module's own state)
+
+
+def test_warm_demo_fills_the_first_visits_caches():
+    warmup.warm_demo()
+    demo = [d for d in state.demo_models() if d.has_labels]
+    assert len(demo) >= 2
+    assert all(cache.is_calibrated(d) for d in demo)
+    first = demo[0]
+    cal = cache.calibration(first)
+    kind, value = warmup.DEFAULT_TARGET
+    record, intervals = cache.served(first, cal, kind, value)
+    assert record.kind == kind and record.retention == value
+    assert intervals.retention.low < value < intervals.retention.high
+    # Filled, so a second ask returns the very same objects.
+    assert cache.served(first, cal, kind, value)[0] is record
+    assert cache.figure(first, cal, "normalized") is cache.figure(first, cal, "normalized")
