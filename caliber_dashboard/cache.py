@@ -182,11 +182,15 @@ def _realizations(realizations: int | None) -> int | None:
 def calibration(data: LogitsData, *, statistic: str = "median", seed: int = 0,
                 realizations: int | None = None) -> Calibration:
     """``pipeline.calibrate_data`` with the CLI's defaults, cached by content digest."""
+    from . import calibration_store  # not in this process: the workspace's copy, else compute and keep
+
     key = (data_digest(data), statistic, seed, _realizations(realizations))
     return _fill(
         _calibration_slot(key),
-        lambda progress: pipeline.calibrate_data(data, statistic=statistic, seed=seed,
-                                                 realizations=realizations, progress=progress),
+        lambda progress: calibration_store.stored_or_computed(
+            data, statistic=statistic, seed=seed, realizations=realizations,
+            compute=lambda: pipeline.calibrate_data(data, statistic=statistic, seed=seed,
+                                                    realizations=realizations, progress=progress)),
         progress_text=f"Calibrating {data.name}: noise sweep over {data.n_samples} inputs…",
     )
 
