@@ -349,9 +349,10 @@ def process_uploads(uploads: Iterable, labels_upload=None) -> UploadOutcome:
         if key not in processed:
             processed.add(key)
             try:
-                data, labels = _load_upload(upload, labels_upload)
+                content = upload.getvalue()  # a copy of the upload's bytes: taken once
+                data, labels = _load_upload(upload, content, labels_upload)
                 if _is_new(data):
-                    _store_upload(upload, labels, data)
+                    _store_upload(upload, content, labels, data)
             except (LogitsFileError, CapExceeded) as exc:
                 errors[key] = str(exc)
             else:
@@ -365,23 +366,22 @@ def process_uploads(uploads: Iterable, labels_upload=None) -> UploadOutcome:
     return out
 
 
-def _load_upload(upload, labels_upload):
+def _load_upload(upload, content: bytes, labels_upload):
     """The validated model, and the labels upload if it was used."""
-    content = upload.getvalue()
     data = load_logits_bytes(content, upload.name)
     if labels_upload is not None and not data.has_labels:
         data = load_logits_bytes(content, upload.name, labels_content=labels_upload.getvalue(),
-                                 labels_filename=labels_upload.name)
+                                 labels_filename=labels_upload.name, sha256=data.sha256)
         return data, labels_upload
     return data, None
 
 
-def _store_upload(upload, labels_upload, data: LogitsData) -> None:
+def _store_upload(upload, content: bytes, labels_upload, data: LogitsData) -> None:
     """Write a validated upload to the workspace; CapExceeded passes through."""
     labels_content = labels_upload.getvalue() if labels_upload is not None else None
     labels_name = labels_upload.name if labels_upload is not None else None
     try:
-        stored = workspace.persist_upload(upload.getvalue(), upload.name,
+        stored = workspace.persist_upload(content, upload.name,
                                           labels_content=labels_content,
                                           labels_filename=labels_name)
     except CapExceeded:

@@ -8,9 +8,11 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from caliber_core.calibration import margins
+from caliber_core.calibration import margins as margin_stats
+from caliber_core.calibration.margins import MARGIN_STATISTICS
 from caliber_core.calibration.calibrate import Calibration
 from caliber_core.loading import LogitsData
+from caliber_core.loading.checks import margins_in_chunks
 
 
 def sweep_table(cal: Calibration) -> pd.DataFrame:
@@ -48,18 +50,40 @@ def with_mean_row(rows: Sequence[dict], label_column: str, label: str = "mean") 
     return pd.concat([df, pd.DataFrame([mean])], ignore_index=True)
 
 
-def model_table(datas: Sequence[LogitsData]) -> pd.DataFrame:
-    """One row per loaded model: name, N, K, A0, S under each statistic, digest prefix."""
+def model_table(datas: Sequence[LogitsData], *,
+                margins: Sequence[np.ndarray] | None = None) -> pd.DataFrame:
+    """One row per loaded model: name, N, K, A0, S under each statistic, digest prefix.
+
+    Parameters
+    ----------
+    datas : sequence of LogitsData
+    margins : sequence of ndarray, optional
+        Each model's top-two margins when the caller already has them (the Data
+        page keeps them per content digest); otherwise they are computed a block
+        of rows at a time, never from a full copy of the logits.
+    """
+    if margins is not None and len(margins) != len(datas):
+        raise ValueError(f"margins must hold one array per model ({len(datas)}), "
+                         f"got {len(margins)}")
     rows = []
-    for d in datas:
-        scales = margins.all_scales(d.logits)
+    for i, d in enumerate(datas):
+        m = margins[i] if margins is not None else margins_in_chunks(d.logits)
+        if np.shape(m) != (d.n_samples,):
+            raise ValueError(f"margins of {d.name} must have shape ({d.n_samples},), "
+                             f"got {np.shape(m)}")
+        scales = {}
+        for stat in MARGIN_STATISTICS:  # as margins.all_scales: NaN where S <= 0
+            try:
+                scales[stat] = margin_stats.scale_from_margins(m, statistic=stat)
+            except ValueError:
+                scales[stat] = float("nan")
         rows.append({
             "model": d.name,
             "file": re.split(r"[\\/]", d.source)[-1],
             "N": d.n_samples,
             "K": d.n_classes,
             "labels": "yes" if d.has_labels else "no",
-            "A0": margins.clean_accuracy(d.logits, d.labels) if d.has_labels else np.nan,
+            "A0": margin_stats.clean_accuracy(d.logits, d.labels) if d.has_labels else np.nan,
             "S median": scales["median"],
             "S mean": scales["mean"],
             "S trimmed": scales["trimmed"],

@@ -81,3 +81,33 @@ def test_truncated_npy_is_refused_before_any_view():
     content = _npy(np.zeros((100, 10), dtype=np.float32))
     with pytest.raises(LogitsFileError, match=r"truncated npy"):
         load_logits_bytes(content[:-4], "z.npy")
+
+
+def _npy_bytes(z) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, z)
+    return buf.getvalue()
+
+
+def test_a_digest_the_caller_checked_is_used_as_given():
+    import hashlib
+
+    z = np.random.default_rng(3).normal(size=(40, 5)).astype(np.float32)
+    content = _npy_bytes(z)
+    plain = load_logits_bytes(content, "m.npy")
+    assert plain.sha256 == hashlib.sha256(content).hexdigest()
+    given = load_logits_bytes(content, "m.npy", sha256=plain.sha256)
+    assert given.sha256 == plain.sha256
+    assert np.array_equal(given.logits, plain.logits) and given.logits.dtype == np.float64
+    # the validation still runs in full with a digest given
+    bad = z.copy()
+    bad[7, 2] = np.nan
+    with pytest.raises(LogitsFileError, match="row 7, column 2"):
+        load_logits_bytes(_npy_bytes(bad), "m.npy", sha256=plain.sha256)
+
+
+@pytest.mark.parametrize("digest", ["", "ab" * 31, "AB" * 32, "g" * 64, 12])
+def test_a_malformed_digest_is_refused(digest):
+    content = _npy_bytes(np.eye(3))
+    with pytest.raises(ValueError, match="64 lowercase hex"):
+        load_logits_bytes(content, "m.npy", sha256=digest)

@@ -34,6 +34,7 @@ READERS = {
     ".parquet": parquet_file.read,
 }
 SUPPORTED_EXTENSIONS: tuple[str, ...] = tuple(READERS)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 MIN_ROWS_FOR_PRECISION = 200  # below this, warn: accuracy estimates are too noisy
 
 
@@ -122,6 +123,7 @@ def load_logits_bytes(
     labels_content: bytes | None = None,
     labels_filename: str | None = None,
     max_elements: int = DEFAULT_MAX_ELEMENTS,
+    sha256: str | None = None,
 ) -> LogitsData:
     """Validate logits from in-memory bytes (an upload); the format follows ``filename``.
 
@@ -135,6 +137,12 @@ def load_logits_bytes(
         A separate labels file (``.npy`` 1-D integers, ``.csv``/``.txt`` one
         integer per line, or ``.npz`` with a ``labels`` array). Give both or neither.
     max_elements : int, default DEFAULT_MAX_ELEMENTS
+    sha256 : str, optional
+        The hex SHA-256 of ``content`` when the caller has already checked the
+        bytes against it (a content-addressed store verifies a blob on read).
+        It becomes ``LogitsData.sha256`` as given, so a 180 MB file is not hashed
+        a second time; it is not recomputed here. Without it the digest is
+        computed from ``content``.
 
     Returns
     -------
@@ -148,6 +156,8 @@ def load_logits_bytes(
     check_max_elements(max_elements)
     if (labels_content is None) != (labels_filename is None):
         raise TypeError("labels_content and labels_filename must be given together")
+    if sha256 is not None and not (isinstance(sha256, str) and _SHA256.fullmatch(sha256)):
+        raise ValueError(f"sha256 must be 64 lowercase hex characters, got {sha256!r}")
     content = _as_bytes(content, "content")
     src = display_name(filename)
     ext = _extension(filename, SUPPORTED_EXTENSIONS, src, what="logits")
@@ -181,7 +191,7 @@ def load_logits_bytes(
         name=raw.name or _stem(filename),
         logits=logits,
         labels=labels,
-        sha256=hashlib.sha256(content).hexdigest(),
+        sha256=sha256 if sha256 is not None else hashlib.sha256(content).hexdigest(),
         source=str(filename),
         labels_source=labels_origin if labels is not None else None,
         warnings=tuple(warnings),

@@ -184,13 +184,15 @@ def _load_record(record: UploadRecord) -> LogitsData:
     cached = _parsed().get(key)
     if cached is not None:
         return cached
+    if record.blob != record.model:  # an upload is keyed by its logits file's digest
+        raise CorruptEntry("stored entry does not match its digest")
     st_store = store()
     content = st_store.read_blob(record.blob)
     labels = st_store.read_blob(record.labels_blob) if record.labels_blob else None
+    # read_blob refused the bytes unless their sha256 is record.blob: hashed once, not twice
     data = load_logits_bytes(content, record.filename, labels_content=labels,
-                             labels_filename=record.labels_filename if labels else None)
-    if data.sha256 != record.model:
-        raise CorruptEntry("stored entry does not match its digest")
+                             labels_filename=record.labels_filename if labels else None,
+                             sha256=record.blob)
     _parsed().put(key, data)
     return data
 
