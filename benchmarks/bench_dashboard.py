@@ -7,8 +7,10 @@ Chromium (``/usr/bin/chromium``) through Playwright. It prints:
   ``benchmarks/minimal_slider_page.py`` (one plotly figure of the same size),
   one step on each in turn, in the same run: median, quartiles and extremes;
 * **first visits**: Data, Calibrate and Fleet for the first visitor after a
-  server start (cold) and for a second visitor (warm), plus deep links to
-  ``/calibrate`` and ``/fleet`` on fresh servers;
+  server start (cold, once the server had ``--settle`` seconds for its
+  warm-up) and for a second visitor (warm), deep links to ``/calibrate`` and
+  ``/fleet`` as a fresh server's first request (after ``--settle`` s and right
+  away), and the minimal page opened in a new tab for scale;
 * **the corridor on a large file**: a 2,000 x 1,000 SYNTHETIC upload
   (``caliber_core.simulation.synthetic``, written to a temporary folder), the
   time from opening Calibrate with it selected to the corridor being drawn,
@@ -293,11 +295,17 @@ def slider_steps(browser, app_url: str, minimal_url: str, *, steps: int, warmup:
         minimal.close()
 
 
-def first_visits(browser, log_dir: Path, *, quiet: float, root: Path) -> dict:
-    """A fresh server: visitor 1 (cold) then visitor 2 (warm) open Data, Calibrate, Fleet."""
-    out: dict = {}
+def first_visits(browser, log_dir: Path, *, quiet: float, root: Path, settle: float) -> dict:
+    """Fresh servers, each given ``settle`` s after start (its warm-up) before anyone visits.
+
+    Visitor 1 (the first after start) then visitor 2 open Data and click Calibrate,
+    then Fleet; then a fresh server per deep link (/calibrate, /fleet) as the very
+    first request, after ``settle`` s and right away.
+    """
+    out: dict = {"settle_s": settle}
     with serve("app.py", log_dir / "visits.log", root=root) as (url, healthy):
         out["server_healthy_s"] = healthy
+        time.sleep(settle)
         for who in ("cold", "warm"):
             v = Visitor(browser, quiet_ms=quiet)
             try:
@@ -306,14 +314,28 @@ def first_visits(browser, log_dir: Path, *, quiet: float, root: Path) -> dict:
                 out[who]["exceptions"] = v.exceptions()
             finally:
                 v.close()
-    for path, title in (("calibrate", "Calibrate"), ("fleet", "Fleet")):
-        with serve("app.py", log_dir / f"deep_{path}.log", root=root) as (url, _):
-            v = Visitor(browser, quiet_ms=quiet)
-            try:
-                out[f"deep /{path}"] = v.open(f"{url}/{path}", title)
-            finally:
-                v.close()
+    for wait in (settle, 0.0):
+        for path, title in (("calibrate", "Calibrate"), ("fleet", "Fleet")):
+            with serve("app.py", log_dir / f"deep_{path}.log", root=root) as (url, _):
+                time.sleep(wait)
+                v = Visitor(browser, quiet_ms=quiet)
+                try:
+                    out[f"deep /{path} after {wait:g} s"] = v.open(f"{url}/{path}", title)
+                finally:
+                    v.close()
     return out
+
+
+def new_tab_floor(browser, minimal_url: str, *, quiet: float, n: int = 3) -> float:
+    """Median seconds to open the minimal page in a new browser context: any page's floor."""
+    times = []
+    for _ in range(n):
+        v = Visitor(browser, quiet_ms=quiet)
+        try:
+            times.append(v.open(minimal_url, "Minimal slider page"))
+        finally:
+            v.close()
+    return float(np.median(times))
 
 
 def large_corridor(browser, app_url: str, path: Path, *, quiet: float, limit_s: float) -> dict:
@@ -367,6 +389,9 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup-steps", type=int, default=2, help="unmeasured steps first (default 2)")
     ap.add_argument("--quiet", type=float, default=300.0,
                     help="ms without DOM mutation that ends an action (default 300)")
+    ap.add_argument("--settle", type=float, default=10.0,
+                    help="seconds a fresh server gets for its warm-up before the first visitor "
+                         "(default 10; deep links are also timed at 0)")
     ap.add_argument("--large", default="2000x1000", help="N x K of the synthetic upload")
     ap.add_argument("--corridor-limit", type=float, default=60.0,
                     help="seconds to wait for the corridor on the large file (default 60)")
@@ -391,19 +416,26 @@ def main(argv=None) -> None:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             if not args.skip_cold:
-                v = first_visits(browser, tmp_dir, quiet=args.quiet, root=args.root)
+                v = first_visits(browser, tmp_dir, quiet=args.quiet, root=args.root,
+                                 settle=args.settle)
                 results["first_visits"] = v
-                print(f"\nFirst visits (server healthy {v['server_healthy_s']:.1f} s after start; "
-                      "navigation start or click to the last paint):")
+                print(f"\nFirst visits (server healthy {v['server_healthy_s']:.1f} s after start, then "
+                      f"{args.settle:g} s for its warm-up; navigation start or click to the last paint):")
                 for who in ("cold", "warm"):
                     label = "first visitor after start" if who == "cold" else "second visitor"
                     print(f"  {who:<5} ({label}): " + ", ".join(
                         f"{p} {v[who][p]:.2f} s" for p in ("Data", "Calibrate", "Fleet"))
                         + f"; exceptions {v[who]['exceptions']}")
-                print(f"  deep links on fresh servers: /calibrate {v['deep /calibrate']:.2f} s, "
-                      f"/fleet {v['deep /fleet']:.2f} s")
+                for wait in (args.settle, 0.0):
+                    print(f"  deep link as a fresh server's first request, {wait:g} s after start: "
+                          f"/calibrate {v[f'deep /calibrate after {wait:g} s']:.2f} s, "
+                          f"/fleet {v[f'deep /fleet after {wait:g} s']:.2f} s")
             with serve("app.py", tmp_dir / "app.log", root=args.root) as (app_url, _), \
                     serve(MINIMAL_PAGE, tmp_dir / "minimal.log") as (minimal_url, _):
+                if not args.skip_cold:
+                    floor = new_tab_floor(browser, minimal_url, quiet=args.quiet)
+                    results["new_tab_floor_s"] = floor
+                    print(f"  (for scale: the minimal page opened in a new browser tab: {floor:.2f} s)")
                 if not args.skip_slider:
                     s = slider_steps(browser, app_url, minimal_url, steps=args.steps,
                                      warmup=args.warmup_steps, quiet=args.quiet)

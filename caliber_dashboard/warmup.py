@@ -29,22 +29,35 @@ done = threading.Event()
 DEFAULT_TARGET = ("retention", 0.8)
 
 
-def start() -> bool:
+def start(*, server: bool = False) -> bool:
     """Start the warm-up thread, once per process; False if it runs already or there is no server.
 
-    Under ``AppTest`` (no server runtime) nothing starts: tests compute what they use.
+    ``server=True`` says the caller is the server itself (``app.py``'s lifespan,
+    at start-up, before Streamlit's runtime exists). Otherwise it starts only
+    inside a ``streamlit run`` server: under ``AppTest`` nothing starts, tests
+    compute what they use.
     """
     global _thread
     from .background import serving
 
-    if not serving():
+    if not (server or serving()):
         return False
     with _lock:
         if _thread is not None:
             return False
+        # The caches are Streamlit's, used here outside any session: say so once, not per call.
+        logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").addFilter(
+            _OwnThreads())
         _thread = threading.Thread(target=_run, name="caliber-warmup", daemon=True)
         _thread.start()
     return True
+
+
+class _OwnThreads(logging.Filter):
+    """Drops the "missing ScriptRunContext" warning for this package's own background threads."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.threadName.startswith("caliber-")
 
 
 def _run() -> None:

@@ -33,3 +33,13 @@ def test_warm_demo_fills_the_first_visits_caches():
     # Filled, so a second ask returns the very same objects.
     assert cache.served(first, cal, kind, value)[0] is record
     assert cache.figure(first, cal, "normalized") is cache.figure(first, cal, "normalized")
+
+
+def test_streamlit_run_serves_app_py_with_the_start_up_warm_up():
+    """`streamlit run app.py` finds `app` (an st.App whose lifespan starts the warm-up)."""
+    from streamlit.web.server.app_discovery import discover_asgi_app
+
+    found = discover_asgi_app(Path(APP))
+    assert found.is_asgi_app and found.app_name == "app"
+    source = Path(APP).read_text()
+    assert "warmup.start(server=True)" in source and 'if __name__ == "__main__":' in source
