@@ -22,8 +22,10 @@ st.caption(
 # on every rerun of this page otherwise. One pass serves the table and the histogram.
 @st.cache_resource(max_entries=64, show_spinner=False)
 def _margins(key: str, _data) -> np.ndarray:
-    m = margins_in_chunks(_data.logits)
-    m.flags.writeable = False  # shared by every session
+    m = _data.margins  # taken by the loader's margin check
+    if m is None:
+        m = margins_in_chunks(_data.logits)
+        m.flags.writeable = False  # shared by every session
     return m
 
 

@@ -111,3 +111,12 @@ def test_a_malformed_digest_is_refused(digest):
     content = _npy_bytes(np.eye(3))
     with pytest.raises(ValueError, match="64 lowercase hex"):
         load_logits_bytes(content, "m.npy", sha256=digest)
+
+
+def test_the_loader_keeps_the_margins_it_checked():
+    z = np.random.default_rng(5).normal(size=(300, 9)).astype(np.float32)
+    data = load_logits_bytes(_npy_bytes(z), "m.npy")
+    assert data.margins is not None and not data.margins.flags.writeable
+    assert np.array_equal(data.margins, top_two_margins(data.logits))
+    with pytest.raises(ValueError):
+        data.margins[0] = 1.0

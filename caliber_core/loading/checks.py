@@ -108,8 +108,15 @@ def margins_in_chunks(logits: np.ndarray) -> np.ndarray:
     return out
 
 
-def check_margin_scale(logits: np.ndarray, src: str) -> None:
-    """The margin scale S = median top-two margin must be positive (Eq. normalized-noise)."""
+def check_margin_scale(logits: np.ndarray, src: str) -> np.ndarray:
+    """The margin scale S = median top-two margin must be positive (Eq. normalized-noise).
+
+    Returns
+    -------
+    ndarray of shape (n_samples,)
+        The top-two margins it checked (kept by the loader, so that the pages
+        need not take them again).
+    """
     margins = margins_in_chunks(logits)
     median = float(np.median(margins))
     if not median > 0:
@@ -119,3 +126,4 @@ def check_margin_scale(logits: np.ndarray, src: str) -> None:
             f"logits are degenerate: the median top-two margin is {median:g} because "
             f"{tied:.0%} of rows tie at the top logit (the margin scale must be > 0)",
         )
+    return margins

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +57,10 @@ class LogitsData:
         Where the labels came from (the logits file or a separate labels file).
     warnings : tuple of str
         Non-fatal remarks, e.g. ``"N=57 rows: calibration precision will be poor"``.
+    margins : ndarray of shape (n_samples,), read-only, or None
+        The top-two margins of ``logits``, taken by the loader's margin check
+        (None when the object was built elsewhere). They describe the logits as
+        loaded: an array modified in place afterwards needs its margins taken anew.
     """
 
     name: str
@@ -66,6 +70,7 @@ class LogitsData:
     source: str
     labels_source: str | None = None
     warnings: tuple[str, ...] = ()
+    margins: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def n_samples(self) -> int:
@@ -183,7 +188,8 @@ def load_logits_bytes(
     if labels is not None:
         labels = validate_labels(labels, labels_from, n_samples=logits.shape[0],
                                  n_classes=logits.shape[1], logits_src=src)
-    check_margin_scale(logits, src)
+    margins = check_margin_scale(logits, src)
+    margins.flags.writeable = False
     if logits.shape[0] < MIN_ROWS_FOR_PRECISION:
         warnings.append(f"N={logits.shape[0]} rows: calibration precision will be poor")
 
@@ -195,6 +201,7 @@ def load_logits_bytes(
         source=str(filename),
         labels_source=labels_origin if labels is not None else None,
         warnings=tuple(warnings),
+        margins=margins,
     )
 
 
