@@ -188,7 +188,8 @@ def large_in_store(path: Path, work: Path) -> None:
     reopened = SQLiteStore(work / "store-only")  # as after a restart
     t1 = time.perf_counter()
     record = reopened.uploads(token)[0]
-    data = load_logits_bytes(reopened.read_blob(record.blob), record.filename)
+    # as the dashboard does: read_blob checked the sha256, the loader takes it as given
+    data = load_logits_bytes(reopened.read_blob(record.blob), record.filename, sha256=record.blob)
     reload_s = time.perf_counter() - t1
     print(f"[large/store] {record.size / 1e6:.0f} MB ({data.n_samples} x {data.n_classes} float32): "
           f"persist {persist:.2f} s (fsync'd), reload {reload_s:.2f} s (read, sha256, safe loader); "
