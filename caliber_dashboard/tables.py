@@ -50,6 +50,26 @@ def with_mean_row(rows: Sequence[dict], label_column: str, label: str = "mean") 
     return pd.concat([df, pd.DataFrame([mean])], ignore_index=True)
 
 
+# A histogram of every row of a 45,000-row file ships 45,000 numbers per model to
+# the browser (which bins them there); its shape needs far fewer.
+HIST_MAX_ROWS = 10_000
+
+
+def histogram_rows(values: np.ndarray, *, max_rows: int = HIST_MAX_ROWS) -> np.ndarray:
+    """At most ``max_rows`` of ``values``, evenly spaced over the rows, first and last included.
+
+    Deterministic: the same file always draws the same histogram. Fewer rows come back whole.
+    """
+    if not (isinstance(max_rows, (int, np.integer)) and max_rows >= 2):
+        raise ValueError(f"max_rows must be an integer >= 2, got {max_rows!r}")
+    values = np.asarray(values)
+    if values.ndim != 1:
+        raise ValueError(f"values must be 1-D, got shape {values.shape}")
+    if values.size <= max_rows:
+        return values
+    return values[np.linspace(0, values.size - 1, max_rows).round().astype(np.intp)]
+
+
 def model_table(datas: Sequence[LogitsData], *,
                 margins: Sequence[np.ndarray] | None = None) -> pd.DataFrame:
     """One row per loaded model: name, N, K, A0, S under each statistic, digest prefix.

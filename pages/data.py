@@ -34,16 +34,6 @@ def _table_row(key: tuple, _data) -> pd.DataFrame:
     return tables.model_table([_data], margins=[_margins(key[0], _data)])
 
 
-# A histogram of every row of a 45,000-row file ships 45,000 numbers per model to
-# the browser (and bins them there); its shape needs far fewer.
-HIST_MAX_ROWS = 10_000
-
-
-def _histogram_rows(m: np.ndarray) -> np.ndarray:
-    """At most HIST_MAX_ROWS margins, evenly spaced over the file's rows (deterministic)."""
-    if m.size <= HIST_MAX_ROWS:
-        return m
-    return m[np.linspace(0, m.size - 1, HIST_MAX_ROWS).round().astype(np.intp)]
 
 
 def _on_upload():
@@ -154,7 +144,7 @@ if models:
     sampled = []
     for sha in shown:
         m = _margins(cache.data_digest(models[sha]), models[sha])
-        x = _histogram_rows(m)
+        x = tables.histogram_rows(m)
         if x.size < m.size:
             sampled.append(f"{models[sha].name} ({x.size:,} of {m.size:,} rows)")
         hist_data[state.model_label(models[sha])] = x / margins.scale_from_margins(m) if normalized else x

@@ -50,3 +50,17 @@ def test_margins_must_match_the_models():
         tables.model_table([d], margins=[])
     with pytest.raises(ValueError, match=r"shape \(100,\)"):
         tables.model_table([d], margins=[np.ones(99)])
+
+
+def test_histogram_rows_are_evenly_spaced_and_deterministic():
+    m = np.arange(45_000, dtype=np.float64)
+    x = tables.histogram_rows(m, max_rows=10_000)
+    assert x.size == 10_000 and x[0] == 0 and x[-1] == 44_999
+    assert np.all(np.diff(x) >= 4) and np.all(np.diff(x) <= 5)  # 44,999 / 9,999 = 4.5
+    assert np.array_equal(x, tables.histogram_rows(m, max_rows=10_000))
+    small = np.ones(500)
+    assert tables.histogram_rows(small) is small
+    with pytest.raises(ValueError, match="max_rows must be an integer >= 2"):
+        tables.histogram_rows(m, max_rows=1)
+    with pytest.raises(ValueError, match="1-D"):
+        tables.histogram_rows(np.ones((3, 3)))
