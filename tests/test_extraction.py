@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -263,6 +266,16 @@ def test_a_group_of_seeds_shares_one_tuned_selection(archive):
 
 
 def test_two_training_processes_give_the_same_surrogates(archive):
+    # The CLI always starts its worker from a fresh process. A pytest process that earlier
+    # tests left with a browser driver and helper threads was seen to stall the worker's
+    # start-up handshake, so this test runs itself in a fresh interpreter, as the CLI does.
+    if os.environ.get("CALIBER_FRESH_PROCESS") != "1":
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+             f"{__file__}::test_two_training_processes_give_the_same_surrogates"],
+            env={**os.environ, "CALIBER_FRESH_PROCESS": "1"}, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+        return
     reqs = [Request(answer_queries(archive.pool.logits, sigma=sigma, seed=s)[("soft", 1)], "strong", s)
             for sigma in (0.0, 5.0) for s in (0, 1, 2)]
     one = _thief(archive).train(reqs)
