@@ -43,6 +43,7 @@ from ..validation import check_key
 from . import normal_table
 
 __all__ = ["DOMAIN", "MAX_ABS_NORMAL", "encode_ids", "row_digests", "row_seeds", "normals_from_seeds",
+           "normals_from_words",
            "unit_normals", "unit_normals_torch"]
 
 #: Domain separation and version of the whole derivation (v1 was the SFC64 stream of earlier releases).
@@ -145,30 +146,44 @@ def normals_from_seeds(seeds, n_classes: int, *, out: np.ndarray | None = None) 
 
 
 def _transform_block(seeds: np.ndarray, counters: np.ndarray, out: np.ndarray) -> None:
-    shape = out.shape
     w = np.add(seeds[:, None], counters[None, :])
-    tmp = np.empty(shape, dtype=np.uint64)
+    tmp = np.empty(out.shape, dtype=np.uint64)
     for shift, multiplier in ((30, _M1), (27, _M2)):
         np.right_shift(w, np.uint64(shift), out=tmp)
         w ^= tmp
         w *= np.uint64(multiplier)
     np.right_shift(w, np.uint64(31), out=tmp)
     w ^= tmp
+    _words_to_normals(w, tmp, out)
+
+
+def normals_from_words(words) -> np.ndarray:
+    """Step 4 of the derivation alone: one standard normal per 64-bit word (any shape), float64."""
+    w = np.array(words, dtype=np.uint64)
+    out = np.empty(w.shape, dtype=np.float64)
+    _words_to_normals(w.reshape(-1), np.empty(w.size, dtype=np.uint64), out.reshape(-1))
+    return out
+
+
+def _words_to_normals(w: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
+    """Overwrites ``w`` and ``tmp`` (uint64 buffers of out's shape) and fills ``out``."""
     # a = 2v + 1 < 2^53 converts to float64 exactly; its exponent and top bits name the piece.
     np.bitwise_and(w, np.uint64(_MASK52), out=tmp)
     tmp <<= np.uint64(1)
     tmp |= np.uint64(1)
     a_float = tmp.view(np.int64).astype(np.float64)
     a_bits = a_float.view(np.uint64)
+    signed = w.view(np.int64)
+    signed >>= 63  # arithmetic: -1 for a set sign bit, else 0 ...
+    signed &= _N_PIECES  # ... so this is the offset of the negated half of the table
     piece = np.right_shift(a_bits, np.uint64(_T_BITS), out=tmp).view(np.int64)
     piece -= _FIRST_PIECE
-    sign = np.right_shift(w, np.uint64(63)).view(np.int64)
-    sign *= _N_PIECES
-    piece += sign
-    np.bitwise_and(a_bits, np.uint64(_MASK_T), out=w)
-    t = w.view(np.int64).astype(np.float64)
+    piece += signed
+    t_bits = np.bitwise_and(a_bits, np.uint64(_MASK_T), out=w).view(np.int64)
+    t = a_float  # a's bits are read; its buffer holds t from here on
+    np.copyto(t, t_bits, casting="unsafe")  # exact: fewer than 53 bits
     t *= 2.0 ** -_T_BITS
-    coefficient = a_float  # its buffer is free now
+    coefficient = np.empty_like(out)
     np.take(_TABLE[-1], piece, out=out, mode="clip")
     for power in range(normal_table.DEGREE - 1, -1, -1):
         out *= t
