@@ -57,20 +57,51 @@ def _counters(n_classes: int, device) -> torch.Tensor:
                       lambda: torch.arange(n_classes, dtype=torch.int64, device=device) * _GAMMA)
 
 
+def _seeds_on(seeds, device) -> torch.Tensor:
+    seeds64 = np.ascontiguousarray(np.asarray(seeds, dtype=np.uint64).reshape(-1)).view(np.int64)
+    return torch.from_numpy(seeds64.copy()).to(device)
+
+
+def _blocks(n_rows: int, n_classes: int, device: torch.device):
+    if device.type != "cpu":  # a GPU takes the whole batch in one launch per step
+        return [(slice(0, n_rows), slice(0, n_classes))]
+    return keyed_noise.blocks(n_rows, n_classes, _CHUNK)
+
+
 def normals_from_seeds(seeds: np.ndarray, n_classes: int, *, device, dtype=None) -> torch.Tensor:
     """Standard normals, (n_rows, n_classes), on ``device``; float64 unless ``dtype`` says otherwise."""
     device = torch.device(device)
     dtype = torch.float64 if dtype is None else dtype
-    seeds64 = np.ascontiguousarray(np.asarray(seeds, dtype=np.uint64).reshape(-1)).view(np.int64)
-    seeds_t = torch.from_numpy(seeds64.copy()).to(device)
-    n_rows = seeds_t.shape[0]
-    out = torch.empty((n_rows, n_classes), dtype=torch.float64, device=device)
+    seeds_t = _seeds_on(seeds, device)
+    out = torch.empty((seeds_t.shape[0], n_classes), dtype=torch.float64, device=device)
     counters, table = _counters(n_classes, device), _table(device)
-    rows_per_block = n_rows if device.type != "cpu" else max(1, _CHUNK // max(1, n_classes))
-    for start in range(0, n_rows, max(1, rows_per_block)):
-        stop = min(n_rows, start + rows_per_block)
-        _transform_block(seeds_t[start:stop], counters, table, out[start:stop])
+    for rows, cols in _blocks(seeds_t.shape[0], n_classes, device):
+        block = torch.empty((rows.stop - rows.start, cols.stop - cols.start), dtype=torch.float64, device=device)
+        _transform_block(seeds_t[rows], counters[cols], table, block)
+        out[rows, cols] = block
     return out if dtype == torch.float64 else out.to(dtype)
+
+
+def add_keyed_noise(logits: torch.Tensor, level_seeds, increments) -> torch.Tensor:
+    """The torch twin of :func:`keyed_noise.add_keyed_noise`: same bits, on the logits' device."""
+    device = logits.device
+    n_rows, n_classes = logits.shape
+    out = torch.empty_like(logits)
+    counters, table = _counters(n_classes, device), _table(device)
+    seeds = [_seeds_on(s, device) for s in level_seeds]
+    for rows, cols in _blocks(n_rows, n_classes, device):
+        shape = (rows.stop - rows.start, cols.stop - cols.start)
+        noise = torch.empty(shape, dtype=torch.float64, device=device)
+        draw = torch.empty_like(noise) if len(increments) > 1 else None
+        for i, (level_seeds_t, increment) in enumerate(zip(seeds, increments)):
+            target = noise if i == 0 else draw
+            _transform_block(level_seeds_t[rows], counters[cols], table, target)
+            target *= increment
+            if i:
+                noise += draw
+        noise += logits[rows, cols]  # float64 + the logits' dtype: an exact upcast, as on numpy
+        out[rows, cols] = noise
+    return out
 
 
 def _transform_block(seeds: torch.Tensor, counters: torch.Tensor, table: torch.Tensor, out: torch.Tensor) -> None:
