@@ -37,6 +37,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import threading
 from functools import lru_cache
 
 import numpy as np
@@ -143,6 +144,35 @@ def blocks(n_rows: int, n_classes: int, size: int = _CHUNK):
         yield slice(start, min(n_rows, start + step)), slice(0, n_classes)
 
 
+class _Workspace:
+    """Block-sized scratch buffers, reused across blocks and calls (one set per thread).
+
+    Fresh arrays of a block's size would be mapped and faulted in on every block.
+    """
+
+    def __init__(self, size: int):
+        self.size = size
+        self.words = np.empty(size, dtype=np.uint64)
+        self.scratch = np.empty(size, dtype=np.uint64)
+        self.real = np.empty(size, dtype=np.float64)
+        self.coefficient = np.empty(size, dtype=np.float64)
+        self.noise = np.empty(size, dtype=np.float64)
+        self.draw = np.empty(size, dtype=np.float64)
+
+    def view(self, name: str, shape) -> np.ndarray:
+        return getattr(self, name)[: shape[0] * shape[1]].reshape(shape)
+
+
+_workspaces = threading.local()
+
+
+def _workspace(size: int) -> _Workspace:
+    work = getattr(_workspaces, "work", None)
+    if work is None or work.size < size:
+        work = _workspaces.work = _Workspace(max(size, _CHUNK))
+    return work
+
+
 def normals_from_seeds(seeds, n_classes: int, *, out: np.ndarray | None = None) -> np.ndarray:
     """Standard normals, shape (n_rows, n_classes) float64, from row seeds (steps 3-4 of the derivation)."""
     seeds = np.asarray(seeds, dtype=np.uint64).reshape(-1)
@@ -150,7 +180,11 @@ def normals_from_seeds(seeds, n_classes: int, *, out: np.ndarray | None = None) 
         out = np.empty((seeds.shape[0], n_classes), dtype=np.float64)
     counters = _counters(int(n_classes))
     for rows, cols in blocks(seeds.shape[0], n_classes):
-        _transform_block(seeds[rows], counters[cols], out[rows, cols])
+        shape = (rows.stop - rows.start, cols.stop - cols.start)
+        work = _workspace(shape[0] * shape[1])
+        block = work.view("noise", shape)
+        _transform_block(seeds[rows], counters[cols], block, work)
+        out[rows, cols] = block
     return out
 
 
@@ -167,11 +201,11 @@ def add_keyed_noise(logits: np.ndarray, level_seeds, increments) -> np.ndarray:
     counters = _counters(int(n_classes))
     for rows, cols in blocks(n_rows, n_classes):
         shape = (rows.stop - rows.start, cols.stop - cols.start)
-        noise = np.empty(shape, dtype=np.float64)
-        draw = np.empty(shape, dtype=np.float64) if len(increments) > 1 else None
+        work = _workspace(shape[0] * shape[1])
+        noise, draw = work.view("noise", shape), work.view("draw", shape)
         for i, (seeds, increment) in enumerate(zip(level_seeds, increments)):
             target = noise if i == 0 else draw
-            _transform_block(seeds[rows], counters[cols], target)
+            _transform_block(seeds[rows], counters[cols], target, work)
             target *= increment
             if i:
                 noise += draw
@@ -180,33 +214,36 @@ def add_keyed_noise(logits: np.ndarray, level_seeds, increments) -> np.ndarray:
     return out
 
 
-def _transform_block(seeds: np.ndarray, counters: np.ndarray, out: np.ndarray) -> None:
-    w = np.add(seeds[:, None], counters[None, :])
-    tmp = np.empty(out.shape, dtype=np.uint64)
+def _transform_block(seeds: np.ndarray, counters: np.ndarray, out: np.ndarray, work: _Workspace) -> None:
+    w, tmp = work.view("words", out.shape), work.view("scratch", out.shape)
+    np.add(seeds[:, None], counters[None, :], out=w)
     for shift, multiplier in ((30, _M1), (27, _M2)):
         np.right_shift(w, np.uint64(shift), out=tmp)
         w ^= tmp
         w *= np.uint64(multiplier)
     np.right_shift(w, np.uint64(31), out=tmp)
     w ^= tmp
-    _words_to_normals(w, tmp, out)
+    _words_to_normals(w, tmp, out, work.view("real", out.shape), work.view("coefficient", out.shape))
 
 
 def normals_from_words(words) -> np.ndarray:
     """Step 4 of the derivation alone: one standard normal per 64-bit word (any shape), float64."""
     w = np.array(words, dtype=np.uint64)
     out = np.empty(w.shape, dtype=np.float64)
-    _words_to_normals(w.reshape(-1), np.empty(w.size, dtype=np.uint64), out.reshape(-1))
+    flat = (1, w.size)
+    _words_to_normals(w.reshape(flat), np.empty(flat, dtype=np.uint64), out.reshape(flat),
+                      np.empty(flat), np.empty(flat))
     return out
 
 
-def _words_to_normals(w: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
-    """Overwrites ``w`` and ``tmp`` (uint64 buffers of out's shape) and fills ``out``."""
+def _words_to_normals(w: np.ndarray, tmp: np.ndarray, out: np.ndarray, a_float: np.ndarray,
+                      coefficient: np.ndarray) -> None:
+    """Overwrites ``w`` and ``tmp`` (uint64) and ``a_float``, ``coefficient`` (float64); fills ``out``."""
     # a = 2v + 1 < 2^53 converts to float64 exactly; its exponent and top bits name the piece.
     np.bitwise_and(w, np.uint64(_MASK52), out=tmp)
     tmp <<= np.uint64(1)
     tmp |= np.uint64(1)
-    a_float = tmp.view(np.int64).astype(np.float64)
+    np.copyto(a_float, tmp.view(np.int64), casting="unsafe")
     a_bits = a_float.view(np.uint64)
     signed = w.view(np.int64)
     signed >>= 63  # arithmetic: -1 for a set sign bit, else 0 ...
@@ -218,7 +255,6 @@ def _words_to_normals(w: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
     t = a_float  # a's bits are read; its buffer holds t from here on
     np.copyto(t, t_bits, casting="unsafe")  # exact: fewer than 53 bits
     t *= 2.0 ** -_T_BITS
-    coefficient = np.empty_like(out)
     np.take(_TABLE[-1], piece, out=out, mode="clip")
     for power in range(normal_table.DEGREE - 1, -1, -1):
         out *= t
