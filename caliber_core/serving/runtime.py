@@ -90,7 +90,8 @@ class Perturber:
         Secret for per-input seeding, at least 16 bytes (see
         :mod:`caliber_core.serving.keys`); required there. Ignored for "fresh".
     generator : numpy.random.Generator, optional
-        Source of fresh noise. Default: an OS-seeded SFC64 generator.
+        Source of fresh noise (for a torch tensor, of the seed of a torch
+        generator on its device). Default: an OS-seeded SFC64 generator.
         Pass a seeded generator only for reproducible simulations and tests.
 
     Attributes
@@ -323,15 +324,21 @@ class Perturber:
         return noise
 
     def _perturb_fresh(self, logits, n_rows: int, n_classes: int, torch_in: bool):
-        noise = self._generator.standard_normal((n_rows, n_classes))
-        noise *= self._sigma
-        if torch_in:  # drawn by the host generator (the seeded one, when given), then moved
+        if torch_in:
             import torch
 
+            # Drawn by torch on the tensor's device, seeded from the Perturber's generator
+            # (so a seeded generator still gives reproducible runs).
             values = logits.detach()
-            noise = torch.from_numpy(noise).to(values.device)
+            device_generator = torch.Generator(device=values.device)
+            device_generator.manual_seed(int(self._generator.integers(0, 2**63)))
+            noise = torch.randn((n_rows, n_classes), generator=device_generator, dtype=torch.float64,
+                                device=values.device)
+            noise *= self._sigma
             noise += values.reshape(n_rows, n_classes)
             return noise.reshape(values.shape).to(values.dtype)
+        noise = self._generator.standard_normal((n_rows, n_classes))
+        noise *= self._sigma
         arr = np.asarray(logits)
         noise += arr.reshape(n_rows, n_classes)
         return noise.reshape(arr.shape).astype(arr.dtype, copy=False)
