@@ -29,11 +29,10 @@ from __future__ import annotations
 
 import math
 import struct
-import warnings
 
 import numpy as np
 
-from ..config import SaturatedTargetWarning, config_digest, load_config, saturation_message, sigma_to_serve
+from ..config import config_digest, load_config, sigma_to_serve
 from ..validation import check_key, check_sigma, is_torch
 from . import keyed_noise
 from .rows import check_values, encode_row_ids, row_shape
@@ -176,12 +175,9 @@ class Perturber:
             The target is saturated: it serves the largest sigma the sweep measured.
         """
         config = load_config(config)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SaturatedTargetWarning)  # warned once below, for the served target
-            sigma = sigma_to_serve(config, target=target)
-            levels = sorted({sigma_to_serve(config, target=i) for i in range(len(config["targets"]))})
-        if config["targets"][target].get("saturated"):
-            warnings.warn(saturation_message(config["targets"][target]), SaturatedTargetWarning, stacklevel=2)
+        sigma = sigma_to_serve(config, target=target)  # checks the index; warns for a saturated target
+        # Every target's sigma is a level, whichever one this Perturber serves.
+        levels = sorted({float(entry["sigma"]) for entry in config["targets"]})
         digest = config_digest(config)
         self = cls.__new__(cls)
         self._setup(levels, levels.index(sigma) + 1, int(config["n_classes"]), digest, bytes.fromhex(digest),
