@@ -300,3 +300,17 @@ def test_nesting_up_to_the_limit_loads_and_one_more_level_is_refused():
         load_config(nested(33))
     with pytest.raises(ConfigError, match="config must be a JSON object, got NoneType"):
         load_config(b"null")
+
+
+def test_the_level_by_level_path_serves_what_the_fused_path_serves(monkeypatch):
+    # A seeding other than per-input goes through unit_draw and level_noise; with
+    # per-input's own draws plugged in, it must serve the identical answers.
+    import torch
+
+    p = Perturber.from_config(make_config(0.3, 0.9, n_classes=40), target=1, key=KEY)
+    ids = [f"s{i}" for i in range(5)]
+    z = np.random.default_rng(3).normal(size=(5, 40)).astype(np.float32)
+    fused_np, fused_torch = p.perturb(z, ids), p.perturb(torch.from_numpy(z), ids)
+    monkeypatch.setattr(p, "_seeding", "another keyed seeding")
+    np.testing.assert_array_equal(p.perturb(z, ids), fused_np)
+    assert torch.equal(p.perturb(torch.from_numpy(z), ids), fused_torch)

@@ -278,6 +278,8 @@ class Perturber:
         if self._seeding == "fresh":
             return self._perturb_fresh(logits, n_rows, n_classes, torch_in)
         digests = keyed_noise.row_digests(encoded)
+        if self._seeding != "per-input":  # any other keyed seeding: the level-by-level path
+            return self._add_level_noise(logits, digests, n_rows, n_classes, torch_in)
         levels = [(level, inc) for level, inc in enumerate(self._increments, start=1) if inc != 0.0]
         seeds = [keyed_noise.row_seeds(self._key, self._binding, level, digests, n_classes) for level, _ in levels]
         increments = [inc for _, inc in levels]
@@ -290,6 +292,20 @@ class Perturber:
         arr = np.asarray(logits)
         return keyed_noise.add_keyed_noise(arr.reshape(n_rows, n_classes), seeds, increments).reshape(arr.shape)
 
+    def _add_level_noise(self, logits, digests, n_rows: int, n_classes: int, torch_in: bool):
+        """``logits + level_noise(...)`` in float64, rounded once to the logits' dtype."""
+        if torch_in:
+            values = logits.detach()
+            rows = values.reshape(n_rows, n_classes)
+            noise = self.level_noise(digests, rows, n_classes, device=values.device)
+            noise += rows
+            return noise.reshape(values.shape).to(values.dtype)
+        arr = np.asarray(logits)
+        rows = arr.reshape(n_rows, n_classes)
+        noise = self.level_noise(digests, rows, n_classes)
+        noise += rows
+        return noise.reshape(arr.shape).astype(arr.dtype, copy=False)
+
     # -- the noise ---------------------------------------------------------------------------------
 
     def unit_draw(self, level: int, digests, rows, n_classes: int, device=None):
@@ -297,7 +313,10 @@ class Perturber:
 
         The one place a seeding decides where its unit draws come from; per-input
         seeding reads the row digests, and ``rows`` (the logits as served) is
-        there for a seeding whose draw depends on the logits themselves.
+        there for a seeding whose draw depends on the logits themselves. A new
+        keyed seeding adds its name to :data:`SEEDINGS` and its draw here; it is
+        then served level by level through :meth:`level_noise`, with the same
+        nesting and the same binding to the config.
         """
         if device is None:
             return keyed_noise.unit_normals(self._key, self._binding, level, digests, n_classes)
