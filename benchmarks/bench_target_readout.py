@@ -10,6 +10,7 @@ Usage: python benchmarks/bench_target_readout.py
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -38,6 +39,8 @@ def time_readouts(cal, kind: str) -> np.ndarray:
 
 def main() -> None:
     models = [(p.stem, load_logits(p)) for p in sorted((ROOT / "data").glob("*.npz"))]
+    print(f"load average {os.getloadavg()[0]:.2f} at start on {os.cpu_count()} CPUs; median and worst over "
+          "the slider positions of each row (70: 30-99% in 1-point steps)")
     print(f"{'model':<28} {'curve':<12} {'kind':<10} {'median ms':>9} {'worst ms':>9}")
     worst = []
     for name, data in models:

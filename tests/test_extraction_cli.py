@@ -108,6 +108,15 @@ def test_cli_report_and_a_surrogate_target_served_by_the_perturber(tmp_path):
     entry = cfg["targets"][1]
     assert entry["attacker"]["recipe"]["name"] in ("light", "strong")
     assert entry["attacker"]["seeds"] == rep["replicate_seeds"]
+    # Every target carries the teacher's interval at the sigma served, as calibrate writes it.
+    for t in cfg["targets"]:
+        iv = t["interval"]
+        assert iv["level"] == 0.95 and "bootstrap" in iv["method"]
+        for q in ("accuracy", "retention", "agreement"):
+            low, high = iv[q]
+            assert low <= t["reference"][q] <= high and high - low < 0.2
+        assert t["retention"] == pytest.approx(t["reference"]["retention"], abs=1e-3)
+    assert cfg["targets"][1]["interval"]["retention"][1] < cfg["targets"][0]["interval"]["retention"][1]
     assert sigma_to_serve(cfg, target=1) == pytest.approx(sur["sigma"])
     p = Perturber.from_config(cfg, target=1, key=b"test key, 16+ bytes")
     assert p.sigma == pytest.approx(sur["sigma"])

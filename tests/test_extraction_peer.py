@@ -1,12 +1,21 @@
-"""Peer check: our strongest attacker is not weaker than ART's KnockoffNets.
+"""Peer check: our self-tuned thief is not weaker than ART's KnockoffNets, tuned the same way.
 
-ART (adversarial-robustness-toolbox, a test-only dependency) steals from a
-``BlackBoxClassifier`` whose predict function answers from the cached logits
-through the Perturber, with ``KnockoffNets(sampling_strategy="random",
-use_probability=True)`` and the same student (MLP D-128-K, Adam, standardized
-inputs, the same number of passes over the pool). Our strongest recipe must
-reach ART's mean surrogate accuracy minus 1.5 points, on clean answers and at
-the 75% retention target. Three seeds each; the seed sd is about 0.5 point.
+Both attackers get the same answers (one soft answer per pool row of
+``digits_mlp-wide``, seeded) and neither sees a true label:
+
+* ours is the ``tuned`` recipe, which picks (T, weight decay) by 3-fold
+  agreement with its own noisy answers;
+* the peer (:mod:`caliber_core.extraction.peer`) picks its learning rate,
+  weight decay and number of passes by early stopping on a held-out fifth of
+  its own noisy answers, then runs ``KnockoffNets.extract`` over the pool.
+
+The check: our mean accuracy over three seeds is at least the peer's minus
+one point. Measured here: clean 94.8% against 94.9%, and at the 75%
+retention target 91.3% against 89.1% (per-seed paired differences have an
+sd of about 0.5 point clean and 1.3 points at 75%, so one point is about two
+standard errors of the three-seed mean clean). The check is shown to fail
+for our own attacker cut to 40 Adam steps (a tenth of its schedule; about
+84% in both conditions), and clean for a linear student (about 92%).
 """
 
 from __future__ import annotations
@@ -19,67 +28,87 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("art")
 
-from art.attacks.extraction import KnockoffNets  # noqa: E402
-from art.estimators.classification import BlackBoxClassifier, PyTorchClassifier  # noqa: E402
-
 from caliber_core.calibration.calibrate import calibrate_model, sigma_for_target  # noqa: E402
 from caliber_core.extraction.answers import answer_queries  # noqa: E402
 from caliber_core.extraction.archive import load_archive  # noqa: E402
 from caliber_core.extraction.attacker import Request, Thief  # noqa: E402
-from caliber_core.serving.runtime import Perturber  # noqa: E402
+from caliber_core.extraction.distill import Schedule  # noqa: E402
+from caliber_core.extraction.peer import held_out_rows, knockoff_nets_peer  # noqa: E402
 
 DEMO = Path(__file__).resolve().parent.parent / "data" / "digits_mlp-wide.npz"
 SEEDS = (0, 1, 2)
-EPOCHS = 100  # our default schedule makes 400 Adam steps of 128 rows on a 500-row pool: 100 passes
+MARGIN = 0.01
 
 
-def _art_surrogate(archive, sigma: float, seed: int) -> float:
-    pool, ev = archive.pool, archive.evaluation
-    rows = {x.tobytes(): i for i, x in enumerate(pool.inputs)}
-    perturber = Perturber(sigma, seeding="fresh", generator=np.random.default_rng(seed))
-
-    def predict(x):
-        idx = [rows[np.asarray(r, dtype=np.float32).tobytes()] for r in x]
-        z = perturber.perturb(pool.logits[idx])
-        z = z - z.max(axis=1, keepdims=True)
-        p = np.exp(z)
-        return p / p.sum(axis=1, keepdims=True)
-
-    victim = BlackBoxClassifier(predict, input_shape=(pool.inputs.shape[1],), nb_classes=archive.n_classes)
-    mean = pool.inputs.mean(axis=0)
-    std = np.maximum(pool.inputs.std(axis=0), 0.1 * pool.inputs.std(axis=0).mean())
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        net = torch.nn.Sequential(torch.nn.Linear(pool.inputs.shape[1], 128), torch.nn.ReLU(),
-                                  torch.nn.Linear(128, archive.n_classes))
-        thieved = PyTorchClassifier(net, loss=torch.nn.CrossEntropyLoss(),
-                                    optimizer=torch.optim.Adam(net.parameters(), lr=1e-3),
-                                    input_shape=(pool.inputs.shape[1],), nb_classes=archive.n_classes,
-                                    preprocessing=(mean.astype(np.float32), std.astype(np.float32)))
-        attack = KnockoffNets(victim, batch_size_fit=64, batch_size_query=500, nb_epochs=EPOCHS,
-                              nb_stolen=pool.n_samples, sampling_strategy="random", use_probability=True)
-        stolen = attack.extract(pool.inputs, thieved_classifier=thieved)
-        pred = np.argmax(stolen.predict(ev.inputs), axis=1)
-    return float(np.mean(pred == ev.labels))
+def holds_against_peer(ours: np.ndarray, peer: np.ndarray, *, margin: float = MARGIN) -> bool:
+    """The peer check: our mean accuracy over seeds is at least the peer's mean minus ``margin``."""
+    return float(np.mean(ours)) >= float(np.mean(peer)) - margin
 
 
-def _ours(archive, sigma: float) -> float:
+@pytest.fixture(scope="module")
+def archive():
+    torch.set_num_threads(1)
+    return load_archive(DEMO)
+
+
+@pytest.fixture(scope="module")
+def conditions(archive):
+    """Per condition: sigma, the seeds' answers, the peer's accuracies (computed once)."""
+    cal = calibrate_model(archive.pool.logits, archive.pool.labels)
+    out = {}
+    for name, retention in (("clean", None), ("retention-0.75", 0.75)):
+        sigma = 0.0 if retention is None else float(sigma_for_target(cal, retention, kind="retention").sigma)
+        answers = [answer_queries(archive.pool.logits, sigma=sigma, seed=s)[("soft", 1)] for s in SEEDS]
+        peer = np.array([knockoff_nets_peer(archive, a, seed=s).accuracy for a, s in zip(answers, SEEDS)])
+        out[name] = (sigma, answers, peer)
+    return out
+
+
+def _tuned(archive, answers, **thief_options) -> np.ndarray:
     ev = archive.evaluation
     thief = Thief(archive.pool.inputs, ev.inputs, ev.labels, np.argmax(ev.logits, axis=1),
-                  n_classes=archive.n_classes)
-    reqs = [Request(answer_queries(archive.pool.logits, sigma=sigma, seed=s)[("soft", 1)], name, s)
-            for name in ("light", "strong", "tuned") for s in SEEDS]
-    acc = np.array([o.accuracy for o in thief.train(reqs)]).reshape(3, len(SEEDS))
-    return float(acc.mean(axis=1).max())  # the strongest recipe: the headline
+                  n_classes=archive.n_classes, **thief_options)
+    return np.array([o.accuracy for o in thief.train([Request(a, "tuned", s) for a, s in zip(answers, SEEDS)])])
 
 
-@pytest.mark.parametrize("retention", [None, 0.75], ids=["clean", "retention-0.75"])
-def test_strongest_attacker_is_at_least_art_knockoff_nets(retention):
-    archive = load_archive(DEMO)
-    sigma = 0.0
-    if retention is not None:
-        cal = calibrate_model(archive.pool.logits, archive.pool.labels)
-        sigma = float(sigma_for_target(cal, retention, kind="retention").sigma)
-    art = float(np.mean([_art_surrogate(archive, sigma, s) for s in SEEDS]))
-    ours = _ours(archive, sigma)
-    assert ours >= art - 0.015, f"ours {ours:.4f} vs ART KnockoffNets {art:.4f} at sigma={sigma:.4g}"
+@pytest.mark.parametrize("condition", ["clean", "retention-0.75"])
+def test_tuned_attacker_holds_against_tuned_knockoff_nets(archive, conditions, condition):
+    sigma, answers, peer = conditions[condition]
+    ours = _tuned(archive, answers)
+    assert holds_against_peer(ours, peer), (
+        f"ours {ours.mean():.4f} {ours} vs ART KnockoffNets {peer.mean():.4f} {peer} at sigma={sigma:.4g}")
+
+
+@pytest.mark.parametrize("condition", ["clean", "retention-0.75"])
+def test_the_check_fails_for_a_weakened_attacker(archive, conditions, condition):
+    sigma, answers, peer = conditions[condition]
+    weak = _tuned(archive, answers, schedule=Schedule(epochs=1, min_steps=40))
+    assert not holds_against_peer(weak, peer), (
+        f"an attacker cut to 40 steps passed: {weak.mean():.4f} vs ART {peer.mean():.4f} at sigma={sigma:.4g}")
+
+
+def test_the_check_fails_clean_for_a_linear_student(archive, conditions):
+    _, answers, peer = conditions["clean"]
+    linear = _tuned(archive, answers, architecture="linear")
+    assert not holds_against_peer(linear, peer), (linear.mean(), peer.mean())
+
+
+def test_the_peer_tunes_on_its_own_answers_and_is_seeded(archive, conditions):
+    _, answers, peer = conditions["retention-0.75"]
+    again = knockoff_nets_peer(archive, answers[0], seed=SEEDS[0])
+    assert again.accuracy == peer[0]  # same seed, same surrogate
+    assert len(again.searched) == 4 and again.chosen in again.searched
+    assert again.chosen.held_out_loss == min(s.held_out_loss for s in again.searched)
+    # Early stopping on noisy answers stops well before the cap.
+    assert all(1 <= s.epochs < 100 for s in again.searched)
+    held = held_out_rows(archive.pool.n_samples, seed=SEEDS[0])
+    assert held.size == 100 and np.array_equal(held, np.unique(held))
+    assert not np.array_equal(held, held_out_rows(archive.pool.n_samples, seed=SEEDS[1]))
+
+
+def test_peer_input_errors(archive):
+    hard = answer_queries(archive.pool.logits, sigma=1.0, seed=0, kinds=("hard",))[("hard", 1)]
+    with pytest.raises(ValueError, match="distills soft answers, got 'hard'"):
+        knockoff_nets_peer(archive, hard, seed=0)
+    with pytest.raises(ValueError, match=r"fraction must be in \(0, 1\), got 1.5"):
+        held_out_rows(10, seed=0, fraction=1.5)

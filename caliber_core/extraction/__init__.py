@@ -15,6 +15,7 @@ Modules, one concept each:
 * :mod:`.experiment` conditions, seeds, phases: the whole experiment
 * :mod:`.report`     the ``caliber.extraction/v1`` JSON and the printed tables
 * :mod:`.command`    ``python -m caliber_core extract``
+* :mod:`.peer`       a peer attacker for checks: ART's KnockoffNets, tuned on its own answers
 
 torch is imported by the training modules only; importing this package is cheap.
 """

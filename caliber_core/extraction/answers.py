@@ -14,8 +14,8 @@ one ``perturb`` call per query round, exactly as deployed:
 Averaging M soft answers takes first + sum(a_m - first) / M, which equals the
 first answer *exactly* when all M are identical (a plain mean can move by an
 ulp and flip near-ties). Hard labels are the argmax of each answer, combined
-by majority vote with a uniformly random tie-break, so ties do not all go to
-the lowest class index.
+by :func:`~caliber_core.simulation.votes.majority_vote` (ties broken uniformly
+at random), the rule the averaging attack uses too.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..serving.runtime import Perturber
+from ..simulation.votes import majority_vote, vote_generator
 
 SEEDINGS = ("fresh", "per-input")
 LABELS = ("soft", "hard")
 _NOISE_TAG = 0x4E015E
-_VOTE_TAG = 0x707E
 
 
 class RepeatMismatchError(RuntimeError):
@@ -137,7 +137,7 @@ def answer_queries(
     else:
         perturber = Perturber(sigma, seeding="per-input", key=per_input_key(seed))
         ids = [f"pool-{i}" for i in range(n)]
-    vote_gen = np.random.Generator(np.random.SFC64(np.random.SeedSequence([int(seed), _VOTE_TAG])))
+    vote_gen = vote_generator(seed)
     first = None
     dev_sum = np.zeros_like(z)
     votes = np.zeros((n, k), dtype=np.int64)
@@ -163,21 +163,3 @@ def answer_queries(
         if "hard" in kinds:
             out[("hard", m)] = Answers(None, majority_vote(votes, vote_gen), float(sigma), m, seeding, "hard")
     return out
-
-
-def majority_vote(votes: np.ndarray, generator: np.random.Generator) -> np.ndarray:
-    """The most voted class per row; ties broken uniformly at random.
-
-    Parameters
-    ----------
-    votes : ndarray of shape (n_samples, n_classes), int
-    generator : numpy.random.Generator
-
-    Returns
-    -------
-    labels : ndarray of shape (n_samples,), int64
-    """
-    top = votes.max(axis=1, keepdims=True)
-    # A random key in [0, 1) on each tied class: the largest wins, uniformly.
-    keys = np.where(votes == top, generator.random(votes.shape), -1.0)
-    return np.argmax(keys, axis=1).astype(np.int64)

@@ -6,6 +6,11 @@ a serving process reads its sigma like any other (``sigma_to_serve``,
 ``Perturber.from_config``). Its ``attacker`` field records how the sigma was
 measured: the frontier attacker's recipe, the student, the seeds and the
 retention reached, with their spreads.
+
+The config ``--out`` writes gives every target, calibrated or surrogate, the
+same ``interval`` and drift ``reference`` as ``calibrate`` does: the teacher's
+accuracy, retention and agreement at the sigma served, with their bootstrap
+interval over the pool's rows (seeded by the run's ``--seed``).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import numpy as np
 
 from ..calibration.calibrate import measured_accuracy, sigma_for_target
 from ..calibration.margins import normalized_noise
+from ..calibration.target_intervals import interval_estimator, with_interval
 from ..config import TargetRecord, build_config
 from .experiment import ExtractionResult
 
@@ -50,9 +56,16 @@ def surrogate_records(result: ExtractionResult) -> list[TargetRecord]:
     return out
 
 
+def with_intervals(result: ExtractionResult, records: list[TargetRecord]) -> list[TargetRecord]:
+    """``records`` served at their own sigma, each with its ``interval`` and drift ``reference``."""
+    estimator = interval_estimator(result.calibration, seed=result.settings.seed)
+    return [with_interval(result.calibration, r, estimator, side="point") for r in records]
+
+
 def extraction_config(result: ExtractionResult) -> dict:
-    """A config holding the calibrated retention targets, then the surrogate-retention ones."""
+    """A config holding the calibrated retention targets, then the surrogate-retention ones, with intervals."""
     cal = result.calibration
     records = [sigma_for_target(cal, r, kind="retention") for r in result.settings.retention]
     records += surrogate_records(result)
-    return build_config(cal, records, sha256=result.archive.sha256, source=result.archive.source)
+    return build_config(cal, with_intervals(result, records), sha256=result.archive.sha256,
+                        source=result.archive.source)

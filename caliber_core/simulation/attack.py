@@ -21,6 +21,7 @@ import pandas as pd
 
 from ..serving.runtime import SEEDINGS, Perturber
 from ..validation import as_labels, as_logits, check_key, check_sigma
+from .votes import majority_vote, vote_generator
 
 ESTIMATORS = ("soft-average", "majority-vote")
 ATTACK_COLUMNS = ("seeding", "estimator", "m", "agreement", "agreement_se", "accuracy", "accuracy_se")
@@ -91,12 +92,14 @@ def simulate_averaging_attack(
     seedings : sequence of {"fresh", "per-input"}, default both
     estimators : sequence of {"soft-average", "majority-vote"}, default both
         "soft-average": argmax of the mean of the M noisy logit vectors.
-        "majority-vote": the most frequent argmax among the M responses;
-        ties go to the lowest class index (deterministic, and the same rule
-        as ``np.argmax`` for the clean decision).
+        "majority-vote": the most frequent argmax among the M responses,
+        ties broken uniformly at random
+        (:func:`~caliber_core.simulation.votes.majority_vote`, the thief's rule too).
     seed : int, default 0
-        Seeds ``np.random.default_rng(seed)``, the source of fresh noise; the
-        table is reproducible for a given seed and chunk_size.
+        Seeds ``np.random.default_rng(seed)``, the source of fresh noise, and
+        the vote tie-breaks (a separate stream,
+        :func:`~caliber_core.simulation.votes.vote_generator`); the table is
+        reproducible for a given seed and chunk_size.
     key : bytes, default b"simulation key, not a secret"
         Per-input key; row i's id is ``str(i)``. Repeat 0 uses the key
         itself, so it replays what ``Perturber(sigma, key=key)`` serves;
@@ -162,6 +165,7 @@ def simulate_averaging_attack(
     # hits[seeding, estimator, m, 0 = agreement / 1 = accuracy]
     hits = np.zeros((len(seedings), len(estimators), len(m_list), 2), dtype=np.int64)
     generator = np.random.default_rng(seed)
+    tie_breaks = vote_generator(seed)
     starts = range(0, n_samples, chunk_size)
     total_steps = repeats * len(seedings) * len(starts)
     step = 0
@@ -177,7 +181,7 @@ def simulate_averaging_attack(
                 _attack_chunk(
                     perturber, z[start:stop], ids[start:stop], clean[start:stop],
                     None if y is None else y[start:stop],
-                    m_index, m_max, estimators, hits[s_i],
+                    m_index, m_max, estimators, hits[s_i], tie_breaks,
                 )
                 step += 1
                 if progress is not None:
@@ -201,7 +205,7 @@ def _binomial_se(p: float, n: int) -> float:
     return math.nan if math.isnan(p) else math.sqrt(p * (1.0 - p) / n)
 
 
-def _attack_chunk(perturber, z, ids, clean, y, m_index, m_max, estimators, hits) -> None:
+def _attack_chunk(perturber, z, ids, clean, y, m_index, m_max, estimators, hits, tie_breaks) -> None:
     """Issue m_max queries for each input of the chunk; add hits at each M in m_index."""
     n_rows, n_classes = z.shape
     rows = np.arange(n_rows)
@@ -228,7 +232,7 @@ def _attack_chunk(perturber, z, ids, clean, y, m_index, m_max, estimators, hits)
             if estimator == "soft-average":
                 decision = np.argmax(first + dev_sum / query, axis=1)
             else:
-                decision = np.argmax(votes, axis=1)  # lowest index wins ties
+                decision = majority_vote(votes, tie_breaks)
             hits[e_i, m_index[query], 0] += np.count_nonzero(decision == clean)
             if y is not None:
                 hits[e_i, m_index[query], 1] += np.count_nonzero(decision == y)
