@@ -163,6 +163,23 @@ class Throttle:
         if len(cache) > LAST_KNOWN_CAPACITY:
             cache.popitem(last=False)
 
+    def _decide(self, fp: str, rows: int):
+        policy = self.policy
+        decision = self.store.record(fp, rows=rows, now=self._now(), escalate_after=policy.escalate_after,
+                                     top=policy.top, expire_after=policy.expire_after, shadow=policy.shadow)
+        self._remember(fp, decision.state.level if decision.state.flagged else 0)
+        return decision
+
+    def decide(self, account, rows: int = 1):
+        """Count ``rows`` queries for ``account`` and return the Decision, without serving anything.
+
+        What ``respond`` does before adding noise; simulations and gateways
+        that apply the noise elsewhere call it directly.
+        """
+        from .ledger import check_rows
+
+        return self._decide(account_fingerprint(account), check_rows(rows))
+
     def respond(self, account, logits, ids=None) -> Response:
         """Serve ``logits`` for ``account``: count the rows, escalate if due, add the level's noise.
 
@@ -189,10 +206,8 @@ class Throttle:
         policy = self.policy
         counted = True
         try:
-            decision = self.store.record(fp, rows=rows, now=self._now(), escalate_after=policy.escalate_after,
-                                         top=policy.top, expire_after=policy.expire_after, shadow=policy.shadow)
+            decision = self._decide(fp, rows)
             segments = decision.segments
-            self._remember(fp, decision.state.level if decision.state.flagged else 0)
         except StoreUnavailable:
             if self._metrics:
                 self._metrics.store_errors.inc()
