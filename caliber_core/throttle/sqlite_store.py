@@ -7,11 +7,13 @@
   same count and both escalate (no lost increment, no double escalation).
 * ``synchronous=NORMAL``: a committed request survives a killed process;
   only an operating-system crash or power cut can lose the last few commits.
+* Writers also queue on an advisory ``flock`` of ``PATH.lock`` (see ``_write``).
 * A connection per process (opened lazily after a fork) and per thread.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 import threading
@@ -70,10 +72,12 @@ class SqliteStore:
         return conn
 
     def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None and self._local.pid == os.getpid():
-            conn.close()
-        self._local.conn = None
+        local = self._local
+        if getattr(local, "conn", None) is not None and local.pid == os.getpid():
+            local.conn.close()
+        if getattr(local, "lock_fd", None) is not None and local.lock_pid == os.getpid():
+            os.close(local.lock_fd)
+        local.conn = local.lock_fd = None
 
     # ------------------------------------------------------------------ reads
     def _read(self, conn, account: str, *, with_history: bool) -> AccountState | None:
@@ -107,28 +111,59 @@ class SqliteStore:
             raise StoreUnavailable(f"sqlite store {self.path}: {exc}") from None
 
     # ------------------------------------------------------------------ writes
-    def _write(self, account: str, *, with_history: bool, change):
-        """Run ``change(state) -> (new_state, events, counts, result)`` in one BEGIN IMMEDIATE transaction."""
+    def _write(self, account: str, *, full: bool, change):
+        """Run ``change(state) -> (new_state, events, counts, result)`` in one BEGIN IMMEDIATE transaction.
+
+        ``full`` reads the account's counts and history too; the request path
+        reads only its row (counts are added in SQL, so the state it sees has none).
+        """
         try:
             conn = self._connect()
-            conn.execute("BEGIN IMMEDIATE")
+            # Writers queue on an advisory file lock first: a blocked flock wakes
+            # the moment it is released, where SQLite's own busy handler sleeps
+            # for up to 100 ms between retries (seconds of tail latency with
+            # four writers). BEGIN IMMEDIATE stays the guarantee for any writer
+            # that does not take the lock.
+            fcntl.flock(self._lock_fd(), fcntl.LOCK_EX)
             try:
-                state = self._read(conn, account, with_history=with_history) or AccountState()
-                new, events, counts, result = change(state)
-                conn.execute(_UPSERT_ACCOUNT, (account, int(new.flagged), new.level, new.reason, new.flagged_at,
-                                               new.at_level, new.first_seen, new.last_seen))
-                for level, n, s in counts:
-                    conn.execute(_ADD_COUNT, (account, level, n, s))
-                for e in events:
-                    conn.execute(_ADD_EVENT, (account, e.at, e.event, e.level, e.reason))
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as exc:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    if full:
+                        state = self._read(conn, account, with_history=True) or AccountState()
+                    else:
+                        state = self._row(conn, account)
+                    new, events, counts, result = change(state)
+                    conn.execute(_UPSERT_ACCOUNT, (account, int(new.flagged), new.level, new.reason,
+                                                   new.flagged_at, new.at_level, new.first_seen, new.last_seen))
+                    for level, n, s in counts:
+                        conn.execute(_ADD_COUNT, (account, level, n, s))
+                    for e in events:
+                        conn.execute(_ADD_EVENT, (account, e.at, e.event, e.level, e.reason))
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            finally:
+                fcntl.flock(self._lock_fd(), fcntl.LOCK_UN)
+        except (sqlite3.Error, OSError) as exc:
             raise StoreUnavailable(f"sqlite store {self.path}: {exc}") from None
         return result
+
+    def _lock_fd(self) -> int:
+        local = self._local
+        if getattr(local, "lock_fd", None) is None or local.lock_pid != os.getpid():
+            local.lock_fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            local.lock_pid = os.getpid()
+        return local.lock_fd
+
+    @staticmethod
+    def _row(conn, account: str) -> AccountState:
+        row = conn.execute(_GET, (account,)).fetchone()
+        if row is None:
+            return AccountState()
+        return AccountState(flagged=bool(row[0]), level=row[1], reason=row[2], flagged_at=row[3],
+                            at_level=row[4], first_seen=row[5], last_seen=row[6])
 
     def record(self, account: str, *, rows: int, now: float, escalate_after: int, top: int,
                expire_after: float | None, shadow: bool):
@@ -140,7 +175,7 @@ class SqliteStore:
             counts = [(level, n, n if shadow and level > 0 else 0) for level, n in decision.segments]
             return decision.state, decision.events, counts, decision
 
-        return self._write(account, with_history=False, change=change)
+        return self._write(account, full=False, change=change)
 
     def set_flag(self, account: str, *, flagged: bool, level: int, reason: str, now: float) -> AccountState:
         """Flag at ``level`` (its counter restarts) or unflag; records the event."""
@@ -153,4 +188,4 @@ class SqliteStore:
                                history=state.history + (event,))
             return new, (event,), (), new
 
-        return self._write(account, with_history=True, change=change)
+        return self._write(account, full=True, change=change)
