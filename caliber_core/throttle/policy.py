@@ -209,8 +209,32 @@ def _target_sigma(config: dict, target, where: str) -> float:
         return sigma_to_serve(config, target=int(target))
 
 
-def parse_policy(doc, *, base_dir=None) -> Policy:
-    """Validate a parsed policy dict against the schema and its config; PolicyError on the first problem."""
+def policy_for_config_text(config_text: str, *, config_name: str, targets, escalate_after: int,
+                           expire_after=None, shadow: bool = False) -> tuple[dict, Policy]:
+    """A policy for a config held in memory as JSON text (the dashboard's): (policy dict, Policy).
+
+    The policy names the config as ``config_name`` with the sha256 of
+    ``config_text``'s UTF-8 bytes: save that text under that name beside the policy.
+    """
+    try:
+        config = load_config(config_text)
+    except ConfigError as exc:
+        raise PolicyError(str(exc)) from None
+    if not isinstance(targets, (list, tuple)) or not targets:
+        raise PolicyError(f"a policy needs at least one level (a config target index), got {targets!r}")
+    sigmas = [_target_sigma(config, t, f"level {j}") for j, t in enumerate(targets, start=1)]
+    doc = policy_dict(config_path=config_name, config_sha256=hashlib.sha256(config_text.encode()).hexdigest(),
+                      n_classes=config["n_classes"], targets=list(targets), sigmas=sigmas,
+                      escalate_after=escalate_after, expire_after=expire_after, shadow=shadow)
+    return doc, parse_policy(doc, config_text=config_text)
+
+
+def parse_policy(doc, *, base_dir=None, config_text: str | None = None) -> Policy:
+    """Validate a parsed policy dict against the schema and its config; PolicyError on the first problem.
+
+    The config is read from the path the policy names (relative to
+    ``base_dir``), or taken from ``config_text`` when given.
+    """
     if not isinstance(doc, Mapping):
         raise PolicyError(f"policy must be a JSON object, got {type(doc).__name__}")
     if doc.get("schema") != SCHEMA:
@@ -228,12 +252,15 @@ def parse_policy(doc, *, base_dir=None) -> Policy:
     path = ref["path"]
     if base_dir is not None and not os.path.isabs(path):
         path = os.path.join(base_dir, path)
-    actual = file_sha256(path)
+    if config_text is None:
+        actual = file_sha256(path)
+    else:
+        actual = hashlib.sha256(config_text.encode()).hexdigest()
     if actual != sha:
         raise PolicyError(f"config {ref['path']} has sha256 {actual[:16]}..., the policy names {sha[:16]}...: "
                           "the config changed since the policy was written")
     try:
-        config = load_config(path)
+        config = load_config(path if config_text is None else config_text)
     except ConfigError as exc:
         raise PolicyError(str(exc)) from None
     k = ref.get("n_classes")
