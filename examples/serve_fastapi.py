@@ -30,6 +30,7 @@ import numpy as np
 from fastapi import FastAPI, Header, HTTPException
 from pydantic import BaseModel, Field
 
+from caliber_core.serving.keys import read_key_file
 from caliber_core.throttle import StoreUnavailable, Throttle
 
 MAX_ROWS = 1024
@@ -80,21 +81,8 @@ def linear_model(n_features: int, n_classes: int, *, seed: int = 0):
     return model
 
 
-def read_key(path: str) -> bytes:
-    """The seeding key: one line of hex in a file (``python -m caliber_core keygen`` writes one)."""
-    with open(path, encoding="ascii") as fh:
-        text = fh.read().strip()
-    try:
-        key = bytes.fromhex(text)
-    except ValueError:
-        raise ValueError(f"{path}: the key file must hold one line of hex") from None
-    if len(key) < 16:
-        raise ValueError(f"{path}: key is {len(key)} bytes; need at least 16")
-    return key
-
-
 def app_from_environment() -> FastAPI:
-    throttle = Throttle.from_files(os.environ["CALIBER_POLICY"], key=read_key(os.environ["CALIBER_KEY_FILE"]),
+    throttle = Throttle.from_files(os.environ["CALIBER_POLICY"], key=read_key_file(os.environ["CALIBER_KEY_FILE"]),
                                    store=os.environ.get("CALIBER_STORE", "sqlite:///caliber-ledger.db"))
     port = os.environ.get("CALIBER_METRICS_PORT")
     if port:

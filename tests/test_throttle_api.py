@@ -73,24 +73,25 @@ def test_a_batch_crossing_the_threshold_is_served_row_by_row(throttle, tmp_path)
 
 
 def test_every_level_does_the_same_noise_work(throttle, monkeypatch):
-    """The response time cannot tell levels apart: each request runs the same Perturber calls."""
+    """The response time cannot tell levels apart: each request makes the same keyed draws."""
     calls = []
-    original = runtime.Perturber.perturb
+    original = runtime.Perturber.unit_draw
 
-    def counting(self, logits, ids=None):
-        calls.append((self.sigma, np.shape(logits)))
-        return original(self, logits, ids)
+    def counting(self, level, digests, rows, n_classes, device=None):
+        calls.append((level, np.shape(rows), n_classes))
+        return original(self, level, digests, rows, n_classes, device=device)
 
-    monkeypatch.setattr(runtime.Perturber, "perturb", counting)
+    monkeypatch.setattr(runtime.Perturber, "unit_draw", counting)
     logits, ids = _batch()
     work = []
-    for account, level in (("clean", None), ("one", 1), ("two", 2)):
+    for account, level in (("clean", None), ("one", 1), ("three", 3)):
         if level:
             throttle.flag(account, level=level)
         calls.clear()
         throttle.respond(account, logits, ids)
         work.append(sorted(calls))
-    assert work[0] == work[1] == work[2] and len(work[0]) == 3  # one per level
+    # xi_1..xi_3 of the config's ladder: what the top level's own Perturber draws.
+    assert work[0] == work[1] == work[2] == [(i, (4, 10), 10) for i in (1, 2, 3)]
 
 
 def test_the_response_never_shows_the_level(throttle):

@@ -1,11 +1,17 @@
 """Serving a decided level: the same noise work for every request, whatever its level.
 
-Level j >= 1 is served by ``Perturber.from_config(config, target=I_j, key=key)``,
-so a flagged account gets exactly the noise the config's own Perturber adds.
-To keep the level out of the response time, every request (clean, flagged or
-shadow) computes every level's noise over all its rows and then picks each
-row's level; clean and shadow rows discard what was computed and return an
-equal copy.
+Level j >= 1 serves the noise of ``Perturber.from_config(config, target=I_j,
+key=key)``. Those Perturbers share the config's ladder of sigmas: the one at
+ladder position m adds eps_m = sum_{i<=m} c_i xi_i (nested levels), so its
+cost grows with m. To keep the level out of the response time, every request
+(clean, flagged at any level, or shadow) draws xi_1..xi_M once, M the
+policy's top position, forms the running sum, and each row takes the partial
+sum of its own level; clean and shadow rows discard it and get an equal copy.
+The draws and the order of the float64 additions are the Perturbers' own, so
+a flagged row gets bit for bit what its level's Perturber returns.
+
+With ``fresh`` seeding a request draws one standard-normal matrix and each
+row scales it by its level's sigma.
 """
 
 from __future__ import annotations
@@ -14,44 +20,116 @@ import warnings
 
 import numpy as np
 
-from ..serving.runtime import Perturber
+from ..serving import keyed_noise
+from ..serving.rows import check_values, encode_row_ids, row_shape
+from ..serving.runtime import Perturber, level_increments
 from ..validation import is_torch
 
 
+def _largest(dtype) -> float:
+    if isinstance(dtype, np.dtype):
+        return float(np.finfo(dtype).max)
+    import torch
+
+    return float(torch.finfo(dtype).max)
+
+
 class LevelNoise:
-    """The policy's levels as Perturbers (index 0: None, served clean)."""
+    """The policy's levels over the config's ladder (level 0: served clean)."""
 
     def __init__(self, policy, *, key):
-        with warnings.catch_warnings():  # a saturated target is a policy choice, said at init time
+        with warnings.catch_warnings():  # a saturated target is a policy choice, said when it was made
             warnings.simplefilter("ignore")
             self.perturbers = (None,) + tuple(
                 Perturber.from_config(policy.config, target=lv.target, seeding=policy.seeding, key=key)
                 for lv in policy.levels[1:])
-        self.top = len(self.perturbers) - 1
+        top = self.perturbers[-1]
+        self.seeding = policy.seeding
+        self.n_classes = top.n_classes
+        self.sigmas = (0.0,) + tuple(p.sigma for p in self.perturbers[1:])
+        # Ladder position of each policy level, and the increments c_i up to the top one.
+        self.positions = (0,) + tuple(p.level for p in self.perturbers[1:])
+        self.increments = level_increments(top.levels, top.level)
+        self.noise_bound = keyed_noise.MAX_ABS_NORMAL * float(np.sum(self.increments))
+        self._top = top
+        self._generator = np.random.Generator(np.random.SFC64())
 
     def serve(self, logits, ids, segments, *, shadow: bool):
-        """``logits`` with each segment's rows at its level; ``segments`` is ((level, rows), ...).
+        """``logits`` with each segment's rows at its level; ``segments`` is ((level, rows), ...) in row order.
 
-        Returns the noisy array or tensor (same type, dtype, device and shape);
-        with ``shadow`` (or only level-0 rows) an equal copy of the input.
-        Every call computes every level's noise over all rows, so its cost does
-        not depend on the levels decided.
+        Returns the input's type, dtype, device and shape; with ``shadow`` (or
+        only level-0 rows) an equal copy. Raises ValueError/TypeError as
+        ``Perturber.perturb`` does, before any draw.
         """
-        noisy = [None] + [p.perturb(logits, ids) for p in self.perturbers[1:]]
-        clean = _copy(logits)
-        if shadow:
-            return clean
+        n_rows, n_classes, single_row = row_shape(logits)
+        if n_classes != self.n_classes:
+            raise ValueError(f"logits have n_classes={n_classes}, but the config was calibrated for "
+                             f"n_classes={self.n_classes}")
+        encoded = None if ids is None else encode_row_ids(ids, n_rows, single_row=single_row)
+        if encoded is None and self.seeding == "per-input":
+            raise ValueError("per-input seeding needs ids (one str/bytes per row), got ids=None")
+        torch_in = is_torch(logits)
+        largest = _largest(logits.dtype if torch_in else np.asarray(logits).dtype)
+        if self.noise_bound >= largest / 2:
+            raise ValueError(f"the policy's top sigma can add noise up to {self.noise_bound:.3g}, beyond "
+                             f"half the largest {logits.dtype} value ({largest:.3g})")
+        check_values(logits, limit=largest - self.noise_bound)
+        if torch_in:
+            return self._serve_torch(logits, encoded, n_rows, n_classes, segments, shadow)
+        arr = np.asarray(logits)
+        rows = arr.reshape(n_rows, n_classes)
+        noise = self._noise(encoded, rows, n_classes, segments, device=None)
+        if shadow or noise is None:
+            return np.array(logits, copy=True)
+        noise += rows  # in float64, as the Perturber adds
+        return noise.reshape(arr.shape).astype(arr.dtype, copy=False)
+
+    def _serve_torch(self, logits, encoded, n_rows, n_classes, segments, shadow):
+        values = logits.detach()
+        rows = values.reshape(n_rows, n_classes)
+        noise = self._noise(encoded, rows, n_classes, segments, device=values.device)
+        if shadow or noise is None:
+            return values.clone()
+        noise += rows
+        return noise.reshape(values.shape).to(values.dtype)
+
+    def _noise(self, encoded, rows, n_classes, segments, *, device):
+        """Each row's noise at its level (zero rows at level 0), or None when every row is clean.
+
+        The work done does not depend on ``segments``.
+        """
+        n_rows = rows.shape[0]
+        if self.seeding == "fresh":
+            draw = self._generator.standard_normal((n_rows, n_classes))
+            scale = np.concatenate([np.full(n, self.sigmas[level]) for level, n in segments])[:, None]
+            noise = draw * scale
+            if device is not None:
+                import torch
+
+                noise = torch.from_numpy(noise).to(device)
+            return None if all(level == 0 for level, _ in segments) else noise
+        digests = keyed_noise.row_digests(encoded)
+        wanted = set(self.positions[1:])  # every level's partial sum, whatever was decided
+        partial, running = {}, None
+        for position, increment in enumerate(self.increments, start=1):
+            if increment != 0.0:
+                xi = self._top.unit_draw(position, digests, rows, n_classes, device=device)
+                xi *= increment
+                running = xi if running is None else (running.add_(xi) if device is not None else _iadd(running, xi))
+            if position in wanted:
+                partial[position] = running.clone() if device is not None else running.copy()
+        if all(level == 0 for level, _ in segments):
+            return None
         if len(segments) == 1:
-            level = segments[0][0]
-            return clean if level == 0 else noisy[level]
-        # A batch that crossed a threshold: rows served at more than one level.
+            return partial[self.positions[segments[0][0]]]
+        out = running  # the top's sum, overwritten row range by row range
         start = 0
         for level, n in segments:
-            if level > 0:
-                clean[start:start + n] = noisy[level][start:start + n]
+            out[start:start + n] = 0.0 if level == 0 else partial[self.positions[level]][start:start + n]
             start += n
-        return clean
+        return out
 
 
-def _copy(logits):
-    return logits.detach().clone() if is_torch(logits) else np.array(logits, copy=True)
+def _iadd(a, b):
+    a += b
+    return a
