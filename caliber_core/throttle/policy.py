@@ -194,6 +194,12 @@ def load_policy(source) -> Policy:
     return parse_policy(doc, base_dir=base_dir)
 
 
+def _show(value) -> str:
+    """A value for a message, cut to 40 characters (a hostile file may hold a 10,000-digit number)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
@@ -270,14 +276,14 @@ def parse_policy(doc, *, base_dir=None, config_text: str | None = None) -> Polic
     escalation = doc.get("escalation")
     after = escalation.get("after_queries") if isinstance(escalation, Mapping) else None
     if not _is_int(after) or not 1 <= after <= MAX_QUERIES:
-        raise PolicyError(f"escalation.after_queries must be an integer in [1, {MAX_QUERIES}], got {after!r}")
+        raise PolicyError(f"escalation.after_queries must be an integer in [1, {MAX_QUERIES}], got {_show(after)}")
     expiry = doc.get("expiry")
     if not isinstance(expiry, Mapping) or "after_seconds" not in expiry:
         raise PolicyError(f"policy 'expiry' must be an object with 'after_seconds' (null: never), got {expiry!r}")
     seconds = expiry["after_seconds"]
     if seconds is not None and not (isinstance(seconds, numbers.Real) and not isinstance(seconds, bool)
                                     and math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
-        raise PolicyError(f"expiry.after_seconds must be null or a number in (0, {MAX_SECONDS}], got {seconds!r}")
+        raise PolicyError(f"expiry.after_seconds must be null or a number in (0, {MAX_SECONDS}], got {_show(seconds)}")
     shadow = doc.get("shadow")
     if not isinstance(shadow, bool):
         raise PolicyError(f"policy 'shadow' must be true or false, got {shadow!r}")
