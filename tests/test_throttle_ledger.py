@@ -141,3 +141,11 @@ def test_a_worker_killed_mid_request_loses_at_most_that_request(tmp_path):
     state = SqliteStore(str(path)).get("shared")  # readable after the kill
     assert acked >= 300
     assert state.queries[0] in (acked, acked + 1)  # the one in flight may or may not have committed
+
+
+def test_a_new_flag_over_a_lapsed_one_records_the_expiry_first(tmp_path):
+    store = SqliteStore(str(tmp_path / "l.db"))
+    store.set_flag("a", flagged=True, level=2, reason="first", now=0.0, expire_after=100.0)
+    store.set_flag("a", flagged=True, level=1, reason="second", now=150.0, expire_after=100.0)
+    assert [(e.event, e.level, e.reason) for e in store.get("a").history] == [
+        ("flagged", 2, "first"), ("expired", 0, "first"), ("flagged", 1, "second")]

@@ -38,9 +38,10 @@ def test_the_lua_script_follows_the_same_rule_as_sqlite(server, tmp_path):
         shadow = step % 7 == 0
         for store, out in zip(stores, results):
             if action < 0.05:
-                store.set_flag(account, flagged=True, level=random.Random(step).randint(1, 3), reason="r|x", now=now)
+                store.set_flag(account, flagged=True, level=random.Random(step).randint(1, 3), reason="r|x", now=now,
+                               expire_after=300.0)
             elif action < 0.08:
-                store.set_flag(account, flagged=False, level=0, reason="appeal", now=now)
+                store.set_flag(account, flagged=False, level=0, reason="appeal", now=now, expire_after=300.0)
             else:
                 d = store.record(account, rows=random.Random(step).randint(1, 9), now=now, escalate_after=12, top=3,
                                  expire_after=300.0, shadow=shadow)

@@ -33,16 +33,26 @@ class ThrottleMetrics:
         self.store_errors = Counter("caliber_throttle_store_errors",
                                     "Requests the ledger store could not count.", registry=registry)
 
+        self._children: dict = {}
+
+    def _child(self, counter, label: str, value) -> object:
+        # labels() takes a lock and builds a key on every call; the request path reuses the children.
+        key = (id(counter), value)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = counter.labels(**{label: str(value)})
+        return child
+
     def observe(self, segments, decision, *, shadow: bool) -> None:
         level = max(lv for lv, _ in segments)
-        self.requests.labels(level=str(level)).inc()
+        self._child(self.requests, "level", level).inc()
         for lv, n in segments:
-            self.rows.labels(level=str(lv)).inc(n)
+            self._child(self.rows, "level", lv).inc(n)
         if shadow and level > 0:
-            self.shadow.labels(level=str(level)).inc()
+            self._child(self.shadow, "level", level).inc()
         if decision is not None:
             for event in decision.events:
-                self.flags.labels(action={"escalated": "escalate", "expired": "expire"}[event.event]).inc()
+                self._child(self.flags, "action", {"escalated": "escalate", "expired": "expire"}[event.event]).inc()
 
 
 def throttle_metrics(registry=None) -> ThrottleMetrics:

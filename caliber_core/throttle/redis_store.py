@@ -74,6 +74,11 @@ return out
 
 FLAG_SCRIPT = """
 local flagged = ARGV[1] == '1'
+local s = redis.call('HMGET', KEYS[1], 'flagged', 'flagged_at', 'reason')
+local expire = tonumber(ARGV[6])
+if s[1] == '1' and expire >= 0 and s[2] and s[2] ~= '' and tonumber(ARGV[4]) >= tonumber(s[2]) + expire then
+  redis.call('RPUSH', KEYS[2], ARGV[4] .. '|expired|0|' .. (s[3] or ''))
+end
 redis.call('HSET', KEYS[1], 'flagged', ARGV[1], 'level', ARGV[2], 'at_level', 0,
            'flagged_at', flagged and ARGV[4] or '', 'reason', flagged and ARGV[3] or '')
 redis.call('RPUSH', KEYS[2], ARGV[4] .. '|' .. (flagged and 'flagged' or 'unflagged') .. '|' .. ARGV[2] .. '|' .. ARGV[3])
@@ -140,10 +145,13 @@ class RedisStore:
         events = tuple(_event(e) for e in rest[n_seg:])
         return Decision(segments, events, AccountState(flagged=flagged, level=level))
 
-    def set_flag(self, account: str, *, flagged: bool, level: int, reason: str, now: float) -> AccountState:
+    def set_flag(self, account: str, *, flagged: bool, level: int, reason: str, now: float,
+                 expire_after: float | None = None) -> AccountState:
+        """Flag at ``level`` or unflag, atomically; an ``expired`` event first when the old flag had lapsed."""
         try:
             self._flag(keys=self._keys(account),
-                       args=["1" if flagged else "0", int(level if flagged else 0), reason, repr(float(now)), account])
+                       args=["1" if flagged else "0", int(level if flagged else 0), reason, repr(float(now)), account,
+                             -1 if expire_after is None else repr(float(expire_after))])
         except self._errors as exc:
             raise self._fail(exc) from None
         return self.get(account)

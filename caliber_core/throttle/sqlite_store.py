@@ -18,7 +18,7 @@ import os
 import sqlite3
 import threading
 
-from .ledger import AccountState, Event, advance
+from .ledger import AccountState, Event, advance, expired
 from .stores import StoreUnavailable
 
 _SCHEMA = """
@@ -177,15 +177,18 @@ class SqliteStore:
 
         return self._write(account, full=False, change=change)
 
-    def set_flag(self, account: str, *, flagged: bool, level: int, reason: str, now: float) -> AccountState:
-        """Flag at ``level`` (its counter restarts) or unflag; records the event."""
+    def set_flag(self, account: str, *, flagged: bool, level: int, reason: str, now: float,
+                 expire_after: float | None = None) -> AccountState:
+        """Flag at ``level`` (its counter restarts) or unflag; records the event (after an ``expired``
+        one when the flag it replaces had lapsed)."""
 
         def change(state):
-            event = Event(now, "flagged" if flagged else "unflagged", level, reason)
+            events = (Event(now, "expired", 0, state.reason),) if expired(state, now, expire_after) else ()
+            events += (Event(now, "flagged" if flagged else "unflagged", level if flagged else 0, reason),)
             new = AccountState(flagged=flagged, level=level if flagged else 0, reason=reason if flagged else "",
                                flagged_at=now if flagged else None, at_level=0, queries=state.queries,
                                shadow=state.shadow, first_seen=state.first_seen, last_seen=state.last_seen,
-                               history=state.history + (event,))
-            return new, (event,), (), new
+                               history=state.history + events)
+            return new, events, (), new
 
         return self._write(account, full=True, change=change)

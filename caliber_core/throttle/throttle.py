@@ -111,7 +111,8 @@ class Throttle:
         """Flag ``account`` at ``level`` (1..top); a flagged account is moved there and its counter restarts."""
         level = self.policy.check_level(level)
         fp = account_fingerprint(account)
-        state = self.store.set_flag(fp, flagged=True, level=level, reason=check_reason(reason), now=self._now())
+        state = self.store.set_flag(fp, flagged=True, level=level, reason=check_reason(reason), now=self._now(),
+                                    expire_after=self.policy.expire_after)
         self._remember(fp, level)
         if self._metrics:
             self._metrics.flags.labels(action="flag").inc()
@@ -120,7 +121,8 @@ class Throttle:
     def unflag(self, account, *, reason: str = "") -> dict:
         """Clear the flag: the account is served clean again; its counts and history stay."""
         fp = account_fingerprint(account)
-        state = self.store.set_flag(fp, flagged=False, level=0, reason=check_reason(reason), now=self._now())
+        state = self.store.set_flag(fp, flagged=False, level=0, reason=check_reason(reason), now=self._now(),
+                                    expire_after=self.policy.expire_after)
         self._remember(fp, 0)
         if self._metrics:
             self._metrics.flags.labels(action="unflag").inc()
