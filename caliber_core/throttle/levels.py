@@ -52,6 +52,7 @@ class LevelNoise:
         self.increments = level_increments(top.levels, top.level)
         self.noise_bound = keyed_noise.MAX_ABS_NORMAL * float(np.sum(self.increments))
         self._top = top
+        self.top = len(self.perturbers) - 1
         self._generator = np.random.Generator(np.random.SFC64())
 
     def serve(self, logits, ids, segments, *, shadow: bool):
@@ -61,6 +62,10 @@ class LevelNoise:
         only level-0 rows) an equal copy. Raises ValueError/TypeError as
         ``Perturber.perturb`` does, before any draw.
         """
+        return self.assemble(self.prepare(logits, ids), segments, shadow=shadow)
+
+    def check(self, logits, ids):
+        """Validate a request as ``Perturber.perturb`` does; returns what :meth:`prepare` needs."""
         n_rows, n_classes, single_row = row_shape(logits)
         if n_classes != self.n_classes:
             raise ValueError(f"logits have n_classes={n_classes}, but the config was calibrated for "
@@ -74,42 +79,21 @@ class LevelNoise:
             raise ValueError(f"the policy's top sigma can add noise up to {self.noise_bound:.3g}, beyond "
                              f"half the largest {logits.dtype} value ({largest:.3g})")
         check_values(logits, limit=largest - self.noise_bound)
-        if torch_in:
-            return self._serve_torch(logits, encoded, n_rows, n_classes, segments, shadow)
-        arr = np.asarray(logits)
-        rows = arr.reshape(n_rows, n_classes)
-        noise = self._noise(encoded, rows, n_classes, segments, device=None)
-        if shadow or noise is None:
-            return np.array(logits, copy=True)
-        noise += rows  # in float64, as the Perturber adds
-        return noise.reshape(arr.shape).astype(arr.dtype, copy=False)
+        return (logits, encoded, n_rows, n_classes)
 
-    def _serve_torch(self, logits, encoded, n_rows, n_classes, segments, shadow):
-        values = logits.detach()
-        rows = values.reshape(n_rows, n_classes)
-        noise = self._noise(encoded, rows, n_classes, segments, device=values.device)
-        if shadow or noise is None:
-            return values.clone()
-        noise += rows
-        return noise.reshape(values.shape).to(values.dtype)
-
-    def _noise(self, encoded, rows, n_classes, segments, *, device):
-        """Each row's noise at its level (zero rows at level 0), or None when every row is clean.
-
-        The work done does not depend on ``segments``.
-        """
-        n_rows = rows.shape[0]
+    def prepare(self, logits, ids, checked=None):
+        """Every level's noise for the request's rows (the same work whatever will be decided)."""
+        logits, encoded, n_rows, n_classes = checked or self.check(logits, ids)
+        if is_torch(logits):
+            values = logits.detach()
+            rows, device = values.reshape(n_rows, n_classes), values.device
+        else:
+            rows, device = np.asarray(logits).reshape(n_rows, n_classes), None
         if self.seeding == "fresh":
             draw = self._generator.standard_normal((n_rows, n_classes))
-            scale = np.concatenate([np.full(n, self.sigmas[level]) for level, n in segments])[:, None]
-            noise = draw * scale
-            if device is not None:
-                import torch
-
-                noise = torch.from_numpy(noise).to(device)
-            return None if all(level == 0 for level, _ in segments) else noise
+            return logits, rows, device, {"fresh": draw}
         digests = keyed_noise.row_digests(encoded)
-        wanted = set(self.positions[1:])  # every level's partial sum, whatever was decided
+        wanted = set(self.positions[1:])
         partial, running = {}, None
         for position, increment in enumerate(self.increments, start=1):
             if increment != 0.0:
@@ -118,16 +102,32 @@ class LevelNoise:
                 running = xi if running is None else (running.add_(xi) if device is not None else _iadd(running, xi))
             if position in wanted:
                 partial[position] = running.clone() if device is not None else running.copy()
-        if all(level == 0 for level, _ in segments):
-            return None
-        if len(segments) == 1:
-            return partial[self.positions[segments[0][0]]]
-        out = running  # the top's sum, overwritten row range by row range
-        start = 0
-        for level, n in segments:
-            out[start:start + n] = 0.0 if level == 0 else partial[self.positions[level]][start:start + n]
-            start += n
-        return out
+        return logits, rows, device, partial
+
+    def assemble(self, prepared, segments, *, shadow: bool):
+        """The served logits from :meth:`prepare`'s noise and the decided ``segments``."""
+        logits, rows, device, partial = prepared
+        if shadow or all(level == 0 for level, _ in segments):
+            return logits.detach().clone() if device is not None else np.array(logits, copy=True)
+        if "fresh" in partial:
+            scale = np.concatenate([np.full(n, self.sigmas[level]) for level, n in segments])[:, None]
+            noise = partial["fresh"] * scale
+            if device is not None:
+                import torch
+
+                noise = torch.from_numpy(noise).to(device)
+        elif len(segments) == 1:
+            noise = partial[self.positions[segments[0][0]]]
+        else:
+            noise = partial[self.positions[self.top]]  # overwritten row range by row range
+            start = 0
+            for level, n in segments:
+                noise[start:start + n] = 0.0 if level == 0 else partial[self.positions[level]][start:start + n]
+                start += n
+        noise += rows  # in float64, as the Perturber adds
+        if device is not None:
+            return noise.reshape(logits.shape).to(logits.dtype)
+        return noise.reshape(np.shape(logits)).astype(np.asarray(logits).dtype, copy=False)
 
 
 def _iadd(a, b):

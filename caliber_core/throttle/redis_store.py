@@ -129,15 +129,58 @@ class RedisStore:
         except self._errors as exc:
             raise self._fail(exc) from None
 
+    @staticmethod
+    def _record_args(account, now, rows, escalate_after, top, expire_after, shadow) -> list:
+        return [repr(float(now)), int(rows), int(escalate_after), int(top),
+                -1 if expire_after is None else repr(float(expire_after)), "1" if shadow else "0", account]
+
     def record(self, account: str, *, rows: int, now: float, escalate_after: int, top: int,
                expire_after: float | None, shadow: bool) -> Decision:
         """Count one request atomically (one Lua script) and return its Decision (state: flag and level only)."""
-        args = [repr(float(now)), int(rows), int(escalate_after), int(top),
-                -1 if expire_after is None else repr(float(expire_after)), "1" if shadow else "0", account]
+        args = self._record_args(account, now, rows, escalate_after, top, expire_after, shadow)
         try:
             reply = self._record(keys=self._keys(account), args=args)
         except self._errors as exc:
             raise self._fail(exc) from None
+        return self._decision(reply)
+
+    def begin_record(self, account: str, **request):
+        """Send the request's script now and return ``finish() -> Decision``, which reads the reply.
+
+        The caller draws the noise while Redis runs the script, so the round
+        trip overlaps the work it would otherwise add to. A script the server
+        does not hold (after a restart) is loaded and run again inside ``finish``.
+        """
+        keys, args = self._keys(account), self._record_args(account, **request)
+        pool = self._client.connection_pool
+        try:
+            conn = pool.get_connection()
+        except self._errors as exc:
+            raise self._fail(exc) from None
+        try:
+            conn.send_command("EVALSHA", self._record.sha, len(keys), *keys, *args)
+        except self._errors as exc:
+            pool.release(conn)
+            raise self._fail(exc) from None
+
+        def finish() -> Decision:
+            import redis
+
+            try:
+                reply = conn.read_response()
+            except redis.exceptions.NoScriptError:
+                pool.release(conn)
+                return self.record(account, **request)  # loads the script, then runs it once
+            except self._errors as exc:
+                pool.release(conn)
+                raise self._fail(exc) from None
+            pool.release(conn)
+            return self._decision(reply)
+
+        return finish
+
+    @staticmethod
+    def _decision(reply) -> Decision:
         flagged, level = bool(reply[0]), int(reply[1])
         rest = reply[2:]
         n_seg = sum(1 for x in rest if isinstance(x, int))

@@ -177,6 +177,11 @@ class SqliteStore:
 
         return self._write(account, full=False, change=change)
 
+    def begin_record(self, account: str, **request):
+        """``record`` now; returns ``finish() -> Decision`` (the same call shape as the Redis store's)."""
+        decision = self.record(account, **request)
+        return lambda: decision
+
     def set_flag(self, account: str, *, flagged: bool, level: int, reason: str, now: float,
                  expire_after: float | None = None) -> AccountState:
         """Flag at ``level`` (its counter restarts) or unflag; records the event (after an ``expired``

@@ -204,25 +204,37 @@ class Throttle:
         if self._levels is None:
             raise ValueError("respond needs the seeding key: build the Throttle with key=<secret bytes>")
         rows = self._rows(logits, ids)
+        checked = self._levels.check(logits, ids)  # every check before anything is counted
         fp = account_fingerprint(account)
         policy = self.policy
-        counted = True
+        finish = error = None
         try:
-            decision = self._decide(fp, rows)
+            finish = self.store.begin_record(fp, rows=rows, now=self._now(), escalate_after=policy.escalate_after,
+                                             top=policy.top, expire_after=policy.expire_after, shadow=policy.shadow)
+        except StoreUnavailable as exc:
+            error = exc
+        prepared = self._levels.prepare(logits, ids, checked)  # while the store works, if it can
+        decision = None
+        if finish is not None:
+            try:
+                decision = finish()
+            except StoreUnavailable as exc:
+                error = exc
+        if decision is not None:
+            self._remember(fp, decision.state.level if decision.state.flagged else 0)
             segments = decision.segments
-        except StoreUnavailable:
+        else:
             if self._metrics:
                 self._metrics.store_errors.inc()
             if policy.on_store_error == "refuse":
-                raise
-            counted, decision = False, None
+                raise error
             segments = ((self._last_known.get(fp, 0), rows),)
-        served = self._levels.serve(logits, ids, segments, shadow=policy.shadow)
+        served = self._levels.assemble(prepared, segments, shadow=policy.shadow)
         level = max(level for level, _ in segments)
         if self._metrics:
             self._metrics.observe(segments, decision, shadow=policy.shadow)
         return Response(logits=served, level=level, sigma=policy.levels[level].sigma, shadow=policy.shadow,
-                        segments=segments, counted=counted)
+                        segments=segments, counted=decision is not None)
 
     def _rows(self, logits, ids) -> int:
         """Check the shape against the config's K and the ids before anything is counted."""
