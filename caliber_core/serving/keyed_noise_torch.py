@@ -57,39 +57,96 @@ def _counters(n_classes: int, device) -> torch.Tensor:
                       lambda: torch.arange(n_classes, dtype=torch.int64, device=device) * _GAMMA)
 
 
+def _seeds_on(seeds, device) -> torch.Tensor:
+    seeds64 = np.ascontiguousarray(np.asarray(seeds, dtype=np.uint64).reshape(-1)).view(np.int64)
+    return torch.from_numpy(seeds64.copy()).to(device)
+
+
+def _blocks(n_rows: int, n_classes: int, device: torch.device):
+    if device.type != "cpu":  # a GPU takes the whole batch in one launch per step
+        return [(slice(0, n_rows), slice(0, n_classes))]
+    return keyed_noise.blocks(n_rows, n_classes, _CHUNK)
+
+
 def normals_from_seeds(seeds: np.ndarray, n_classes: int, *, device, dtype=None) -> torch.Tensor:
     """Standard normals, (n_rows, n_classes), on ``device``; float64 unless ``dtype`` says otherwise."""
     device = torch.device(device)
     dtype = torch.float64 if dtype is None else dtype
-    seeds64 = np.ascontiguousarray(np.asarray(seeds, dtype=np.uint64).reshape(-1)).view(np.int64)
-    seeds_t = torch.from_numpy(seeds64.copy()).to(device)
-    n_rows = seeds_t.shape[0]
-    out = torch.empty((n_rows, n_classes), dtype=torch.float64, device=device)
+    seeds_t = _seeds_on(seeds, device)
+    out = torch.empty((seeds_t.shape[0], n_classes), dtype=torch.float64, device=device)
     counters, table = _counters(n_classes, device), _table(device)
-    rows_per_block = n_rows if device.type != "cpu" else max(1, _CHUNK // max(1, n_classes))
-    for start in range(0, n_rows, max(1, rows_per_block)):
-        stop = min(n_rows, start + rows_per_block)
-        _transform_block(seeds_t[start:stop], counters, table, out[start:stop])
+    for rows, cols in _blocks(seeds_t.shape[0], n_classes, device):
+        block = torch.empty((rows.stop - rows.start, cols.stop - cols.start), dtype=torch.float64, device=device)
+        _transform_block(seeds_t[rows], counters[cols], table, block)
+        out[rows, cols] = block
     return out if dtype == torch.float64 else out.to(dtype)
+
+
+def add_keyed_noise(logits: torch.Tensor, level_seeds, increments) -> torch.Tensor:
+    """The torch twin of :func:`keyed_noise.add_keyed_noise`: same bits, on the logits' device."""
+    device = logits.device
+    n_rows, n_classes = logits.shape
+    out = torch.empty_like(logits)
+    counters, table = _counters(n_classes, device), _table(device)
+    seeds = [_seeds_on(s, device) for s in level_seeds]
+    for rows, cols in _blocks(n_rows, n_classes, device):
+        shape = (rows.stop - rows.start, cols.stop - cols.start)
+        noise = torch.empty(shape, dtype=torch.float64, device=device)
+        draw = torch.empty_like(noise) if len(increments) > 1 else None
+        for i, (level_seeds_t, increment) in enumerate(zip(seeds, increments)):
+            target = noise if i == 0 else draw
+            _transform_block(level_seeds_t[rows], counters[cols], table, target)
+            target *= increment
+            if i:
+                noise += draw
+        noise += logits[rows, cols]  # float64 + the logits' dtype: an exact upcast, as on numpy
+        out[rows, cols] = noise
+    return out
 
 
 def _transform_block(seeds: torch.Tensor, counters: torch.Tensor, table: torch.Tensor, out: torch.Tensor) -> None:
     w = seeds[:, None] + counters[None, :]
+    tmp = torch.empty_like(w)
     for shift, multiplier in ((30, _M1), (27, _M2)):
-        w ^= (w >> shift) & ((1 << (64 - shift)) - 1)
+        torch.bitwise_right_shift(w, shift, out=tmp)
+        tmp &= (1 << (64 - shift)) - 1  # a logical shift
+        w ^= tmp
         w *= multiplier
-    w ^= (w >> 31) & ((1 << 33) - 1)
-    a = (w & _MASK52) << 1
-    a |= 1
-    a_float = a.to(torch.float64)
-    a_bits = a_float.view(torch.int64)  # positive: a logical and an arithmetic shift agree
-    piece = a_bits >> _T_BITS
+    torch.bitwise_right_shift(w, 31, out=tmp)
+    tmp &= (1 << 33) - 1
+    w ^= tmp
+    _words_to_normals(w, tmp, table, out)
+
+
+def normals_from_words(words: torch.Tensor) -> torch.Tensor:
+    """Step 4 alone, for int64 words holding the uint64 bits: float64 normals of the same shape and device."""
+    w = words.to(torch.int64).clone()
+    out = torch.empty(w.shape, dtype=torch.float64, device=w.device)
+    _words_to_normals(w.reshape(-1), torch.empty_like(w).reshape(-1), _table(w.device), out.reshape(-1))
+    return out
+
+
+def _words_to_normals(w: torch.Tensor, tmp: torch.Tensor, table: torch.Tensor, out: torch.Tensor) -> None:
+    """Overwrites ``w`` and ``tmp`` (int64 buffers of out's shape) and fills ``out``."""
+    torch.bitwise_and(w, _MASK52, out=tmp)
+    tmp <<= 1
+    tmp |= 1
+    a_float = tmp.to(torch.float64)  # exact: a < 2^53
+    a_bits = a_float.view(torch.int64)  # positive, so an arithmetic shift is a logical one
+    w >>= 63  # -1 for a set sign bit, else 0 ...
+    w &= _N_PIECES  # ... so this is the offset of the negated half of the table
+    piece = torch.bitwise_right_shift(a_bits, _T_BITS, out=tmp)
     piece -= _FIRST_PIECE
-    piece += ((w >> 63) & 1) * _N_PIECES
-    t = (a_bits & _MASK_T).to(torch.float64)
+    piece += w
+    piece = piece.reshape(-1)
+    t_bits = torch.bitwise_and(a_bits, _MASK_T, out=w)
+    t = a_float.copy_(t_bits)  # a's bits are read; exact: fewer than 53 bits
     t *= 2.0 ** -_T_BITS
-    flat_piece = piece.reshape(-1)
-    out.copy_(table[-1].take(flat_piece).view(out.shape))
+    flat_out = out.view(-1)
+    coefficient = torch.empty_like(flat_out)
+    torch.index_select(table[-1], 0, piece, out=flat_out)
+    t = t.reshape(-1)
     for power in range(normal_table.DEGREE - 1, -1, -1):
-        out *= t
-        out += table[power].take(flat_piece).view(out.shape)
+        flat_out *= t
+        torch.index_select(table[power], 0, piece, out=coefficient)
+        flat_out += coefficient

@@ -278,13 +278,20 @@ class Perturber:
         check_values(logits, limit=largest - self._noise_bound)
         if self._sigma == 0.0:
             return logits.detach().clone() if torch_in else np.array(logits, copy=True)
+        if self._seeding == "fresh":
+            return self._perturb_fresh(logits, n_rows, n_classes, torch_in)
+        digests = keyed_noise.row_digests(encoded)
+        levels = [(level, inc) for level, inc in enumerate(self._increments, start=1) if inc != 0.0]
+        seeds = [keyed_noise.row_seeds(self._key, self._binding, level, digests, n_classes) for level, _ in levels]
+        increments = [inc for _, inc in levels]
         if torch_in:
-            return self._perturb_torch(logits, encoded, n_rows, n_classes)
+            from . import keyed_noise_torch
+
+            values = logits.detach()
+            out = keyed_noise_torch.add_keyed_noise(values.reshape(n_rows, n_classes), seeds, increments)
+            return out.reshape(values.shape)
         arr = np.asarray(logits)
-        rows = arr.reshape(n_rows, n_classes)
-        noise = self._noise_numpy(encoded, rows, n_classes)
-        noise += rows  # in float64: the mixed-dtype add upcasts the logits exactly
-        return noise.reshape(arr.shape).astype(arr.dtype, copy=False)
+        return keyed_noise.add_keyed_noise(arr.reshape(n_rows, n_classes), seeds, increments).reshape(arr.shape)
 
     # -- the noise ---------------------------------------------------------------------------------
 
@@ -299,44 +306,35 @@ class Perturber:
             return keyed_noise.unit_normals(self._key, self._binding, level, digests, n_classes)
         return keyed_noise.unit_normals_torch(self._key, self._binding, level, digests, n_classes, device)
 
-    def _noise_numpy(self, encoded, rows, n_classes: int) -> np.ndarray:
-        if self._seeding == "fresh":
-            noise = self._generator.standard_normal((rows.shape[0], n_classes))
-            noise *= self._sigma
-            return noise
-        digests = keyed_noise.row_digests(encoded)
+    def level_noise(self, digests, rows, n_classes: int, device=None):
+        """eps at the served level, sum_{i <= level} increment_i * unit_draw(i), in float64.
+
+        The path any keyed seeding can take; per-input serving takes a fused,
+        blockwise version of it (``keyed_noise.add_keyed_noise``) whose
+        ``level_noise + logits`` is bit for bit the same.
+        """
         noise = None
         for level, increment in enumerate(self._increments, start=1):
             if increment == 0.0:
                 continue
-            xi = self.unit_draw(level, digests, rows, n_classes)
+            xi = self.unit_draw(level, digests, rows, n_classes, device=device)
             xi *= increment
-            if noise is None:
-                noise = xi
-            else:
-                noise += xi
+            noise = xi if noise is None else noise.__iadd__(xi)
         return noise
 
-    def _perturb_torch(self, logits, encoded, n_rows: int, n_classes: int):
-        import torch
+    def _perturb_fresh(self, logits, n_rows: int, n_classes: int, torch_in: bool):
+        noise = self._generator.standard_normal((n_rows, n_classes))
+        noise *= self._sigma
+        if torch_in:  # drawn by the host generator (the seeded one, when given), then moved
+            import torch
 
-        values = logits.detach()
-        rows = values.reshape(n_rows, n_classes)
-        device = values.device
-        if self._seeding == "fresh":
-            noise = torch.from_numpy(self._generator.standard_normal((n_rows, n_classes))).to(device)
-            noise *= self._sigma
-        else:
-            digests = keyed_noise.row_digests(encoded)
-            noise = None
-            for level, increment in enumerate(self._increments, start=1):
-                if increment == 0.0:
-                    continue
-                xi = self.unit_draw(level, digests, rows, n_classes, device=device)
-                xi *= increment
-                noise = xi if noise is None else noise.add_(xi)
-        noise += rows  # float64 + the logits' dtype: an exact upcast, as on numpy
-        return noise.reshape(values.shape).to(values.dtype)
+            values = logits.detach()
+            noise = torch.from_numpy(noise).to(values.device)
+            noise += values.reshape(n_rows, n_classes)
+            return noise.reshape(values.shape).to(values.dtype)
+        arr = np.asarray(logits)
+        noise += arr.reshape(n_rows, n_classes)
+        return noise.reshape(arr.shape).astype(arr.dtype, copy=False)
 
 
 def _largest_value(dtype) -> float:
