@@ -74,24 +74,34 @@ def test_a_batch_crossing_the_threshold_is_served_row_by_row(throttle, tmp_path)
 
 def test_every_level_does_the_same_noise_work(throttle, monkeypatch):
     """The response time cannot tell levels apart: each request makes the same keyed draws."""
-    calls = []
-    original = runtime.Perturber.unit_draw
+    from caliber_core.serving import keyed_noise
 
-    def counting(self, level, digests, rows, n_classes, device=None):
-        calls.append((level, np.shape(rows), n_classes))
-        return original(self, level, digests, rows, n_classes, device=device)
+    seeds, draws = [], []
+    real_seeds, real_add = keyed_noise.row_seeds, keyed_noise.add_keyed_noise
 
-    monkeypatch.setattr(runtime.Perturber, "unit_draw", counting)
+    def counting_seeds(key, binding, level, digests, n_classes):
+        seeds.append((level, len(digests), n_classes))
+        return real_seeds(key, binding, level, digests, n_classes)
+
+    def counting_add(logits, level_seeds, increments):
+        draws.append(logits.shape[0] * len(level_seeds))
+        return real_add(logits, level_seeds, increments)
+
+    monkeypatch.setattr(keyed_noise, "row_seeds", counting_seeds)
+    monkeypatch.setattr(keyed_noise, "add_keyed_noise", counting_add)
     logits, ids = _batch()
     work = []
-    for account, level in (("clean", None), ("one", 1), ("three", 3)):
+    for account, level in (("clean", None), ("one", 1), ("three", 3), ("crossing", 1)):
         if level:
             throttle.flag(account, level=level)
-        calls.clear()
-        throttle.respond(account, logits, ids)
-        work.append(sorted(calls))
-    # xi_1..xi_3 of the config's ladder: what the top level's own Perturber draws.
-    assert work[0] == work[1] == work[2] == [(i, (4, 10), 10) for i in (1, 2, 3)]
+        seeds.clear()
+        draws.clear()
+        rows = 14 if account == "crossing" else 4
+        throttle.respond(account, *_batch(n=rows))
+        work.append((sorted(seeds), sum(draws) // rows))
+    # Three ladder levels' seeds and three draws per row: what the top level's own Perturber makes.
+    assert {w[1] for w in work} == {3}
+    assert work[0][0] == work[1][0] == work[2][0] == [(i, 4, 10) for i in (1, 2, 3)]
 
 
 def test_the_response_never_shows_the_level(throttle):

@@ -4,11 +4,13 @@ Level j >= 1 serves the noise of ``Perturber.from_config(config, target=I_j,
 key=key)``. Those Perturbers share the config's ladder of sigmas: the one at
 ladder position m adds eps_m = sum_{i<=m} c_i xi_i (nested levels), so its
 cost grows with m. To keep the level out of the response time, every request
-(clean, flagged at any level, or shadow) draws xi_1..xi_M once, M the
-policy's top position, forms the running sum, and each row takes the partial
-sum of its own level; clean and shadow rows discard it and get an equal copy.
-The draws and the order of the float64 additions are the Perturbers' own, so
-a flagged row gets bit for bit what its level's Perturber returns.
+(clean, flagged at any level, or shadow) makes the draws xi_1..xi_M of the
+policy's top position M: a row at level j gets ``keyed_noise.add_keyed_noise``
+over the first draws, exactly what its level's Perturber computes (bit for
+bit), and the draws above it are made on the same rows and discarded; clean
+and shadow rows discard them all and get an equal copy. The row seeds (one
+HMAC stream per ladder level) are taken before the decision, while a Redis
+store runs its script.
 
 With ``fresh`` seeding a request draws one standard-normal matrix and each
 row scales it by its level's sigma.
@@ -23,7 +25,7 @@ import numpy as np
 from ..serving import keyed_noise
 from ..serving.rows import check_values, encode_row_ids, row_shape
 from ..serving.runtime import Perturber, level_increments
-from ..validation import is_torch
+from ..validation import check_key, is_torch
 
 
 def _largest(dtype) -> float:
@@ -53,6 +55,12 @@ class LevelNoise:
         self.noise_bound = keyed_noise.MAX_ABS_NORMAL * float(np.sum(self.increments))
         self._top = top
         self.top = len(self.perturbers) - 1
+        self._key = check_key(key) if policy.seeding == "per-input" else None
+        # The ladder draws the top level makes (a zero increment draws nothing, as in the Perturber),
+        # and how many of them level j adds up.
+        self._drawn = [(position, inc) for position, inc in enumerate(self.increments, start=1) if inc != 0.0]
+        self._draws_at = (0,) + tuple(sum(1 for position, _ in self._drawn if position <= p)
+                                      for p in self.positions[1:])
         self._generator = np.random.Generator(np.random.SFC64())
 
     def serve(self, logits, ids, segments, *, shadow: bool):
@@ -82,54 +90,62 @@ class LevelNoise:
         return (logits, encoded, n_rows, n_classes)
 
     def prepare(self, logits, ids, checked=None):
-        """Every level's noise for the request's rows (the same work whatever will be decided)."""
+        """What every level needs before the decision: the rows and each ladder level's row seeds."""
         logits, encoded, n_rows, n_classes = checked or self.check(logits, ids)
-        if is_torch(logits):
-            values = logits.detach()
-            rows, device = values.reshape(n_rows, n_classes), values.device
-        else:
-            rows, device = np.asarray(logits).reshape(n_rows, n_classes), None
+        torch_in = is_torch(logits)
+        values = logits.detach() if torch_in else np.asarray(logits)
+        rows = values.reshape(n_rows, n_classes)
         if self.seeding == "fresh":
-            draw = self._generator.standard_normal((n_rows, n_classes))
-            return logits, rows, device, {"fresh": draw}
+            return logits, rows, torch_in, self._generator.standard_normal((n_rows, n_classes))
         digests = keyed_noise.row_digests(encoded)
-        wanted = set(self.positions[1:])
-        partial, running = {}, None
-        for position, increment in enumerate(self.increments, start=1):
-            if increment != 0.0:
-                xi = self._top.unit_draw(position, digests, rows, n_classes, device=device)
-                xi *= increment
-                running = xi if running is None else (running.add_(xi) if device is not None else _iadd(running, xi))
-            if position in wanted:
-                partial[position] = running.clone() if device is not None else running.copy()
-        return logits, rows, device, partial
+        seeds = [keyed_noise.row_seeds(self._key, self._top.binding, position, digests, n_classes)
+                 for position, _ in self._drawn]
+        return logits, rows, torch_in, seeds
 
     def assemble(self, prepared, segments, *, shadow: bool):
-        """The served logits from :meth:`prepare`'s noise and the decided ``segments``."""
-        logits, rows, device, partial = prepared
-        if shadow or all(level == 0 for level, _ in segments):
-            return logits.detach().clone() if device is not None else np.array(logits, copy=True)
-        if "fresh" in partial:
-            scale = np.concatenate([np.full(n, self.sigmas[level]) for level, n in segments])[:, None]
-            noise = partial["fresh"] * scale
-            if device is not None:
-                import torch
+        """The served logits for the decided ``segments``; the same draws whatever was decided.
 
-                noise = torch.from_numpy(noise).to(device)
-        elif len(segments) == 1:
-            noise = partial[self.positions[segments[0][0]]]
+        Rows at level j are ``add_keyed_noise`` over the first k_j ladder draws,
+        what the level's own Perturber computes; the remaining draws up to the
+        top are made too, on the same rows, and discarded.
+        """
+        logits, rows, torch_in, seeds = prepared
+        if self.seeding == "fresh":
+            return self._assemble_fresh(logits, rows, torch_in, seeds, segments, shadow)
+        if torch_in:
+            from ..serving.keyed_noise_torch import add_keyed_noise
         else:
-            noise = partial[self.positions[self.top]]  # overwritten row range by row range
-            start = 0
-            for level, n in segments:
-                noise[start:start + n] = 0.0 if level == 0 else partial[self.positions[level]][start:start + n]
-                start += n
-        noise += rows  # in float64, as the Perturber adds
-        if device is not None:
+            add_keyed_noise = keyed_noise.add_keyed_noise
+        increments = [inc for _, inc in self._drawn]
+        clean = shadow or all(level == 0 for level, _ in segments)
+        out = None if len(segments) == 1 and not clean else (rows.clone() if torch_in else rows.copy())
+        start = 0
+        for level, n in segments:
+            part = slice(start, start + n)
+            block = rows if len(segments) == 1 else rows[part]
+            block_seeds = seeds if len(segments) == 1 else [s[part] for s in seeds]
+            k = 0 if clean else self._draws_at[level]
+            if k:
+                served = add_keyed_noise(block, block_seeds[:k], increments[:k])
+                if out is None:
+                    out = served
+                else:
+                    out[part] = served
+            if k < len(increments):  # the draws above this level: made, not served
+                add_keyed_noise(block, block_seeds[k:], increments[k:])
+            start += n
+        return out.reshape(logits.shape)
+
+    def _assemble_fresh(self, logits, rows, torch_in, draw, segments, shadow):
+        if shadow or all(level == 0 for level, _ in segments):
+            return logits.detach().clone() if torch_in else np.array(logits, copy=True)
+        scale = np.concatenate([np.full(n, self.sigmas[level]) for level, n in segments])[:, None]
+        noise = draw * scale
+        if torch_in:
+            import torch
+
+            noise = torch.from_numpy(noise).to(rows.device)
+            noise += rows
             return noise.reshape(logits.shape).to(logits.dtype)
+        noise += rows
         return noise.reshape(np.shape(logits)).astype(np.asarray(logits).dtype, copy=False)
-
-
-def _iadd(a, b):
-    a += b
-    return a
