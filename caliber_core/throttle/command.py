@@ -114,8 +114,14 @@ def _cmd_init(args) -> int:
                        expire_after=args.expire_after, shadow=args.shadow, on_store_error=args.on_store_error,
                        out_path=args.out)
     save_policy(doc, args.out)
+    from ..config import load_config, saturation_message
+
+    targets = load_config(args.config)["targets"]
     for level in doc["levels"][1:]:
         print(f"level {level['level']}: config target {level['target']}, sigma {level['sigma']:.5g}")
+        if targets[level["target"]].get("saturated"):
+            print(f"warning: level {level['level']}: {saturation_message(targets[level['target']])}",
+                  file=sys.stderr)
     expiry = "never" if args.expire_after is None else f"{args.expire_after:g} s after the flag"
     print(f"escalate after {args.escalate_after:,} queries at a level; flags expire {expiry}"
           + ("; shadow mode (decide and record, serve clean)" if args.shadow else ""))

@@ -183,8 +183,9 @@ def format_simulation(result: dict) -> str:
         acc = a["accuracy_lost"]
         acc_text = "n/a" if acc is None else f"{acc['value']:.1%}" + (
             f" ({acc['interval'][0]:.1%}-{acc['interval'][1]:.1%})" if acc["interval"] else "")
-        lines.append(f"{a['account']:<10} {a['max_level']:>3}  {per:<34} {acc_text:<26} "
-                     f"{','.join(a['flag_events']) or '-'}")
+        counts = {e: a["flag_events"].count(e) for e in dict.fromkeys(a["flag_events"])}
+        events = ", ".join(f"{e} x{n}" if n > 1 else e for e, n in counts.items()) or "-"
+        lines.append(f"{a['account']:<10} {a['max_level']:>3}  {per:<34} {acc_text:<26} {events}")
         if "effective_sigma_near_duplicates" in a:
             eff = ", ".join(f"L{lv}: {s:.4g}" for lv, s in sorted(a["effective_sigma_near_duplicates"].items()))
             lines.append(f"{'':<10}     near-duplicates averaged x{result['repeats']}: effective sigma {eff}; "
