@@ -16,8 +16,10 @@ in one process:
 Each path alternates with a plain call within each of N rounds (after one
 warm-up each), so a change in the machine's load hits both alike. Printed per call, in
 microseconds per row: the best of N, the median and the interquartile
-range; and the median over rounds of its time divided by that round's plain
-time. The bars, at K = 1,000: numpy <= 1.5x plain, torch on the CPU <= 2x.
+range; then two ratios to plain: best over best (the least disturbed by other
+processes, so the bars are judged on it) and the median over rounds of the
+round's ratio. The bars, at K = 1,000: numpy <= 1.5x plain, torch on the CPU
+<= 2x.
 """
 
 from __future__ import annotations
@@ -62,10 +64,11 @@ def interleaved_us(calls: dict, n_rows: int, repeats: int, sync=None) -> dict:
 
 
 def summary(times: list, plain: list) -> str:
-    """best-of-N, median [IQR] and the median of the per-round ratios to the plain call."""
+    """best of N, median [IQR]; then best / plain's best and the median of the per-round ratios."""
     q1, median, q3 = statistics.quantiles(times, n=4)
     ratio = statistics.median(t / p for t, p in zip(times, plain))
-    return f"{min(times):9.2f} {median:9.2f} [{q1:.2f}-{q3:.2f}]".ljust(40) + f"{ratio:6.2f}x"
+    return (f"{min(times):9.2f} {median:9.2f} [{q1:.2f}-{q3:.2f}]".ljust(40)
+            + f"{min(times) / min(plain):7.2f}x {ratio:7.2f}x")
 
 
 def main(argv=None) -> int:
@@ -88,10 +91,10 @@ def main(argv=None) -> int:
     plain_gen = np.random.default_rng(1)
     ids = [f"request-{i}" for i in range(args.batch)]
     perturber = Perturber(1.0, key=KEY)
-    header = f"{'K':>7}  {'path':<6} {'best':>9} {'median [IQR]':<30}{'x plain':>8}"
+    header = f"{'K':>7}  {'path':<6} {'best':>9} {'median [IQR]':<30}{'best x':>8} {'med x':>8}"
     print(header)
     print("-" * len(header))
-    ratios = {}
+    ratios, bests = {}, {}
     for n_classes in N_CLASSES:
         x = rng.normal(size=(args.batch, n_classes)).astype(np.float32)
         xt = torch.from_numpy(x.copy())
@@ -103,6 +106,7 @@ def main(argv=None) -> int:
             if name == "numpy":
                 print(f"{n_classes:>7}  {'plain':<6} {summary(times['plain'], times['plain'])}")
             ratios[(n_classes, name)] = statistics.median(t / p for t, p in zip(times[name], times["plain"]))
+            bests[(n_classes, name)] = min(times[name]) / min(times["plain"])
             print(f"{n_classes:>7}  {name:<6} {summary(times[name], times['plain'])}")
 
     print()
@@ -123,9 +127,10 @@ def main(argv=None) -> int:
 
     verdicts = []
     for name, bar in BARS.items():
-        ratio = ratios[(1000, name)]
-        verdicts.append(f"{name}: {ratio:.2f}x ({'meets' if ratio <= bar else 'MISSES'} the {bar}x bar)")
-    print("\nK=1000, median per-round ratio to plain numpy normals + add: " + "; ".join(verdicts))
+        best, median = bests[(1000, name)], ratios[(1000, name)]
+        verdicts.append(f"{name} {best:.2f}x best, {median:.2f}x median "
+                        f"({'meets' if best <= bar else 'MISSES'} the {bar}x bar on the best)")
+    print("\nK=1000 against plain numpy normals + add: " + "; ".join(verdicts))
     return 0
 
 

@@ -672,3 +672,12 @@ def test_top_logprobs_checks_k_before_any_draw(monkeypatch):
     monkeypatch.setattr(p, "perturb", no_draw)
     with pytest.raises(ValueError, match=r"k must be an integer in \[1, n_classes=4\], got 5"):
         noisy_top_logprobs(p, np.zeros((2, 4)), ["a", "b"], k=5)
+
+
+def test_fresh_torch_noise_is_drawn_on_the_device_and_reproducible_with_a_seeded_generator():
+    x = torch.zeros(3, 4000)
+    a = Perturber(2.0, seeding="fresh", generator=np.random.default_rng(7)).perturb(x)
+    b = Perturber(2.0, seeding="fresh", generator=np.random.default_rng(7)).perturb(x)
+    assert torch.equal(a, b) and a.device == x.device and a.dtype == x.dtype
+    # sd of 12,000 N(0, 4) draws: 2 within 5 standard errors (se = 2 / sqrt(2 * 12,000)).
+    assert abs(float(a.double().std()) - 2.0) < 5 * 2.0 / math.sqrt(2 * a.numel())

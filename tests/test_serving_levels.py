@@ -288,3 +288,15 @@ def test_the_fused_path_equals_the_level_by_level_sum():
     on_torch = p.level_noise(digests, torch.from_numpy(z), 70_000, device="cpu")
     assert np.array_equal((on_torch + torch.from_numpy(z)).float().numpy(), expected)
     assert np.array_equal(p.perturb(torch.from_numpy(z), ids).numpy(), expected)
+
+
+def test_nesting_up_to_the_limit_loads_and_one_more_level_is_refused():
+    def nested(depth):  # a config (depth 1) whose "extra" field nests to ``depth`` in all
+        return '{"extra": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
+
+    with pytest.raises(ConfigError, match="schema"):  # 32 levels: parsed, then judged on its fields
+        load_config(nested(32))
+    with pytest.raises(ConfigError, match="nested 33 levels deep; a config nests at most 32"):
+        load_config(nested(33))
+    with pytest.raises(ConfigError, match="config must be a JSON object, got NoneType"):
+        load_config(b"null")

@@ -29,11 +29,10 @@ from __future__ import annotations
 
 import math
 import struct
-import warnings
 
 import numpy as np
 
-from ..config import SaturatedTargetWarning, config_digest, load_config, saturation_message, sigma_to_serve
+from ..config import config_digest, load_config, sigma_to_serve
 from ..validation import check_key, check_sigma, is_torch
 from . import keyed_noise
 from .rows import check_values, encode_row_ids, row_shape
@@ -90,7 +89,8 @@ class Perturber:
         Secret for per-input seeding, at least 16 bytes (see
         :mod:`caliber_core.serving.keys`); required there. Ignored for "fresh".
     generator : numpy.random.Generator, optional
-        Source of fresh noise. Default: an OS-seeded SFC64 generator.
+        Source of fresh noise (for a torch tensor, of the seed of a torch
+        generator on its device). Default: an OS-seeded SFC64 generator.
         Pass a seeded generator only for reproducible simulations and tests.
 
     Attributes
@@ -175,12 +175,9 @@ class Perturber:
             The target is saturated: it serves the largest sigma the sweep measured.
         """
         config = load_config(config)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SaturatedTargetWarning)  # warned once below, for the served target
-            sigma = sigma_to_serve(config, target=target)
-            levels = sorted({sigma_to_serve(config, target=i) for i in range(len(config["targets"]))})
-        if config["targets"][target].get("saturated"):
-            warnings.warn(saturation_message(config["targets"][target]), SaturatedTargetWarning, stacklevel=2)
+        sigma = sigma_to_serve(config, target=target)  # checks the index; warns for a saturated target
+        # Every target's sigma is a level, whichever one this Perturber serves.
+        levels = sorted({float(entry["sigma"]) for entry in config["targets"]})
         digest = config_digest(config)
         self = cls.__new__(cls)
         self._setup(levels, levels.index(sigma) + 1, int(config["n_classes"]), digest, bytes.fromhex(digest),
@@ -323,15 +320,21 @@ class Perturber:
         return noise
 
     def _perturb_fresh(self, logits, n_rows: int, n_classes: int, torch_in: bool):
-        noise = self._generator.standard_normal((n_rows, n_classes))
-        noise *= self._sigma
-        if torch_in:  # drawn by the host generator (the seeded one, when given), then moved
+        if torch_in:
             import torch
 
+            # Drawn by torch on the tensor's device, seeded from the Perturber's generator
+            # (so a seeded generator still gives reproducible runs).
             values = logits.detach()
-            noise = torch.from_numpy(noise).to(values.device)
+            device_generator = torch.Generator(device=values.device)
+            device_generator.manual_seed(int(self._generator.integers(0, 2**63)))
+            noise = torch.randn((n_rows, n_classes), generator=device_generator, dtype=torch.float64,
+                                device=values.device)
+            noise *= self._sigma
             noise += values.reshape(n_rows, n_classes)
             return noise.reshape(values.shape).to(values.dtype)
+        noise = self._generator.standard_normal((n_rows, n_classes))
+        noise *= self._sigma
         arr = np.asarray(logits)
         noise += arr.reshape(n_rows, n_classes)
         return noise.reshape(arr.shape).astype(arr.dtype, copy=False)
