@@ -124,7 +124,7 @@ def format_audit(report: dict) -> str:
              f"now: {'flagged at level ' + str(report['level']) if report['flagged'] else 'not flagged'}"
              + (f", reason: {report['reason']}" if report["flagged"] and report["reason"] else ""),
              f"first seen {when(report['first_seen'])}, last seen {when(report['last_seen'])}, "
-             f"{report['total_queries']:,} queries", "history:"]
+             f"{report['total_queries']:,} quer{'y' if report['total_queries'] == 1 else 'ies'}", "history:"]
     lines += [f"  {when(e['at'])}  {e['event']:<9} level {e['level']}" + (f"  ({e['reason']})" if e["reason"] else "")
               for e in report["history"]] or ["  (no flag events)"]
     lines.append(f"received per level ({conf} intervals from the config):")

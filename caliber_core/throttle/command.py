@@ -122,7 +122,7 @@ def _cmd_init(args) -> int:
         if targets[level["target"]].get("saturated"):
             print(f"warning: level {level['level']}: {saturation_message(targets[level['target']])}",
                   file=sys.stderr)
-    expiry = "never" if args.expire_after is None else f"{args.expire_after:g} s after the flag"
+    expiry = "never" if args.expire_after is None else f"{args.expire_after:,.0f} s after the flag"
     print(f"escalate after {args.escalate_after:,} queries at a level; flags expire {expiry}"
           + ("; shadow mode (decide and record, serve clean)" if args.shadow else ""))
     print(f"policy written to {args.out}")
