@@ -115,3 +115,31 @@ def test_the_surrogate_retention_is_interpolated_in_log_sigma():
     assert surrogate_at(report, 2.0)["sd"] == 0.03
     assert surrogate_at(report, 8.0) is None and surrogate_at(report, 0.0)["mean"] == 1.0
     assert math.isclose(surrogate_at(report, 4.0)["mean"], 0.5)
+
+
+def test_simulate_reads_an_extraction_report_and_refuses_other_files(tmp_path, capsys):
+    policy = write_policy(tmp_path, escalate_after=100)
+    report = {"schema": "caliber.extraction/v1", "model": "toy", "frontier": [
+        {"sigma": 0.25, "surrogate_retention": {"mean": 0.97, "sd": 0.01, "n": 3}},
+        {"sigma": 4.0, "surrogate_retention": {"mean": 0.30, "sd": 0.04, "n": 3}}]}
+    (tmp_path / "run.json").write_text(json.dumps(report))
+    code, out, _ = _run(capsys, "simulate", policy, "--extraction", tmp_path / "run.json", "--json")
+    levels = json.loads(out)["levels"]
+    assert code == 0 and levels[0]["surrogate_retention"]["mean"] == 1.0
+    expected = 0.97 + (0.30 - 0.97) * (math.log(SIGMAS[1]) - math.log(0.25)) / (math.log(4.0) - math.log(0.25))
+    assert levels[2]["surrogate_retention"]["mean"] == pytest.approx(expected)
+    (tmp_path / "other.json").write_text('{"schema": "caliber.config/v2"}')
+    code, _, err = _run(capsys, "simulate", policy, "--extraction", tmp_path / "other.json")
+    assert code == 2 and "not a caliber.extraction/v1 report" in err
+
+
+def test_status_says_when_a_flag_has_lapsed(tmp_path):
+    now = [1000.0]
+    t = Throttle.from_files(write_policy(tmp_path, expire_after=60.0), store=f"sqlite:///{tmp_path / 'l.db'}",
+                            clock=lambda: now[0], metrics=False)
+    t.flag("acct-7", level=2, reason="detector")
+    assert t.status("acct-7")["expires_at"] == 1060.0 and "flag_lapsed" not in t.status("acct-7")
+    now[0] = 1061.0
+    assert t.status("acct-7")["flag_lapsed"] is True and t.audit("acct-7")["flagged"] is False
+    assert t.decide("acct-7", 1).segments == ((0, 1),)
+    assert [e.event for e in t.state("acct-7").history] == ["flagged", "expired"]
