@@ -1,4 +1,4 @@
-"""The command line: ``python -m caliber_core {calibrate,check,fleet,attack,extract,keygen} ...``.
+"""The command line: ``python -m caliber_core {calibrate,check,fleet,attack,extract,keygen,throttle} ...``.
 
 A user error (a bad file, an impossible target) prints one line on stderr and
 exits with status 2; an unexpected failure prints one line and exits 1 (set
@@ -122,6 +122,9 @@ def _build_parser() -> argparse.ArgumentParser:
     from .serving.keys import add_keygen_parser
 
     add_keygen_parser(sub)
+    from .throttle.command import add_parser as add_throttle_parser
+
+    add_throttle_parser(sub)
     return parser
 
 
@@ -260,9 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     from .check_command import run as _cmd_check
     from .extraction.command import run as _cmd_extract
     from .serving.keys import run_keygen
+    from .throttle.command import run as _cmd_throttle
 
     handlers = {"calibrate": _cmd_calibrate, "fleet": _cmd_fleet, "attack": _cmd_attack, "extract": _cmd_extract,
-                "check": _cmd_check, "keygen": run_keygen}
+                "check": _cmd_check, "keygen": run_keygen, "throttle": _cmd_throttle}
     try:
         return handlers[args.command](args)
     except (LogitsFileError, ConfigError, ValueError) as exc:

@@ -32,6 +32,7 @@ def pages() -> list:
         st.Page("pages/attack_cost.py", title="Attack cost", icon=":material/shield:"),
         st.Page("pages/extraction.py", title="Extraction", icon=":material/content_copy:"),
         st.Page("pages/export.py", title="Export", icon=":material/download:"),
+        st.Page("pages/policy.py", title="Policy", icon=":material/policy:"),
     ]
 
 

@@ -29,7 +29,7 @@ N_DEMO = len(list((ROOT / "data").glob("digits_*.npz")))
 PAGES = {"Data": "Data", "Calibrate": "Calibrate", "Fleet": "Fleet", "Attack cost": "Attack cost",
          "Export": "Export"}
 # The sidebar's order; the Extraction page has its own browser test (it trains surrogates).
-NAV_TITLES = ["Data", "Calibrate", "Fleet", "Attack cost", "Extraction", "Export"]
+NAV_TITLES = ["Data", "Calibrate", "Fleet", "Attack cost", "Extraction", "Export", "Policy"]
 
 
 def _idle(page) -> None:

@@ -1,0 +1,192 @@
+"""``python -m caliber_core throttle {init,flag,unflag,status,audit,simulate}``.
+
+Bad input (a hostile policy, an unknown level, a bad store URL) is one line on
+stderr and exit status 2, through the CLI's common handler; an unreachable
+store is one line and exit 2 as well. Account ids are never printed: the
+ledger names accounts by fingerprint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
+    return value
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    throttle = sub.add_parser("throttle", help="serve a config to flagged accounts: policy, ledger, audit")
+    tsub = throttle.add_subparsers(dest="throttle_command", required=True)
+
+    init = tsub.add_parser("init", help="write a caliber.policy/v1 file for a config")
+    init.add_argument("config", help="the calibrated config JSON the policy serves")
+    init.add_argument("--levels", type=int, nargs="+", required=True, metavar="I",
+                      help="config target index served at level 1, 2, ... (sigmas must increase)")
+    init.add_argument("--escalate-after", type=_positive_int, required=True, metavar="N",
+                      help="queries at a level before a flagged account moves up one")
+    init.add_argument("--expire-after", type=_seconds, default=None, metavar="SECONDS",
+                      help="a flag lapses this long after it was set (default: never)")
+    init.add_argument("--shadow", action="store_true", help="decide and record, but serve clean")
+    init.add_argument("--on-store-error", choices=("last-known", "refuse"), default="last-known",
+                      help="when the store is unreachable: serve the last level this process saw "
+                      "(default) or refuse the request")
+    init.add_argument("--out", required=True, help="where to write the policy JSON")
+
+    def ledger_args(p, account: str):
+        if account == "required":
+            p.add_argument("account", help="the account id (stored as a fingerprint only)")
+        elif account == "optional":
+            p.add_argument("account", nargs="?", help="one account (default: every flagged account)")
+        p.add_argument("--policy", required=True, help="the policy JSON")
+        p.add_argument("--store", required=True, help="sqlite:///PATH or redis://HOST:PORT/DB")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+    flag = tsub.add_parser("flag", help="flag an account at a level")
+    ledger_args(flag, "required")
+    flag.add_argument("--level", type=int, default=1, help="the level to serve (default 1)")
+    flag.add_argument("--reason", default="", help="why (one line, kept in the history)")
+    unflag = tsub.add_parser("unflag", help="serve an account clean again")
+    ledger_args(unflag, "required")
+    unflag.add_argument("--reason", default="", help="why (one line, kept in the history)")
+    ledger_args(tsub.add_parser("status", help="one account's ledger entry, or every flagged account"),
+                "optional")
+    ledger_args(tsub.add_parser("audit", help="what an account received, for an appeal"), "required")
+
+    sim = tsub.add_parser("simulate", help="replay synthetic accounts through a policy")
+    sim.add_argument("policy", help="the policy JSON")
+    sim.add_argument("--queries", type=_positive_int, default=None,
+                     help="the campaign's size in queries (default: from the escalation threshold)")
+    sim.add_argument("--detect-after", type=int, default=None, metavar="N",
+                     help="queries before the detector flags an account (default: the escalation threshold)")
+    sim.add_argument("--batch", type=_positive_int, default=100, help="rows per request (default 100)")
+    sim.add_argument("--sybils", type=_positive_int, default=20, help="accounts splitting the campaign")
+    sim.add_argument("--repeats", type=_positive_int, default=4, help="copies of each input the repeater sends")
+    sim.add_argument("--duration", type=_seconds, default=7 * 86400.0,
+                     help="seconds each account spreads its queries over (default 7 days)")
+    sim.add_argument("--extraction", default=None, metavar="REPORT",
+                     help="an `extract --json` report: the surrogate retention at each level's sigma")
+    sim.add_argument("--json", action="store_true", help="print JSON")
+    return throttle
+
+
+def run(args) -> int:
+    from .policy import PolicyError
+    from .stores import StoreUnavailable, StoreURLError
+
+    try:
+        return _COMMANDS[args.throttle_command](args)
+    except (PolicyError, StoreURLError) as exc:
+        raise ValueError(str(exc)) from None
+    except StoreUnavailable as exc:
+        raise ValueError(f"store unreachable: {exc}") from None
+
+
+def _print(obj, as_json: bool, text: str) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(obj, indent=2, allow_nan=False) + "\n")
+    else:
+        print(text)
+
+
+def _cmd_init(args) -> int:
+    from .policy import build_policy, save_policy
+
+    doc = build_policy(args.config, targets=args.levels, escalate_after=args.escalate_after,
+                       expire_after=args.expire_after, shadow=args.shadow, on_store_error=args.on_store_error,
+                       out_path=args.out)
+    save_policy(doc, args.out)
+    from ..config import load_config, saturation_message
+
+    targets = load_config(args.config)["targets"]
+    for level in doc["levels"][1:]:
+        print(f"level {level['level']}: config target {level['target']}, sigma {level['sigma']:.5g}")
+        if targets[level["target"]].get("saturated"):
+            print(f"warning: level {level['level']}: {saturation_message(targets[level['target']])}",
+                  file=sys.stderr)
+    expiry = "never" if args.expire_after is None else f"{args.expire_after:,.0f} s after the flag"
+    print(f"escalate after {args.escalate_after:,} queries at a level; flags expire {expiry}"
+          + ("; shadow mode (decide and record, serve clean)" if args.shadow else ""))
+    print(f"policy written to {args.out}")
+    return 0
+
+
+def _throttle(args):
+    from .throttle import Throttle
+
+    return Throttle.from_files(args.policy, store=args.store, metrics=False)
+
+
+def _status_line(s: dict) -> str:
+    queries = ", ".join(f"L{k}:{v:,}" for k, v in s["queries"].items()) or "no queries"
+    state = (f"flagged at level {s['level']} (sigma {s['sigma']:.4g})" if s["flagged"] else "not flagged")
+    lapsed = " (flag lapsed: expires at its next request)" if s.get("flag_lapsed") else ""
+    reason = f", reason: {s['reason']}" if s["flagged"] and s["reason"] else ""
+    return f"account {s['account']}: {state}{lapsed}{reason}; {queries}"
+
+
+def _cmd_flag(args) -> int:
+    with _throttle(args) as t:
+        s = t.flag(args.account, level=args.level, reason=args.reason)
+    _print(s, args.json, _status_line(s))
+    return 0
+
+
+def _cmd_unflag(args) -> int:
+    with _throttle(args) as t:
+        s = t.unflag(args.account, reason=args.reason)
+    _print(s, args.json, _status_line(s))
+    return 0
+
+
+def _cmd_status(args) -> int:
+    with _throttle(args) as t:
+        s = t.status(args.account)
+    if args.account is not None:
+        _print(s, args.json, _status_line(s))
+    else:
+        _print(s, args.json, "\n".join(_status_line(x) for x in s["flagged"]) or "no flagged accounts")
+    return 0
+
+
+def _cmd_audit(args) -> int:
+    from .audit import format_audit
+
+    with _throttle(args) as t:
+        report = t.audit(args.account)
+    _print(report, args.json, format_audit(report))
+    return 0
+
+
+def _cmd_simulate(args) -> int:
+    from .policy import load_policy
+    from .simulate import format_simulation, load_extraction_report, simulate
+
+    policy = load_policy(args.policy)
+    extraction = None if args.extraction is None else load_extraction_report(args.extraction)
+    result = simulate(policy, queries=args.queries, detect_after=args.detect_after, batch=args.batch,
+                      duration=args.duration, sybils=args.sybils, repeats=args.repeats, extraction=extraction)
+    _print(result, args.json, format_simulation(result))
+    return 0
+
+
+_COMMANDS = {"init": _cmd_init, "flag": _cmd_flag, "unflag": _cmd_unflag, "status": _cmd_status,
+             "audit": _cmd_audit, "simulate": _cmd_simulate}

@@ -1,0 +1,193 @@
+"""Synthetic accounts replayed through a policy: who reaches which level, and what each receives.
+
+Four scenarios, each account sending its queries in requests of ``batch``
+rows spread evenly over ``duration`` simulated seconds, through a real
+:class:`~caliber_core.throttle.Throttle` on a temporary SQLite ledger:
+
+* ``benign``  a heavy legitimate user flagged by mistake before its first query;
+* ``thief``   one account running the whole campaign, flagged by the detector
+  once it has sent ``detect_after`` queries (and flagged again, at level 1,
+  whenever an expired flag leaves it unflagged);
+* ``sybil-NN`` the same campaign split over ``sybils`` accounts, each flagged
+  only if its own share reaches ``detect_after``;
+* ``repeater`` the campaign sent as ``repeats`` copies of each input. Exact
+  repeats get identical answers under per-input seeding (no gain, but they
+  count towards escalation); averaging ``repeats`` near-duplicates cuts a
+  level's sigma to sigma / sqrt(repeats) (Proposition 2(i)), reported as its
+  effective sigma.
+
+What each account received comes from the audit (the config's values and
+intervals). With an extraction report (``caliber.extraction/v1``), each
+level's sigma also gets the surrogate retention its frontier measured there
+(interpolated in log sigma between the two nearest frontier points, with the
+spread over seeds), or None outside the measured range.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+
+from .audit import audit_report
+from .ledger import account_fingerprint, expired
+from .throttle import Throttle
+
+DEFAULT_SYBILS = 20
+DEFAULT_REPEATS = 4
+DEFAULT_DURATION = 7 * 86400.0
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def surrogate_at(report: dict, sigma: float) -> dict | None:
+    """Surrogate retention (mean, sd, n) at ``sigma`` from an extraction report's frontier, or None."""
+    if sigma == 0:
+        return {"mean": 1.0, "sd": 0.0, "n": None}
+    points = sorted((p["sigma"], p["surrogate_retention"]) for p in report.get("frontier", [])
+                    if p.get("sigma") and (p.get("surrogate_retention") or {}).get("mean") is not None)
+    for (s0, r0), (s1, r1) in zip(points, points[1:]):
+        if s0 <= sigma <= s1:
+            w = 0.0 if s1 == s0 else (math.log(sigma) - math.log(s0)) / (math.log(s1) - math.log(s0))
+            sd = [x for x in (r0.get("sd"), r1.get("sd")) if x is not None]
+            return {"mean": (1 - w) * r0["mean"] + w * r1["mean"], "sd": max(sd) if sd else None,
+                    "n": min(r0.get("n") or 0, r1.get("n") or 0) or None}
+    return None
+
+
+def load_extraction_report(path) -> dict:
+    """A ``caliber.extraction/v1`` JSON report (from ``extract --json``); ValueError with one line if not."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            report = json.load(fh)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{os.fspath(path)}: cannot read the extraction report ({exc})") from None
+    if not isinstance(report, dict) or report.get("schema") != "caliber.extraction/v1":
+        raise ValueError(f"{os.fspath(path)}: not a caliber.extraction/v1 report")
+    return report
+
+
+def _in_force(throttle, name, now) -> bool:
+    state = throttle.state(name)
+    return state.flagged and not expired(state, now, throttle.policy.expire_after)
+
+
+def _run_account(throttle, name, *, queries, batch, duration, detect_after, flag_first, clock, start):
+    """Send ``queries`` rows for ``name``; return its trajectory [(queries so far, level of last row)]."""
+    n_requests = max(1, math.ceil(queries / batch))
+    sent, trajectory = 0, [(0, 0)]
+    if flag_first:
+        clock.now = start
+        throttle.flag(name, level=1, reason="simulated: flagged by mistake")
+    for i in range(n_requests):
+        clock.now = start + duration * i / n_requests
+        # The detector (re-)flags a campaign account whose flag is not in force; a mistake is made once.
+        if not flag_first and sent >= detect_after and not _in_force(throttle, name, clock.now):
+            throttle.flag(name, level=1, reason="simulated detector")
+        rows = min(batch, queries - sent)
+        decision = throttle.decide(name, rows)
+        sent += rows
+        trajectory.append((sent, decision.segments[-1][0]))
+    return trajectory
+
+
+def simulate(policy, *, queries: int | None = None, detect_after: int | None = None, batch: int = 100,
+             duration: float = DEFAULT_DURATION, sybils: int = DEFAULT_SYBILS, repeats: int = DEFAULT_REPEATS,
+             extraction: dict | None = None) -> dict:
+    """Replay the four scenarios through ``policy``; a JSON-able report.
+
+    Parameters
+    ----------
+    policy : Policy
+    queries : int, optional
+        The campaign's size (rows). Default: enough for one account to reach
+        the top level and spend as many queries there again.
+    detect_after : int, optional
+        Queries a detector needs before it flags an account (default: the
+        policy's escalation threshold).
+    batch : int, default 100
+        Rows per request.
+    duration : float, default 7 days
+        Seconds over which each account spreads its queries (expiry can lapse inside it).
+    """
+    e = policy.escalate_after
+    queries = int(queries) if queries is not None else e * (policy.top + 1) + e
+    detect_after = e if detect_after is None else int(detect_after)
+    for name, value, low in (("queries", queries, 1), ("batch", batch, 1), ("sybils", sybils, 1),
+                             ("repeats", repeats, 1), ("detect_after", detect_after, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 10**9:
+            raise ValueError(f"{name} must be an integer in [{low}, 1e9], got {value!r}")
+    if not (isinstance(duration, (int, float)) and math.isfinite(duration) and duration > 0):
+        raise ValueError(f"duration must be a positive number of seconds, got {duration!r}")
+    accounts = [("benign", queries, True)] + [("thief", queries, False)]
+    share = max(1, queries // sybils)
+    accounts += [(f"sybil-{i + 1:02d}", share, False) for i in range(sybils)]
+    accounts += [("repeater", queries, False)]
+    clock = _Clock()
+    with tempfile.TemporaryDirectory(prefix="caliber-simulate-") as folder:
+        throttle = Throttle(policy, store=f"sqlite:///{os.path.join(folder, 'ledger.db')}", clock=clock,
+                            metrics=False)
+        try:
+            out = []
+            for name, n, by_mistake in accounts:
+                trajectory = _run_account(throttle, name, queries=n, batch=batch, duration=duration,
+                                          detect_after=detect_after, flag_first=by_mistake, clock=clock, start=0.0)
+                clock.now = duration
+                report = audit_report(policy, account_fingerprint(name), throttle.state(name), now=clock.now)
+                out.append(_account_summary(policy, name, report, trajectory, repeats))
+        finally:
+            throttle.close()
+    levels = [{"level": lv.index, "target": lv.target, "sigma": lv.sigma,
+               "surrogate_retention": None if extraction is None else surrogate_at(extraction, lv.sigma)}
+              for lv in policy.levels]
+    return {"queries": queries, "detect_after": detect_after, "batch": batch, "duration": duration,
+            "sybils": sybils, "repeats": repeats, "seeding": policy.seeding, "levels": levels, "accounts": out,
+            "extraction": None if extraction is None else extraction.get("model")}
+
+
+def _account_summary(policy, name, report, trajectory, repeats) -> dict:
+    per_level = {lv["level"]: lv["queries"] for lv in report["levels"]}
+    reached = max((lv for lv, n in per_level.items() if n), default=0)
+    loss = report["loss_vs_clean"]
+    summary = {"account": name, "max_level": reached, "queries_per_level": per_level,
+               "flag_events": [e["event"] for e in report["history"]],
+               "accuracy_lost": loss["accuracy"], "retention_lost": loss["retention"],
+               "trajectory": trajectory}
+    if name == "repeater":
+        summary["effective_sigma_near_duplicates"] = {
+            lv: policy.levels[lv].sigma / math.sqrt(repeats) for lv, n in per_level.items() if n}
+    return summary
+
+
+def format_simulation(result: dict) -> str:
+    """The simulation as text tables."""
+    lines = [f"campaign {result['queries']:,} queries in requests of {result['batch']}; detector flags after "
+             f"{result['detect_after']:,}; {result['sybils']} sybils; repeater sends each input "
+             f"{result['repeats']}x", "levels:"]
+    for lv in result["levels"]:
+        sur = lv["surrogate_retention"]
+        text = "" if sur is None else (f"  surrogate keeps {sur['mean']:.1%}"
+                                       + (f" (sd {sur['sd']:.1%} over {sur['n']} seeds)" if sur.get("n") else ""))
+        lines.append(f"  level {lv['level']}: sigma {lv['sigma']:.4g}{text}")
+    head = f"{'account':<10} {'top':>3}  {'queries per level':<34} {'accuracy lost (interval)':<26} events"
+    lines += ["", head]
+    for a in result["accounts"]:
+        per = ", ".join(f"L{lv}:{n:,}" for lv, n in sorted(a["queries_per_level"].items()) if n)
+        acc = a["accuracy_lost"]
+        acc_text = "n/a" if acc is None else f"{acc['value']:.1%}" + (
+            f" ({acc['interval'][0]:.1%}-{acc['interval'][1]:.1%})" if acc["interval"] else "")
+        counts = {e: a["flag_events"].count(e) for e in dict.fromkeys(a["flag_events"])}
+        events = ", ".join(f"{e} x{n}" if n > 1 else e for e, n in counts.items()) or "-"
+        lines.append(f"{a['account']:<10} {a['max_level']:>3}  {per:<34} {acc_text:<26} {events}")
+        if "effective_sigma_near_duplicates" in a:
+            eff = ", ".join(f"L{lv}: {s:.4g}" for lv, s in sorted(a["effective_sigma_near_duplicates"].items()))
+            lines.append(f"{'':<10}     near-duplicates averaged x{result['repeats']}: effective sigma {eff}; "
+                         "exact repeats get identical answers (per-input seeding)")
+    return "\n".join(lines)

@@ -1,0 +1,254 @@
+"""The throttle: route each account's logits through its level, count it, escalate it.
+
+>>> t = Throttle.from_files("policy.json", key=key, store="sqlite:///ledger.db")   # doctest: +SKIP
+>>> t.flag("acct-7", level=1, reason="detector 0.93")                               # doctest: +SKIP
+>>> r = t.respond("acct-7", logits, ids)    # r.logits, r.level, r.sigma, r.shadow   # doctest: +SKIP
+
+Only ``r.logits`` goes back to the client: the response's type, dtype, shape
+and the work spent on it are the same at every level.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from ..validation import is_torch
+from .ledger import AccountState, account_fingerprint, check_reason, check_time
+from .policy import load_policy
+from .stores import StoreUnavailable, open_store
+
+LAST_KNOWN_CAPACITY = 100_000
+
+
+@dataclass(frozen=True)
+class Response:
+    """What ``respond`` returns. Send ``logits`` to the client, nothing else.
+
+    Attributes
+    ----------
+    logits : ndarray or torch.Tensor
+        The served logits (the input's type, dtype, device and shape).
+    level : int
+        The highest level decided for the request's rows (0: clean).
+    sigma : float
+        The sigma of that level (what was added, unless ``shadow``).
+    shadow : bool
+        The policy is in shadow mode: decided and counted, served clean.
+    segments : tuple of (level, rows)
+        Row ranges in order; more than one when the request crossed a threshold.
+    counted : bool
+        False when the store could not be reached and ``on_store_error`` is "last-known".
+    """
+
+    logits: object
+    level: int
+    sigma: float
+    shadow: bool
+    segments: tuple
+    counted: bool = True
+
+
+class Throttle:
+    """A policy, its level Perturbers and a ledger store.
+
+    Parameters
+    ----------
+    policy : Policy
+        From :func:`caliber_core.throttle.policy.load_policy`.
+    key : bytes, optional
+        The per-input seeding secret. Needed by ``respond`` only; flagging,
+        status and audit work without it.
+    store : str or store object
+        ``sqlite:///PATH`` or ``redis://HOST:PORT/DB``.
+    clock : callable, default time.time
+        Seconds since the epoch (tests and simulations pass their own).
+    metrics : bool, default True
+        Count requests, shadow decisions and flags in Prometheus counters.
+    registry : prometheus_client.CollectorRegistry, optional
+        Where the counters live (default: prometheus_client's global registry).
+    """
+
+    def __init__(self, policy, *, key=None, store, clock=time.time, metrics: bool = True, registry=None):
+        self.policy = policy
+        self.store = open_store(store) if isinstance(store, str) else store
+        self._clock = clock
+        self._levels = None
+        if key is not None:
+            from .levels import LevelNoise
+
+            self._levels = LevelNoise(policy, key=key)
+        self._last_known = OrderedDict()
+        self._metrics = None
+        if metrics:
+            from .metrics import throttle_metrics
+
+            self._metrics = throttle_metrics(registry)
+
+    @classmethod
+    def from_files(cls, policy, *, key=None, store, **options) -> "Throttle":
+        """A Throttle from a policy file (which names its config); see the class for the options."""
+        return cls(load_policy(policy), key=key, store=store, **options)
+
+    def __repr__(self) -> str:
+        return f"Throttle(levels={len(self.policy.levels) - 1}, store={self.store!r})"  # never the key
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _now(self) -> float:
+        return check_time(self._clock())
+
+    # ------------------------------------------------------------------ flags
+    def flag(self, account, *, level: int = 1, reason: str = "") -> dict:
+        """Flag ``account`` at ``level`` (1..top); a flagged account is moved there and its counter restarts."""
+        level = self.policy.check_level(level)
+        fp = account_fingerprint(account)
+        state = self.store.set_flag(fp, flagged=True, level=level, reason=check_reason(reason), now=self._now(),
+                                    expire_after=self.policy.expire_after)
+        self._remember(fp, level)
+        if self._metrics:
+            self._metrics.flags.labels(action="flag").inc()
+        return self._describe(fp, state)
+
+    def unflag(self, account, *, reason: str = "") -> dict:
+        """Clear the flag: the account is served clean again; its counts and history stay."""
+        fp = account_fingerprint(account)
+        state = self.store.set_flag(fp, flagged=False, level=0, reason=check_reason(reason), now=self._now(),
+                                    expire_after=self.policy.expire_after)
+        self._remember(fp, 0)
+        if self._metrics:
+            self._metrics.flags.labels(action="unflag").inc()
+        return self._describe(fp, state)
+
+    def state(self, account) -> AccountState:
+        """The account's ledger entry (an unknown account: a fresh, unflagged one)."""
+        return self.store.get(account_fingerprint(account)) or AccountState()
+
+    def status(self, account=None) -> dict:
+        """One account's entry, or every flagged account's, JSON-able (accounts named by fingerprint)."""
+        if account is not None:
+            fp = account_fingerprint(account)
+            return self._describe(fp, self.store.get(fp) or AccountState())
+        fps = self.store.accounts(flagged_only=True)
+        return {"flagged": [self._describe(fp, self.store.get(fp) or AccountState()) for fp in fps]}
+
+    def _describe(self, fp: str, state: AccountState) -> dict:
+        from .ledger import expired
+
+        out = {"account": fp}
+        out.update(state.to_dict(expire_after=self.policy.expire_after))
+        if expired(state, self._now(), self.policy.expire_after):
+            out["flag_lapsed"] = True  # lapsed; recorded as "expired" at its next request
+        out["sigma"] = self.policy.levels[min(state.level, self.policy.top)].sigma if state.flagged else 0.0
+        return out
+
+    def audit(self, account) -> dict:
+        """The appeal report: flag history, queries and what was received per level, the loss; JSON-able."""
+        from .audit import audit_report
+
+        fp = account_fingerprint(account)
+        return audit_report(self.policy, fp, self.store.get(fp) or AccountState(), now=self._now())
+
+    # ------------------------------------------------------------------ serving
+    def _remember(self, fp: str, level: int) -> None:
+        cache = self._last_known
+        cache[fp] = level
+        cache.move_to_end(fp)
+        if len(cache) > LAST_KNOWN_CAPACITY:
+            cache.popitem(last=False)
+
+    def _decide(self, fp: str, rows: int):
+        policy = self.policy
+        decision = self.store.record(fp, rows=rows, now=self._now(), escalate_after=policy.escalate_after,
+                                     top=policy.top, expire_after=policy.expire_after, shadow=policy.shadow)
+        self._remember(fp, decision.state.level if decision.state.flagged else 0)
+        return decision
+
+    def decide(self, account, rows: int = 1):
+        """Count ``rows`` queries for ``account`` and return the Decision, without serving anything.
+
+        What ``respond`` does before adding noise; simulations and gateways
+        that apply the noise elsewhere call it directly.
+        """
+        from .ledger import check_rows
+
+        return self._decide(account_fingerprint(account), check_rows(rows))
+
+    def respond(self, account, logits, ids=None) -> Response:
+        """Serve ``logits`` for ``account``: count the rows, escalate if due, add the level's noise.
+
+        Parameters
+        ----------
+        account : str or bytes
+            The account id (stored only as a fingerprint). Unknown accounts are unflagged.
+        logits : ndarray or torch.Tensor of shape (n_samples, K) or (K,)
+            K must be the config's n_classes.
+        ids : sequence of str/bytes, or one for a single row
+            Per-input seeding ids (required with per-input seeding).
+
+        Raises
+        ------
+        ValueError, TypeError
+            Bad logits or ids (nothing is counted).
+        StoreUnavailable
+            The store is unreachable and the policy's ``on_store_error`` is "refuse".
+        """
+        if self._levels is None:
+            raise ValueError("respond needs the seeding key: build the Throttle with key=<secret bytes>")
+        rows = self._rows(logits, ids)
+        checked = self._levels.check(logits, ids)  # every check before anything is counted
+        fp = account_fingerprint(account)
+        policy = self.policy
+        finish = error = None
+        try:
+            finish = self.store.begin_record(fp, rows=rows, now=self._now(), escalate_after=policy.escalate_after,
+                                             top=policy.top, expire_after=policy.expire_after, shadow=policy.shadow)
+        except StoreUnavailable as exc:
+            error = exc
+        prepared = self._levels.prepare(logits, ids, checked)  # while the store works, if it can
+        decision = None
+        if finish is not None:
+            try:
+                decision = finish()
+            except StoreUnavailable as exc:
+                error = exc
+        if decision is not None:
+            self._remember(fp, decision.state.level if decision.state.flagged else 0)
+            segments = decision.segments
+        else:
+            if self._metrics:
+                self._metrics.store_errors.inc()
+            if policy.on_store_error == "refuse":
+                raise error
+            segments = ((self._last_known.get(fp, 0), rows),)
+        served = self._levels.assemble(prepared, segments, shadow=policy.shadow)
+        level = max(level for level, _ in segments)
+        if self._metrics:
+            self._metrics.observe(segments, decision, shadow=policy.shadow)
+        return Response(logits=served, level=level, sigma=policy.levels[level].sigma, shadow=policy.shadow,
+                        segments=segments, counted=decision is not None)
+
+    def _rows(self, logits, ids) -> int:
+        """Check the shape against the config's K and the ids before anything is counted."""
+        shape = tuple(logits.shape) if (is_torch(logits) or hasattr(logits, "shape")) else None
+        if shape is None:
+            raise TypeError(f"logits must be a numpy array or torch tensor, got {type(logits).__name__}")
+        k = self.policy.config["n_classes"]
+        if len(shape) not in (1, 2) or shape[-1] != k or (len(shape) == 2 and shape[0] < 1):
+            raise ValueError(f"logits must be (n_samples, {k}) or ({k},) for this policy's config, got {shape}")
+        rows = 1 if len(shape) == 1 else shape[0]
+        if ids is None and self.policy.seeding == "per-input":
+            raise ValueError("per-input seeding needs ids (one str/bytes per row), got ids=None")
+        if ids is not None and len(shape) == 2:
+            if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__") or len(ids) != rows:
+                n = len(ids) if hasattr(ids, "__len__") and not isinstance(ids, (str, bytes)) else 1
+                raise ValueError(f"need one id per row: got {n} ids for {rows} rows")
+        return rows

@@ -1,0 +1,133 @@
+"""The Policy page's pieces: the level table, the simulation's trajectories, the saved choices.
+
+Plain functions (data in, table or figure out) over ``caliber_core.throttle``;
+tests call them without Streamlit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from caliber_core.throttle.simulate import surrogate_at
+
+DEFAULT_CHOICES = {"retention": "90, 70, 50", "escalate_after": 10_000, "expire_hours": 720.0, "shadow": False}
+SCENARIO_COLOURS = {"benign": "#2a9d8f", "thief": "#e63946", "repeater": "#f4a261"}
+
+
+def level_targets(config: dict) -> list[int]:
+    """Config target indices as levels: ascending sigma, one per distinct sigma > 0."""
+    order, seen = [], set()
+    for i in sorted(range(len(config["targets"])), key=lambda i: config["targets"][i]["sigma"]):
+        sigma = config["targets"][i]["sigma"]
+        if sigma > 0 and sigma not in seen:
+            seen.add(sigma)
+            order.append(i)
+    return order
+
+
+def choices(saved) -> dict:
+    """The stored policy choices merged over the defaults, bad values dropped."""
+    out = dict(DEFAULT_CHOICES)
+    if isinstance(saved, dict):
+        for name, default in DEFAULT_CHOICES.items():
+            value = saved.get(name)
+            if type(value) is type(default) or (isinstance(default, float) and isinstance(value, int)
+                                                  and not isinstance(value, bool)):
+                out[name] = value
+    return out
+
+
+def _pct(value, interval) -> str:
+    if value is None:
+        return "n/a"
+    text = f"{value:.1%}"
+    if interval and interval[0] != interval[1]:
+        text += f" ({interval[0]:.1%}–{interval[1]:.1%})"
+    return text
+
+
+def level_table(policy, extraction: dict | None = None) -> pd.DataFrame:
+    """One row per level: sigma, what a wrongly flagged user receives (with the config's intervals),
+    and, with an extraction report, the surrogate retention its frontier measured at that sigma."""
+    config = policy.config
+    rows = []
+    for lv in policy.levels:
+        if lv.index == 0:
+            acc, acc_i, ret, ret_i, label = config.get("clean_accuracy"), None, 1.0, None, "clean service"
+        else:
+            t = config["targets"][lv.target]
+            ref, interval = t.get("reference") or {}, t.get("interval") or {}
+            acc, ret = ref.get("accuracy", t.get("accuracy")), ref.get("retention", t.get("retention"))
+            acc_i, ret_i = interval.get("accuracy"), interval.get("retention")
+            label = f"{t['kind']} {t['requested']:g}"
+        row = {"level": lv.index, "target": label, "σ": round(lv.sigma, 4),
+               "accuracy a wrongly flagged user gets": _pct(acc, acc_i),
+               "retention (of A0)": _pct(ret, ret_i)}
+        if extraction is not None:
+            sur = surrogate_at(extraction, lv.sigma)
+            row["thief's surrogate keeps"] = ("outside the run's σ range" if sur is None else
+                                              f"{sur['mean']:.1%}" + (f" ± {sur['sd']:.1%} (sd, {sur['n']} seeds)"
+                                                                      if sur.get("n") else ""))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def trajectory_figure(result: dict) -> go.Figure:
+    """Level served against queries sent, one line per account (sybils thin and grey)."""
+    fig = go.Figure()
+    for account in result["accounts"]:
+        name = account["account"]
+        xs, ys = zip(*account["trajectory"])
+        sybil = name.startswith("sybil-")
+        if sybil and name != "sybil-01":
+            show = False
+        else:
+            show = True
+        fig.add_trace(go.Scatter(
+            x=xs, y=ys, mode="lines", line_shape="hv", name="sybils (each)" if sybil else name,
+            legendgroup="sybils" if sybil else name, showlegend=show,
+            line={"color": "#8d99ae" if sybil else SCENARIO_COLOURS.get(name, "#264653"),
+                  "width": 1 if sybil else 2.5}))
+    top = max(lv["level"] for lv in result["levels"])
+    fig.update_layout(xaxis_title="queries sent by the account", yaxis_title="level served",
+                      yaxis={"tickmode": "linear", "dtick": 1, "range": [-0.2, top + 0.2]},
+                      height=360, margin={"t": 30, "b": 40}, legend={"orientation": "h"})
+    return fig
+
+
+def outcome_table(result: dict) -> pd.DataFrame:
+    """Per account: top level, queries per level, accuracy lost against clean (with its interval)."""
+    rows = []
+    for a in result["accounts"]:
+        lost = a["accuracy_lost"]
+        text = "n/a" if lost is None else _pct(lost["value"], lost["interval"])
+        rows.append({"account": a["account"], "highest level": a["max_level"],
+                     "queries per level": ", ".join(f"L{lv}: {n:,}" for lv, n in sorted(a["queries_per_level"].items())
+                                                    if n),
+                     "accuracy lost vs clean": text,
+                     "flag events": len(a["flag_events"])})
+    return pd.DataFrame(rows)
+
+
+def policy_from_text(policy_text: str, config_text: str):
+    """The Policy of a policy JSON text whose config is held as JSON text."""
+    import json
+
+    from caliber_core.throttle.policy import parse_policy
+
+    return parse_policy(json.loads(policy_text), config_text=config_text)
+
+
+def frontier_key(extraction: dict | None) -> str:
+    """What identifies an extraction report's frontier for caching ('' without one)."""
+    import json
+
+    return "" if extraction is None else json.dumps(extraction.get("frontier"), sort_keys=True)
+
+
+def expire_seconds(hours: float) -> float | None:
+    """Hours from the page (0: never) as the policy's seconds."""
+    return None if not hours or not math.isfinite(hours) or hours <= 0 else float(hours) * 3600.0

@@ -1,0 +1,105 @@
+"""Policy: the throttle's levels from the model's targets, escalation, expiry, shadow mode, a simulation, export."""
+
+import streamlit as st
+
+from caliber_core.config import config_to_json
+from caliber_core.throttle.policy import PolicyError, policy_for_config_text, policy_to_json
+from caliber_core.throttle.simulate import simulate
+from caliber_dashboard import cache, navigation, state, ui
+from caliber_dashboard import extraction_runs as runs
+from caliber_dashboard import policy_view as view
+from caliber_dashboard.targets import target_list
+
+navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
+
+st.title("Policy")
+st.caption(
+    "Serve the config to flagged accounts only, and raise the noise as a flagged account keeps querying. "
+    "Level 0 is clean service; level j serves the j-th target below (σ increasing, each level's noise "
+    "nested in the next). The same policy runs with `python -m caliber_core throttle` and "
+    "`caliber_core.throttle.Throttle`."
+)
+
+data = ui.model_selector("Model", key="policy_model", labelled_only=True)
+if data is None:
+    st.info("The policy needs a model with labels: add one on the Data page.")
+    st.stop()
+
+saved = view.choices(state.model_options(data.sha256).get("policy"))
+retention_text = st.text_input("Levels: retention targets (% of A0)", value=saved["retention"],
+                               key=f"policy_retention_{data.sha256[:12]}",
+                               help="Comma-separated; each becomes a level, in order of increasing σ.")
+c1, c2, c3 = st.columns(3)
+escalate_after = c1.number_input("Escalate after (queries at a level)", min_value=1, max_value=10**12,
+                                 value=int(saved["escalate_after"]), step=1000,
+                                 key=f"policy_escalate_{data.sha256[:12]}")
+expire_hours = c2.number_input("Flags expire after (hours; 0 = never)", min_value=0.0, max_value=87_600.0,
+                               value=float(saved["expire_hours"]), step=24.0,
+                               key=f"policy_expire_{data.sha256[:12]}")
+shadow = c3.checkbox("Shadow mode (decide and record, serve clean)", value=saved["shadow"],
+                     key=f"policy_shadow_{data.sha256[:12]}")
+
+try:
+    targets = target_list(retention_text, "", "")
+    if not targets:
+        raise ValueError("enter at least one retention target")
+    _, _, config = cache.config(data, targets)
+    config_text = config_to_json(config)
+    config_name = f"{data.name}.caliber.json"
+    doc, policy = policy_for_config_text(
+        config_text, config_name=config_name, targets=view.level_targets(config),
+        escalate_after=int(escalate_after), expire_after=view.expire_seconds(expire_hours), shadow=shadow)
+except (ValueError, PolicyError) as exc:
+    st.error(ui.plain(str(exc)))
+    st.stop()
+state.set_model_option(data.sha256, "policy", {"retention": retention_text, "escalate_after": int(escalate_after),
+                                               "expire_hours": float(expire_hours), "shadow": bool(shadow)})
+
+archive = runs.archives().get(data.sha256)
+latest = None if archive is None else runs.latest(archive)
+extraction = None
+if latest is not None:
+    from caliber_core.extraction.report import to_report
+
+    extraction = to_report(latest)
+
+st.subheader("Levels")
+st.dataframe(view.level_table(policy, extraction), hide_index=True, width="stretch")
+st.caption("What a wrongly flagged user receives at each level is the config's own figure on the calibration "
+           "sample, with its confidence interval"
+           + ("; the thief's surrogate retention comes from this model's latest extraction run (mean and "
+              "spread over its seeds)." if extraction is not None else
+              ". Run an extraction on the Extraction page to see what a thief's surrogate keeps at each σ."))
+
+st.subheader("Simulation")
+detect_after = st.number_input("The detector flags an account after (queries)", min_value=1, max_value=10**9,
+                               value=int(escalate_after), step=1000, key=f"policy_detect_after_{escalate_after}",
+                               help="Starts at the escalation threshold; the campaign is sized to reach the "
+                               "top level and stay there as long again.")
+
+
+@st.cache_data(max_entries=8, show_spinner="Replaying the accounts…")
+def _simulation(policy_text: str, config_text: str, detect: int, frontier_text: str, _extraction):
+    return simulate(view.policy_from_text(policy_text, config_text), detect_after=detect, extraction=_extraction)
+
+
+result = _simulation(policy_to_json(doc), config_text, int(detect_after), view.frontier_key(extraction), extraction)
+st.plotly_chart(view.trajectory_figure(result), key="policy_trajectories")
+st.dataframe(view.outcome_table(result), hide_index=True, width="stretch")
+st.caption(ui.plain(
+    f"Each account sends its queries in requests of {result['batch']} over seven simulated days: a heavy "
+    f"benign user flagged by mistake, one thief, the same campaign split over {result['sybils']} sybils (each "
+    f"flagged only once its own share passes the detector), and a repeater who sends each input "
+    f"{result['repeats']} times. Accuracy lost is query-weighted over the levels served, with the interval "
+    "the config's per-level intervals give."))
+
+st.subheader("Export")
+st.caption(ui.plain(f"Save both files in one folder: the policy names the config as {config_name} "
+                    "and checks its sha256 on load."))
+d1, d2 = st.columns(2)
+d1.download_button("Download the policy JSON", policy_to_json(doc), file_name=f"{data.name}.policy.json",
+                   mime="application/json", key="policy_download", icon=":material/download:")
+d2.download_button("Download its config JSON", config_text, file_name=config_name, mime="application/json",
+                   key="policy_config_download", icon=":material/download:")
+with st.expander("Policy JSON"):
+    st.code(policy_to_json(doc), language="json")

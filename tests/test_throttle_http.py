@@ -1,0 +1,86 @@
+"""The FastAPI example served by uvicorn on 127.0.0.1, driven with real HTTP requests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from throttle_support import KEY, free_port, write_policy
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from caliber_core import Perturber  # noqa: E402
+from caliber_core.throttle import Throttle  # noqa: E402
+from examples.serve_fastapi import linear_model, row_ids  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def served(tmp_path):
+    policy = write_policy(tmp_path, escalate_after=1000)
+    (tmp_path / "caliber.key").write_text(KEY.hex() + "\n")
+    port, metrics_port = free_port(), free_port()
+    env = os.environ | {"CALIBER_POLICY": str(policy), "CALIBER_KEY_FILE": str(tmp_path / "caliber.key"),
+                        "CALIBER_STORE": f"sqlite:///{tmp_path / 'ledger.db'}", "CALIBER_FEATURES": "8",
+                        "CALIBER_METRICS_PORT": str(metrics_port)}
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "examples.serve_fastapi:app", "--host", "127.0.0.1",
+                             "--port", str(port), "--log-level", "warning"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.get(base + "/docs", timeout=1.0)
+            break
+        except httpx.TransportError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"uvicorn did not start: {proc.stdout.read().decode()[-2000:]}")
+            time.sleep(0.1)
+    try:
+        yield base, policy, tmp_path, metrics_port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_flagged_and_clean_accounts_over_http(served):
+    base, policy, folder, metrics_port = served
+    inputs = np.random.default_rng(1).normal(size=(3, 8))
+    clean_logits = linear_model(8, 10)(inputs)
+    with Throttle.from_files(policy, store=f"sqlite:///{folder / 'ledger.db'}", metrics=False) as admin:
+        admin.flag("acct-7", level=2, reason="detector 0.93")
+
+    def classify(account):
+        return httpx.post(base + "/v1/classify", json={"inputs": inputs.tolist()},
+                          headers={"Authorization": f"Bearer {account}"}, timeout=30)
+
+    clean, flagged, again = classify("acct-1"), classify("acct-7"), classify("acct-7")
+    assert clean.status_code == flagged.status_code == 200
+    np.testing.assert_allclose(clean.json()["logits"], clean_logits, rtol=0, atol=1e-12)
+    config = json.loads((folder / "cfg.json").read_text())
+    expected = Perturber.from_config(config, target=1, key=KEY).perturb(clean_logits, row_ids(inputs))
+    np.testing.assert_allclose(flagged.json()["logits"], expected, rtol=0, atol=1e-12)
+    assert flagged.json() == again.json()  # per-input seeding: a repeat gets the identical answer
+    # Nothing but the numbers differs: same keys, same header names.
+    assert clean.json().keys() == flagged.json().keys() == {"logits"}
+    assert sorted(h for h in clean.headers if h != "content-length") == \
+           sorted(h for h in flagged.headers if h != "content-length")
+
+    assert httpx.post(base + "/v1/classify", json={"inputs": [[1.0] * 3]},
+                      headers={"Authorization": "Bearer acct-1"}, timeout=30).status_code == 422
+    assert httpx.post(base + "/v1/classify", json={"inputs": inputs.tolist()}, timeout=30).status_code == 401
+    metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    assert 'caliber_throttle_requests_total{level="2"} 2.0' in metrics
+    assert 'caliber_throttle_requests_total{level="0"} 1.0' in metrics
+    with Throttle.from_files(policy, store=f"sqlite:///{folder / 'ledger.db'}", metrics=False) as admin:
+        assert admin.state("acct-7").queries == {2: 6}

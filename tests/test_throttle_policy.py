@@ -1,0 +1,101 @@
+"""caliber.policy/v1: writing, reading, and refusing hostile policy files with one line each."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+from throttle_support import SIGMAS, write_config, write_policy
+
+from caliber_core.cli import main
+from caliber_core.throttle.policy import PolicyError, build_policy, load_policy
+
+
+def test_a_written_policy_reads_back_with_the_configs_sigmas(tmp_path, monkeypatch):
+    path = write_policy(tmp_path, levels=(0, 2), escalate_after=7, expire_after=3600.0, shadow=True)
+    policy = load_policy(path)
+    assert [lv.sigma for lv in policy.levels] == [0.0, SIGMAS[0], SIGMAS[2]]
+    assert [lv.target for lv in policy.levels] == [None, 0, 2]
+    assert (policy.escalate_after, policy.expire_after, policy.shadow, policy.top) == (7, 3600.0, True, 2)
+    monkeypatch.chdir(tmp_path)  # JSON text: its config path is relative to the current folder
+    assert load_policy(path.read_text()).levels == policy.levels
+
+
+def test_the_config_path_is_relative_to_the_policy_so_the_pair_can_move(tmp_path):
+    write_policy(tmp_path)
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    shutil.copy(tmp_path / "cfg.json", moved / "cfg.json")
+    shutil.copy(tmp_path / "policy.json", moved / "policy.json")
+    (tmp_path / "cfg.json").unlink()
+    assert load_policy(moved / "policy.json").config["model"] == "toy"
+
+
+def _hostile(tmp_path, change):
+    path = write_policy(tmp_path)
+    doc = json.loads(path.read_text())
+    change(doc)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc) if isinstance(doc, dict) else doc)
+    return bad
+
+
+HOSTILE = {
+    "wrong digest": (lambda d: d["config"].update(sha256="0" * 64), "config changed since the policy"),
+    "unknown level target": (lambda d: d["levels"][1].update(target=9), "target 9 is not a target index"),
+    "negative threshold": (lambda d: d["escalation"].update(after_queries=-5), "after_queries must be"),
+    "zero threshold": (lambda d: d["escalation"].update(after_queries=0), "after_queries must be"),
+    "huge threshold": (lambda d: d["escalation"].update(after_queries=10**40), "after_queries must be"),
+    "huge expiry": (lambda d: d["expiry"].update(after_seconds=1e308), "after_seconds must be"),
+    "negative expiry": (lambda d: d["expiry"].update(after_seconds=-1), "after_seconds must be"),
+    "another K": (lambda d: d["config"].update(n_classes=1000), "n_classes is 1000 but the config has K=10"),
+    "too many levels": (lambda d: d.update(levels=d["levels"] + [dict(d["levels"][-1])] * 100), "'levels' must"),
+    "level out of order": (lambda d: d["levels"].reverse(), "levels[0] must be"),
+    "sigma not increasing": (lambda d: (d["levels"][1].update(target=1, sigma=1.0),
+                                        d["levels"][2].update(target=0, sigma=0.5)),
+                             "levels must add noise as they go up"),
+    "sigma edited": (lambda d: d["levels"][1].update(sigma=0.01), "says sigma 0.01 but config target 0"),
+    "noisy level 0": (lambda d: d["levels"][0].update(sigma=1.0), "level 0 is clean service"),
+    "bool threshold": (lambda d: d["escalation"].update(after_queries=True), "after_queries must be"),
+    "unknown field": (lambda d: d.update(backdoor=1), "unknown field(s): backdoor"),
+    "other schema": (lambda d: d.update(schema="caliber.policy/v9"), "schema must be 'caliber.policy/v1'"),
+    "bad seeding": (lambda d: d.update(seeding="none"), "'seeding' must be one of"),
+    "shadow as string": (lambda d: d.update(shadow="yes"), "'shadow' must be true or false"),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_policies_are_refused_with_one_line(tmp_path, name, capsys):
+    change, message = HOSTILE[name]
+    bad = _hostile(tmp_path, change)
+    with pytest.raises(PolicyError, match=re.escape(message)):
+        load_policy(bad)
+    code = main(["throttle", "status", "--policy", str(bad), "--store", f"sqlite:///{tmp_path / 'l.db'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_non_json_constants_and_oversized_files_are_refused(tmp_path):
+    path = write_policy(tmp_path)
+    text = path.read_text().replace('"after_queries": 10', '"after_queries": NaN')
+    (tmp_path / "nan.json").write_text(text)
+    with pytest.raises(PolicyError, match="NaN, which is not a number"):
+        load_policy(tmp_path / "nan.json")
+    (tmp_path / "big.json").write_text(" " * (1 << 20) + "{}")
+    with pytest.raises(PolicyError, match="larger than 1048576 bytes"):
+        load_policy(tmp_path / "big.json")
+    (tmp_path / "deep.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(PolicyError, match="nested too deeply|must be a JSON object"):
+        load_policy(tmp_path / "deep.json")
+
+
+def test_init_refuses_levels_that_do_not_add_noise_and_missing_targets(tmp_path):
+    config = write_config(tmp_path)
+    with pytest.raises(PolicyError, match="level 2 serves sigma 0.5, not above level 1's 1"):
+        build_policy(config, targets=[1, 0], escalate_after=5)
+    with pytest.raises(PolicyError, match="level 1: target 3 is not a target index of the config: use 0..2"):
+        build_policy(config, targets=[3], escalate_after=5)
+    with pytest.raises(PolicyError, match="cannot read config"):
+        build_policy(tmp_path / "missing.json", targets=[0], escalate_after=5)

@@ -1,0 +1,132 @@
+"""The Redis store against a real redis-server: the Lua rule, concurrency, restarts and outages."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from throttle_support import KEY, RedisServer, redis_server, write_policy
+
+from caliber_core.cli import main
+from caliber_core.throttle import StoreUnavailable, Throttle
+from caliber_core.throttle.redis_store import RedisStore
+from caliber_core.throttle.sqlite_store import SqliteStore
+from caliber_core.throttle.stores import open_store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def server(tmp_path):
+    with redis_server(tmp_path) as s:
+        yield s
+
+
+def test_the_lua_script_follows_the_same_rule_as_sqlite(server, tmp_path):
+    stores = [open_store(server.url), SqliteStore(str(tmp_path / "l.db"))]
+    assert isinstance(stores[0], RedisStore)
+    rng = random.Random(3)
+    now, results = 0.0, [[], []]
+    for step in range(300):
+        now += rng.choice([0.5, 5.0, 40.0])
+        account = rng.choice(["a", "b", "c"])
+        action = rng.random()
+        shadow = step % 7 == 0
+        for store, out in zip(stores, results):
+            if action < 0.05:
+                store.set_flag(account, flagged=True, level=random.Random(step).randint(1, 3), reason="r|x", now=now,
+                               expire_after=300.0)
+            elif action < 0.08:
+                store.set_flag(account, flagged=False, level=0, reason="appeal", now=now, expire_after=300.0)
+            else:
+                d = store.record(account, rows=random.Random(step).randint(1, 9), now=now, escalate_after=12, top=3,
+                                 expire_after=300.0, shadow=shadow)
+                out.append((d.segments, [(e.event, e.level, e.reason) for e in d.events]))
+    assert results[0] == results[1]
+    for account in "abc":
+        r, s = stores[0].get(account), stores[1].get(account)
+        assert (r.flagged, r.level, r.at_level, r.queries, r.shadow, r.reason) == \
+               (s.flagged, s.level, s.at_level, s.queries, s.shadow, s.reason)
+        assert [(e.event, e.level, e.reason) for e in r.history] == [(e.event, e.level, e.reason) for e in s.history]
+    assert stores[0].accounts() == stores[1].accounts()
+
+
+_WORKER = """
+import sys
+from caliber_core.throttle.stores import open_store
+store = open_store(sys.argv[1])
+for i in range(int(sys.argv[2])):
+    store.record("shared", rows=1, now=float(i), escalate_after=2000, top=2, expire_after=None, shadow=False)
+"""
+
+
+def test_four_processes_lose_no_increment_and_escalate_once(server):
+    open_store(server.url).set_flag("shared", flagged=True, level=1, reason="", now=0.0)
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, server.url, "1000"], cwd=ROOT) for _ in range(4)]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    state = open_store(server.url).get("shared")
+    assert state.queries == {1: 2000, 2: 2000}
+    assert [e.event for e in state.history] == ["flagged", "escalated"]
+
+
+def _throttle(tmp_path, url, **policy):
+    return Throttle.from_files(write_policy(tmp_path, **policy), key=KEY, store=url, metrics=False)
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["restart", "sigkill-restart"])
+def test_a_restart_keeps_the_ledger_and_loses_only_uncounted_requests(tmp_path, kill):
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        t = _throttle(tmp_path, server.url, escalate_after=1000)
+        t.flag("acct-7", level=2, reason="detector")
+        logits, ids = np.zeros((1, 10)), ["x"]
+        counted = sum(t.respond("acct-7", logits, ids).counted for _ in range(50))
+        server.stop(kill=kill)
+        server.start()
+        responses = [t.respond("acct-7", logits, ids) for _ in range(5)]
+        assert all(r.level == 2 for r in responses)  # served at its level throughout
+        counted += sum(r.counted for r in responses)
+        assert responses[-1].counted  # counting resumed
+        state = t.state("acct-7")
+        assert state.flagged and state.level == 2 and state.queries == {2: counted}
+    finally:
+        server.stop()
+
+
+def test_an_outage_follows_the_policy_then_counting_resumes(tmp_path, capsys):
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        policy = write_policy(tmp_path, escalate_after=1000)
+        t = _throttle(tmp_path, server.url, escalate_after=1000)
+        t.flag("acct-7", level=1)
+        logits, ids = np.ones((2, 10)), ["a", "b"]
+        assert t.respond("acct-7", logits, ids).counted
+        server.stop()
+        r = t.respond("acct-7", logits, ids)
+        assert (r.level, r.counted) == (1, False) and not np.array_equal(r.logits, logits)
+        refusing = _throttle(tmp_path, server.url, on_store_error="refuse", name="refuse.json")
+        with pytest.raises(StoreUnavailable, match="ConnectionError"):
+            refusing.respond("acct-7", logits, ids)
+        assert main(["throttle", "status", "acct-7", "--policy", str(policy), "--store", server.url]) == 2
+        assert capsys.readouterr().err.startswith("error: store unreachable: redis store redis://127.0.0.1:")
+        server.start()
+        after = [t.respond("acct-7", logits, ids) for _ in range(3)]
+        assert after[-1].counted  # at most the first request on a stale connection is not counted
+        assert t.state("acct-7").queries == {1: 2 * (1 + sum(r.counted for r in after))}
+    finally:
+        server.stop()
+
+
+def test_the_cli_drives_a_redis_ledger(server, tmp_path, capsys):
+    policy = str(write_policy(tmp_path))
+    assert main(["throttle", "flag", "acct-9", "--policy", policy, "--store", server.url, "--level", "3",
+                 "--reason", "manual review"]) == 0
+    assert main(["throttle", "status", "--policy", policy, "--store", server.url, "--json"]) == 0
+    out = capsys.readouterr().out
+    assert '"level": 3' in out and "acct-9" not in out and '"reason": "manual review"' in out

@@ -1,0 +1,108 @@
+"""Shared pieces of the throttle tests: a small config, a policy for it, a real redis-server."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from caliber_core.throttle.policy import build_policy, save_policy
+
+KEY = bytes(range(32))
+SIGMAS = (0.5, 1.0, 2.0)
+
+
+def write_config(folder: Path, *, n_classes: int = 10, name: str = "cfg.json") -> Path:
+    """A valid caliber.config/v2 with three retention targets (sigma 0.5, 1, 2) and their intervals."""
+    targets = []
+    for sigma, acc, ret in zip(SIGMAS, (0.85, 0.7, 0.5), (0.9, 0.75, 0.55)):
+        targets.append({"kind": "retention", "requested": ret, "accuracy": acc, "retention": ret,
+                        "agreement": None, "v": sigma ** 2 / 4, "sigma": sigma, "sigma_logistic": sigma,
+                        "method": "exact-curve", "saturated": False, "side": "point",
+                        "interval": {"level": 0.95, "method": "bootstrap", "accuracy": [acc - 0.02, acc + 0.01],
+                                     "retention": [ret - 0.02, ret + 0.01], "agreement": None},
+                        "attacker": None, "reference": None})
+    config = {"schema": "caliber.config/v2", "model": "toy", "n_classes": n_classes, "n_samples": 500,
+              "statistic": "median", "scale": 2.0, "clean_accuracy": 0.95, "chance": 1 / n_classes,
+              "fit": {}, "targets": targets}
+    path = folder / name
+    path.write_text(json.dumps(config, indent=1))
+    return path
+
+
+def write_policy(folder: Path, *, levels=(0, 1, 2), escalate_after: int = 10, expire_after=None,
+                 shadow: bool = False, on_store_error: str = "last-known", n_classes: int = 10,
+                 name: str = "policy.json") -> Path:
+    config = folder / "cfg.json"
+    if not config.exists():
+        write_config(folder, n_classes=n_classes)
+    out = folder / name
+    doc = build_policy(config, targets=list(levels), escalate_after=escalate_after, expire_after=expire_after,
+                       shadow=shadow, on_store_error=on_store_error, out_path=out)
+    save_policy(doc, out)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A real redis-server on 127.0.0.1 with AOF (appendfsync always) in ``folder``; restartable on its port."""
+
+    def __init__(self, folder: Path):
+        exe = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server")
+                                               else None)
+        if exe is None:
+            pytest.skip("redis-server is not installed (./scripts/test.sh installs Debian's redis-server "
+                        "when it runs as root)")
+        self.exe, self.folder, self.port, self.proc = exe, folder, free_port(), None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
+             "--save", "", "--appendonly", "yes", "--appendfsync", "always", "--protected-mode", "yes",
+             "--logfile", str(self.folder / "redis.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if client.ping():
+                    break
+            except redis.exceptions.RedisError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server did not start: {(self.folder / 'redis.log').read_text()[-500:]}")
+                time.sleep(0.05)
+        client.close()
+
+    def stop(self, *, kill: bool = False) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            (self.proc.kill if kill else self.proc.terminate)()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+
+@contextmanager
+def redis_server(folder: Path):
+    server = RedisServer(folder)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
