@@ -30,7 +30,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from scipy import optimize
 
 from ..config import SIDES
 from .margins import sigma_from_v
@@ -139,7 +138,9 @@ def invert_decreasing(
     elif f_hi == 0:
         root = hi
     else:
-        root = float(optimize.brentq(lambda s: func(s) - target, lo, hi, rtol=rtol, xtol=1e-12))
+        from scipy.optimize import brentq  # only when a bracket is needed: a heavy import
+
+        root = float(brentq(lambda s: func(s) - target, lo, hi, rtol=rtol, xtol=1e-12))
     return settle(func, target, root, side=side, rtol=rtol)
 
 
