@@ -28,11 +28,50 @@ POOL_MAX_REUSE = 16
 TIE = np.float32(-1e30)
 
 
+# The pool is filled in this many blocks, each from its own child generator, on as many
+# threads as there are cores: the same numbers whatever the number of threads.
+POOL_BLOCKS = 8
+
+
+def fill_normals(out: np.ndarray, rng: np.random.Generator, *, workers: int | None = None) -> None:
+    """Fill a 2-D float32 array with standard normals from ``POOL_BLOCKS`` children of ``rng``."""
+    children = rng.spawn(POOL_BLOCKS)
+    bounds = np.linspace(0, out.shape[0], POOL_BLOCKS + 1).astype(int)
+
+    def fill(i):
+        children[i].standard_normal(out=out[bounds[i]:bounds[i + 1]], dtype=np.float32)
+
+    workers = available_cores() if workers is None else workers
+    if workers <= 1:
+        for i in range(POOL_BLOCKS):
+            fill(i)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(workers, POOL_BLOCKS)) as threads:
+        list(threads.map(fill, range(POOL_BLOCKS)))  # numpy releases the GIL while it draws
+
+
+def available_cores() -> int:
+    """Cores this process may run on."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 class DrawSource:
     """Standard-normal draws of shape (rows, r, K), reproducible for a generator.
 
     ``r`` is the number of vectors per input (half the realizations: each
-    vector also serves its antithetic twin).
+    vector also serves its antithetic twin). Pooled, input i reads the r
+    consecutive pool rows from a random base, each cyclically shifted by one
+    random offset s_i: class j gets pool[row, (j + s_i) mod K]. The rows are
+    returned unshifted (a plain copy of whole rows), with the offsets: the
+    caller rolls the input's logits by s_i instead, which pairs every class
+    with the same normal and costs K numbers per input instead of r K.
     """
 
     def __init__(self, rng: np.random.Generator, n: int, k: int, r: int):
@@ -42,34 +81,34 @@ class DrawSource:
         if k >= POOL_MIN_CLASSES:
             self.pool_rows_used = np.empty((n, r), dtype=np.int32)
             rows = max(r, POOL_ELEMENTS // k, min(-(-n * r // POOL_MAX_REUSE), POOL_MAX_ELEMENTS // k))
-            pool = rng.standard_normal((rows, k), dtype=np.float32)
-            self.pool = np.concatenate([pool, pool], axis=1)  # read [s, s+K) cyclically
-            self.windows = np.lib.stride_tricks.sliding_window_view(self.pool, k, axis=1)
+            self.n_pool = rows
+            pool = np.empty((rows + r, k), dtype=np.float32)
+            fill_normals(pool[:rows], rng)
+            pool[rows:] = pool[:r]  # r consecutive rows from any base never wrap
+            self.pool = pool
 
     @property
     def pooled(self) -> bool:
         return self.pool is not None
 
-    def locate(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """Pool rows and shifts of inputs [start, stop): two (rows, r) int arrays (pool only)."""
+    def take(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Draws (rows, r, K) for inputs [start, stop) and each input's offset (None: fresh draws)."""
         rows = stop - start
-        n_pool = self.pool.shape[0]
-        # Distinct pool rows within one input (consecutive from a random base).
-        base = self.rng.integers(0, n_pool, size=(rows, 1))
-        pool_rows = (base + np.arange(self.r)[None, :]) % n_pool
-        self.pool_rows_used[start:stop] = pool_rows
-        shifts = self.rng.integers(0, self.k, size=(rows, self.r))
-        return pool_rows, shifts
-
-    def gather(self, pool_rows: np.ndarray, shifts: np.ndarray) -> np.ndarray:
-        """The full vectors at (pool_rows, shifts): shape pool_rows.shape + (K,)."""
-        return self.windows[pool_rows, shifts]
-
-    def take(self, start: int, stop: int) -> np.ndarray:
-        """Full draws (rows, r, K) for inputs [start, stop)."""
         if self.pool is None:
-            return self.rng.standard_normal((stop - start, self.r, self.k), dtype=np.float32)
-        return self.gather(*self.locate(start, stop))
+            return self.rng.standard_normal((rows, self.r, self.k), dtype=np.float32), None
+        # Distinct pool rows within one input (consecutive from a random base).
+        base = self.rng.integers(0, self.n_pool, size=(rows, 1))
+        consecutive = base + np.arange(self.r)[None, :]
+        self.pool_rows_used[start:stop] = consecutive % self.n_pool
+        shifts = self.rng.integers(0, self.k, size=rows)
+        return np.take(self.pool, consecutive, axis=0), shifts
+
+
+def roll_classes(z: np.ndarray, classes: np.ndarray, shifts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Logits and class indices with class j moved to column (j + s) mod K, per row."""
+    k = z.shape[1]
+    cols = (np.arange(k)[None, :] - shifts[:, None]) % k
+    return np.take_along_axis(z, cols, axis=1), (classes + shifts) % k
 
 
 def survival_bounds(xi: np.ndarray, z: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -95,11 +134,19 @@ def survival_bounds(xi: np.ndarray, z: np.ndarray, ref: np.ndarray) -> tuple[np.
     if not trails.any():
         # Every class trails the reference (the usual case): no floor, one cap per sign.
         return np.zeros((z.shape[0], 2 * xi.shape[1])), _caps_to_hi(w.max(axis=2), -w.min(axis=2))
-    lead_mask, trail_mask = leads[:, None, :], trails[:, None, :]
-    cap = np.concatenate([w.max(axis=2, where=lead_mask, initial=0.0),
-                          -w.min(axis=2, where=lead_mask, initial=0.0)], axis=1).astype(np.float64)
-    floor = np.concatenate([w.min(axis=2, where=trail_mask, initial=np.inf),
-                            -w.max(axis=2, where=trail_mask, initial=-np.inf)], axis=1).astype(np.float64)
+    # Caps: classes the reference leads. Zeroing 1/g on the others sets their w to 0, which the
+    # caps' floor of 0 absorbs, so plain max and min over all K give the masked ones.
+    w_cap = w * np.where(leads, np.float32(1), np.float32(0))[:, None, :]
+    cap = _caps(w_cap.max(axis=2), -w_cap.min(axis=2))
+    # Floors: the few classes ahead of the reference, padded with a repeat of the first of
+    # them, read from w on their own.
+    n_trail = trails.sum(axis=1)
+    width = int(n_trail.max())
+    order = np.argsort(~trails, axis=1, kind="stable")[:, :width]  # trailing classes first
+    order = np.where(np.arange(width)[None, :] < n_trail[:, None], order, order[:, :1])
+    w_floor = np.take_along_axis(w, np.broadcast_to(order[:, None, :], w.shape[:2] + (width,)), axis=2)
+    floor = np.concatenate([w_floor.min(axis=2), -w_floor.max(axis=2)], axis=1).astype(np.float64)
+    floor[n_trail == 0] = np.inf  # no class ahead: no floor
     with np.errstate(divide="ignore"):
         hi = np.where(cap > 0, 1.0 / cap, np.inf)
         lo = np.where(np.isfinite(floor) & (floor > 0), 1.0 / floor, 0.0)
@@ -107,6 +154,10 @@ def survival_bounds(xi: np.ndarray, z: np.ndarray, ref: np.ndarray) -> tuple[np.
     lo[empty] = 0.0
     hi[empty] = 0.0
     return lo, hi
+
+
+def _caps(cap_plus: np.ndarray, cap_minus: np.ndarray) -> np.ndarray:
+    return np.maximum(np.concatenate([cap_plus, cap_minus], axis=1), np.float32(0)).astype(np.float64)
 
 
 def _inverse_gaps(gaps: np.ndarray) -> np.ndarray:

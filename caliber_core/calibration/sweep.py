@@ -30,12 +30,13 @@ error, and the standard error against the spread over seeds at 2,000 x 1,000.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
-from .draws import DrawSource, survival_bounds
+from .draws import DrawSource, available_cores, roll_classes, survival_bounds
 from .margins import chance_level, normalized_utility, sigma_from_v
 from .sample import LogitSample
 
@@ -232,22 +233,48 @@ def survival_intervals(
         acc_hi = np.empty((n, realizations))
         wrong = pred != y
     rows_per_chunk = max(1, _CHUNK_ELEMENTS // (realizations // 2 * k))
-    for start in range(0, n, rows_per_chunk):
+    starts = range(0, n, rows_per_chunk)
+
+    def chunk(start, drawn):
         stop = min(n, start + rows_per_chunk)
-        xi = draws.take(start, stop)  # (rows, R/2, K) float32
-        zc = z[start:stop]
-        agree_hi[start:stop] = survival_bounds(xi, zc, pred[start:stop])[1]
+        xi, shifts = drawn
+        zc, ref, lab = z[start:stop], pred[start:stop], None if y is None else y[start:stop]
+        if shifts is not None:  # pooled rows come unshifted: roll the classes instead
+            zc, ref = roll_classes(zc, ref, shifts)
+            lab = None if lab is None else (lab + shifts) % k
+        agree_hi[start:stop] = survival_bounds(xi, zc, ref)[1]
         if y is not None:
             acc_hi[start:stop] = agree_hi[start:stop]
             w = np.nonzero(wrong[start:stop])[0]
             if w.size:
-                lo, hi = survival_bounds(xi[w], zc[w], y[start:stop][w])
+                lo, hi = survival_bounds(xi[w], zc[w], lab[w])
                 acc_lo[start + w] = lo
                 acc_hi[start + w] = hi
-        if progress is not None:
-            progress(stop / n)
+        return stop
+
+    workers = _workers(len(starts)) if draws.pooled else 1
+    if workers == 1:
+        for start in starts:
+            stop = chunk(start, draws.take(start, min(n, start + rows_per_chunk)))
+            if progress is not None:
+                progress(stop / n)
+    else:
+        # The draws are taken in order on this thread (the same numbers as one thread),
+        # and the chunks' work runs on the others: numpy releases the GIL in it.
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            jobs = (pool.submit(chunk, start, draws.take(start, min(n, start + rows_per_chunk)))
+                    for start in starts)
+            for job in list(jobs):
+                stop = job.result()
+                if progress is not None:
+                    progress(stop / n)
     return SurvivalIntervals(agree_hi=agree_hi, acc_lo=acc_lo, acc_hi=acc_hi, n_classes=k, seed=seed,
                              pool_rows=draws.pool_rows_used)
+
+
+def _workers(n_chunks: int) -> int:
+    """Threads for the pooled sweep: the cores this process may use, at most 8 and one per chunk."""
+    return max(1, min(available_cores(), 8, n_chunks))
 
 
 @dataclass(frozen=True, kw_only=True)
