@@ -265,3 +265,20 @@ def test_a_fit_that_does_not_converge_raises():
     x, res = bounded_least_squares(np.log(v), u, x0, lower=lower, upper=upper)
     np.testing.assert_allclose(x, [0.0, 2.0, 0.1], atol=1e-6)
     assert np.max(np.abs(res)) < 1e-9
+
+
+@pytest.mark.parametrize("v50, p, c, match", [
+    (0.0, 2.0, 0.1, r"v50 must be a finite number > 0, got 0.0"),
+    (-1.0, 2.0, 0.1, r"v50 must be a finite number > 0, got -1.0"),
+    (np.inf, 2.0, 0.1, r"v50 must be a finite number > 0, got inf"),
+    (1.0, 0.0, 0.1, r"p must be a finite number > 0, got 0.0"),
+    (1.0, np.nan, 0.1, r"p must be a finite number > 0, got nan"),
+    (1.0, 2.0, 1.0, r"c must be a finite number in \[0, 1\), got 1.0"),
+    (1.0, 2.0, -0.1, r"c must be a finite number in \[0, 1\), got -0.1"),
+    (1.0, 2.0, "0.1", r"c must be a finite number in \[0, 1\), got '0.1'"),
+])
+def test_inverse_rejects_parameters_outside_the_law(v50, p, c, match):
+    with pytest.raises(ValueError, match=match):
+        invert_logistic(0.5, v50=v50, p=p, c=c)
+    with pytest.raises(ValueError, match=match):
+        invert_logistic(0.5, v50=v50, p=p, c=c, saturate=True)

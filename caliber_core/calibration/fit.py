@@ -3,6 +3,7 @@
     A~(v) = c + (1 - c) / (1 + (v / v50)^p)                  (Eq. logistic-decay)
     v*    = v50 * ((1 - A~*) / (A~* - c))^(1 / p)            (Eq. inverse-v)
 
+(the inverse lives with every other target -> sigma map, in :mod:`.inversion`),
 fit by bounded least squares on (v, A~) sweep points, per model or shared.
 The solver is a Levenberg-Marquardt on (log v50, p, c) with an active set for
 the bounds, in numpy alone (three parameters, a few dozen points): the
@@ -16,6 +17,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from .inversion import invert_logistic
 
 # Bounds for the bounded least squares: v50 in (1e-8, 1e8), p in [0.05, 50], c in [0, 0.99].
 _LOG_V50_BOUNDS = (np.log(1e-8), np.log(1e8))
@@ -58,45 +61,6 @@ class LogisticFit:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def invert_logistic(utility, *, v50: float, p: float, c: float, saturate: bool = False):
-    """v* for a normalized target A~* (Eq. inverse-v).
-
-    Parameters
-    ----------
-    utility : float or array_like
-        Target normalized utility A~*.
-    v50, p, c : float
-        Fitted parameters.
-    saturate : bool, default False
-        For A~* <= c (at or below the floor the curve can reach) return inf
-        instead of raising.
-
-    Returns
-    -------
-    v : float or ndarray
-        0 where A~* >= 1 (no noise needed).
-
-    Raises
-    ------
-    ValueError
-        A~* <= c without ``saturate``: the fitted curve never gets that low.
-    """
-    u = np.asarray(utility, dtype=np.float64)
-    if np.any(np.isnan(u)):
-        raise ValueError("target utility is NaN")
-    unreachable = u <= c
-    if np.any(unreachable) and not saturate:
-        worst = float(np.min(u[unreachable]))
-        raise ValueError(
-            f"normalized target {worst:.4f} is at or below the curve's floor c={c:.4f}: "
-            "no noise level reaches it (pass saturate=True to get sigma = inf)"
-        )
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        v = v50 * ((1.0 - u) / (u - c)) ** (1.0 / p)
-    v = np.where(u >= 1.0, 0.0, np.where(unreachable, np.inf, v))
-    return float(v) if v.ndim == 0 else v
 
 
 def fit_logistic(v, utility, *, initial: tuple[float, float, float] | None = None) -> LogisticFit:
