@@ -53,14 +53,14 @@ def test_reported_error_matches_the_spread_over_seeds_at_2000_by_1000():
 
 
 def test_heavy_pool_reuse_is_in_the_error(monkeypatch):
-    # 16 pool rows for 500 x 16 vectors: draws share rows 500 times over. Ignoring that
+    # 17 pool rows for 500 x 16 vectors: draws share rows about 470 times over. Ignoring that
     # underestimates the error several times over; blocks of pool rows do not.
     monkeypatch.setattr(draws_mod, "POOL_ELEMENTS", 16 * 1000)
     monkeypatch.setattr(draws_mod, "POOL_MAX_REUSE", 10**9)
     z, y = make_synthetic_logits(500, 1000, clean_accuracy=0.75, seed=0)
     sigma = margin_scale(z) * np.sqrt([0.3, 0.7])
     _, sd_agr, _, se_agr, naive, reuse = _spread_and_errors(z, y, sigma, 32, range(30))
-    assert reuse == 500
+    assert reuse > 400  # 16 x 500 vectors on the 17 rows of a prime-sized pool
     ratio = se_agr / sd_agr
     assert np.all((ratio > WINDOW[0]) & (ratio < WINDOW[1])), ratio
     assert np.all(naive / sd_agr < 0.7), naive / sd_agr  # the independent-draws error is too small

@@ -66,9 +66,11 @@ class DrawSource:
     """Standard-normal draws of shape (rows, r, K), reproducible for a generator.
 
     ``r`` is the number of vectors per input (half the realizations: each
-    vector also serves its antithetic twin). Pooled, input i reads the r
-    consecutive pool rows from a random base, each cyclically shifted by one
-    random offset s_i: class j gets pool[row, (j + s_i) mod K]. The rows are
+    vector also serves its antithetic twin). Pooled, input i reads r distinct
+    pool rows, base_i + t stride_i (mod P, t < r) with a random base and a random
+    stride (P is prime, so they never repeat, and two inputs share only the few
+    rows where their progressions cross), each cyclically shifted by one random
+    offset s_i: class j gets pool[row, (j + s_i) mod K]. The rows are
     returned unshifted (a plain copy of whole rows), with the offsets: the
     caller rolls the input's logits by s_i instead, which pairs every class
     with the same normal and costs K numbers per input instead of r K.
@@ -81,11 +83,9 @@ class DrawSource:
         if k >= POOL_MIN_CLASSES:
             self.pool_rows_used = np.empty((n, r), dtype=np.int32)
             rows = max(r, POOL_ELEMENTS // k, min(-(-n * r // POOL_MAX_REUSE), POOL_MAX_ELEMENTS // k))
-            self.n_pool = rows
-            pool = np.empty((rows + r, k), dtype=np.float32)
-            fill_normals(pool[:rows], rng)
-            pool[rows:] = pool[:r]  # r consecutive rows from any base never wrap
-            self.pool = pool
+            self.n_pool = _next_prime(rows)
+            self.pool = np.empty((self.n_pool, k), dtype=np.float32)
+            fill_normals(self.pool, rng)
 
     @property
     def pooled(self) -> bool:
@@ -96,12 +96,21 @@ class DrawSource:
         rows = stop - start
         if self.pool is None:
             return self.rng.standard_normal((rows, self.r, self.k), dtype=np.float32), None
-        # Distinct pool rows within one input (consecutive from a random base).
+        # Distinct pool rows within one input: an arithmetic progression modulo a prime.
         base = self.rng.integers(0, self.n_pool, size=(rows, 1))
-        consecutive = base + np.arange(self.r)[None, :]
-        self.pool_rows_used[start:stop] = consecutive % self.n_pool
+        stride = self.rng.integers(1, self.n_pool, size=(rows, 1))
+        used = (base + stride * np.arange(self.r)[None, :]) % self.n_pool
+        self.pool_rows_used[start:stop] = used
         shifts = self.rng.integers(0, self.k, size=rows)
-        return np.take(self.pool, consecutive, axis=0), shifts
+        return np.take(self.pool, used, axis=0), shifts
+
+
+def _next_prime(n: int) -> int:
+    """The smallest prime >= n (n is a few thousand: trial division is instant)."""
+    candidate = max(2, int(n))
+    while any(candidate % d == 0 for d in range(2, int(candidate**0.5) + 1)):
+        candidate += 1
+    return candidate
 
 
 def roll_classes(z: np.ndarray, classes: np.ndarray, shifts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
