@@ -103,3 +103,51 @@ def test_config_for_validates_the_logits_once(monkeypatch):
     cal, results, config = pipeline.config_for(data, [("retention", 0.9), ("agreement", 0.8)])
     assert calls == {"as_logits": 1, "top_two": 0}  # the loader's margins are reused
     assert config["targets"][0]["reference"]["retention"] == pytest.approx(0.9, abs=1e-6)
+
+
+@pytest.mark.parametrize("name", ["digits_cnn.npz", "synthetic"])
+def test_following_the_data_through_config_for_visits_each_module_at_most_twice(name):
+    # Every call in caliber_core that is handed the file's logits (the array itself or the
+    # sample carrying it) is a stop, except the sample's own code (its cached arrays).
+    import sys
+
+    if name == "synthetic":
+        from caliber_core.loading import load_logits_bytes
+        import io
+
+        z, y = make_synthetic_logits(400, 1000, seed=2)
+        buf = io.BytesIO()
+        np.savez(buf, logits=z, labels=y)
+        data = load_logits_bytes(buf.getvalue(), "synthetic.npz")
+    else:
+        data = load_logits(DATA / name)
+
+    def carries(v):
+        return v is data.logits or (isinstance(v, LogitSample) and getattr(v, "logits", None) is data.logits)
+
+    stops = []
+
+    def profile(frame, event, arg):
+        if event != "call":
+            return
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith("caliber_core") or module == LogitSample.__module__:
+            return
+        code = frame.f_code
+        names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+        if any(carries(frame.f_locals.get(a)) for a in names):
+            stops.append((module, code.co_name))
+
+    sys.setprofile(profile)
+    try:
+        pipeline.config_for(data, [("retention", 0.9), ("retention", 0.7), ("agreement", 0.8)])
+    finally:
+        sys.setprofile(None)
+    visits = {}
+    previous = None
+    for module, _ in stops:
+        if module != previous:
+            visits[module] = visits.get(module, 0) + 1
+        previous = module
+    assert stops and max(visits.values()) <= 2, stops
+    assert [f for _, f in stops].count("as_logits") == 1, stops

@@ -79,3 +79,18 @@ def test_block_error_without_a_pool_is_the_paired_error():
     assert block_stderr(inside, own_rows) == pytest.approx(block_stderr(inside), rel=1e-12)
     # All pairs on one row: one block, whose residuals sum to zero per input.
     assert block_stderr(inside, np.zeros((50, half), dtype=int)) == pytest.approx(0.0, abs=1e-15)
+
+
+def test_the_same_numbers_on_any_number_of_threads(monkeypatch):
+    from caliber_core.calibration import sweep as sweep_mod
+
+    z, y = make_synthetic_logits(300, 200, seed=4)
+    runs = []
+    for threads in (1, 3):
+        monkeypatch.setattr(sweep_mod, "_workers", lambda n_chunks, t=threads: t)
+        monkeypatch.setattr(draws_mod, "available_cores", lambda t=threads: t)
+        seen = []
+        runs.append(survival_intervals(z, y, realizations=24, seed=9, progress=seen.append))
+        assert seen[-1] == 1.0 and np.all(np.diff(seen) > 0)
+    for name in ("agree_hi", "acc_lo", "acc_hi", "pool_rows"):
+        np.testing.assert_array_equal(getattr(runs[0], name), getattr(runs[1], name), err_msg=name)

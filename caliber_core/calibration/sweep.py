@@ -29,6 +29,7 @@ error, and the standard error against the spread over seeds at 2,000 x 1,000.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -261,13 +262,16 @@ def survival_intervals(
     else:
         # The draws are taken in order on this thread (the same numbers as one thread),
         # and the chunks' work runs on the others: numpy releases the GIL in it.
+        # At most two chunks per thread in flight: their draws are the memory the sweep holds.
+        in_flight = deque()
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            jobs = (pool.submit(chunk, start, draws.take(start, min(n, start + rows_per_chunk)))
-                    for start in starts)
-            for job in list(jobs):
-                stop = job.result()
-                if progress is not None:
-                    progress(stop / n)
+            for start in starts:
+                drawn = draws.take(start, min(n, start + rows_per_chunk))
+                in_flight.append(pool.submit(chunk, start, drawn))
+                while len(in_flight) >= 2 * workers or (start == starts[-1] and in_flight):
+                    stop = in_flight.popleft().result()
+                    if progress is not None:
+                        progress(stop / n)
     return SurvivalIntervals(agree_hi=agree_hi, acc_lo=acc_lo, acc_hi=acc_hi, n_classes=k, seed=seed,
                              pool_rows=draws.pool_rows_used)
 
