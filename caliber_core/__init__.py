@@ -20,6 +20,7 @@ The package, by purpose:
   - ``calibrate`` one model: sweep + fit + sigma* per target
   - ``intervals``, ``target_intervals`` the row bootstrap; each target's interval and side
   - ``drift``     a config against a new sample
+  - ``review``    a saved config against a model calibrated now
   - ``cost``      Proposition 2: queries an averaging attacker needs
   - ``fleet``     the shared law over several models, leave-one-out, the margin ablation
   - ``pipeline``  file -> config, shared by the CLI and the dashboard

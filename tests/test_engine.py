@@ -151,3 +151,19 @@ def test_following_the_data_through_config_for_visits_each_module_at_most_twice(
         previous = module
     assert stops and max(visits.values()) <= 2, stops
     assert [f for _, f in stops].count("as_logits") == 1, stops
+
+
+def test_the_review_recomputes_a_config_on_its_own_model():
+    from caliber_core.calibration.review import review_config
+
+    data = load_logits(DATA / "digits_cnn.npz")
+    targets = [("retention", 0.9), ("agreement", 0.8), ("accuracy", 0.7)]
+    cal, _, config = pipeline.config_for(data, targets, side="at-least")
+    rows = review_config(cal, config)
+    assert [r["target"] for r in rows] == ["retention 0.9", "agreement 0.8", "accuracy 0.7"]
+    for row, t in zip(rows, config["targets"]):
+        assert row["note"] == "" and row["sigma_now"] == t["sigma"] and row["delta_percent"] == 0.0
+        assert row["accuracy_at_file_sigma"] == pytest.approx(t["reference"]["accuracy"], abs=1e-9)
+    assert rows[1]["agreement_at_file_sigma"] == pytest.approx(config["targets"][1]["reference"]["agreement"])
+    bad = review_config(cal, {"targets": [{"kind": "surrogate-retention", "requested": 0.5, "sigma": 1.0}]})
+    assert bad[0]["sigma_now"] is None and "not recomputed" in bad[0]["note"]
