@@ -120,7 +120,8 @@ def roll_classes(z: np.ndarray, classes: np.ndarray, shifts: np.ndarray) -> tupl
     return np.take_along_axis(z, cols, axis=1), (classes + shifts) % k
 
 
-def survival_bounds(xi: np.ndarray, z: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def survival_bounds(xi: np.ndarray, z: np.ndarray, ref: np.ndarray, *,
+                    overwrite: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(lo, hi) per draw: class ``ref`` is the noisy argmax iff lo < sigma < hi.
 
     With d_j = xi_j - xi_c and w_j = d_j / g_j, a class the reference leads
@@ -130,14 +131,17 @@ def survival_bounds(xi: np.ndarray, z: np.ndarray, ref: np.ndarray) -> tuple[np.
     flips w, so its interval comes from the same array (max <-> -min).
 
     Returns (lo, hi) of shape (rows, 2 r): the r draws of ``xi``, then their
-    r antithetic twins. Empty intervals are (0, 0).
+    r antithetic twins. Empty intervals are (0, 0). With ``overwrite`` the
+    float32 ``xi`` is used as the work array (no 4 MB allocation per chunk)
+    and left holding w.
     """
     rows = np.arange(z.shape[0])
     gaps = z[rows, ref][:, None] - z
     gaps[rows, ref] = np.inf  # the reference itself: w = 0, neutral everywhere
     leads = gaps > 0
     inv = _inverse_gaps(gaps)
-    w = xi - xi[rows, :, ref][:, :, None]
+    xi_ref = xi[rows, :, ref][:, :, None]
+    w = np.subtract(xi, xi_ref, out=xi if overwrite and xi.dtype == np.float32 else None)
     w *= inv[:, None, :]
     trails = ~leads
     if not trails.any():

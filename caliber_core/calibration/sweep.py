@@ -246,14 +246,17 @@ def survival_intervals(
         if shifts is not None:  # pooled rows come unshifted: roll the classes instead
             zc, ref = roll_classes(zc, ref, shifts)
             lab = None if lab is None else (lab + shifts) % k
-        agree_hi[start:stop] = survival_bounds(xi, zc, ref)[1]
         if y is not None:
-            acc_hi[start:stop] = agree_hi[start:stop]
             w = np.nonzero(wrong[start:stop])[0]
-            if w.size:
-                lo, hi = survival_bounds(xi[w], zc[w], lab[w])
+            if w.size:  # before the agreement overwrites xi; xi[w] is a copy
+                lo, hi = survival_bounds(xi[w], zc[w], lab[w], overwrite=True)
                 acc_lo[start + w] = lo
                 acc_hi[start + w] = hi
+        agree_hi[start:stop] = survival_bounds(xi, zc, ref, overwrite=True)[1]
+        if y is not None:
+            right = np.ones(stop - start, dtype=bool)
+            right[w] = False
+            acc_hi[start:stop][right] = agree_hi[start:stop][right]
         return stop
 
     workers = _workers(len(starts)) if draws.pooled else 1
