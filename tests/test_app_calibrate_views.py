@@ -142,7 +142,7 @@ def test_interval_band_toggle():
 
 
 def test_corridor_on_a_model_too_large_for_quadrature_is_shown_and_labelled():
-    n, k = 300, 1000  # the one cost rule: Monte Carlo for sigma*, intervals and corridor alike
+    n, k = 300, 1000
     assert choose_method(n, k) == "monte-carlo"
     z, y = make_synthetic_logits(n, k, seed=5)
     buf = io.BytesIO()
