@@ -5,7 +5,7 @@ import re
 import pandas as pd
 import streamlit as st
 
-from caliber_core.calibration.calibrate import measured_accuracy
+from caliber_core.calibration.calibrate import measured_accuracy, measured_agreement
 from caliber_core.calibration.drift import check_drift
 from caliber_core.calibration.intervals import DEFAULT_CONFIDENCE
 from caliber_core.calibration.target_intervals import interval_estimator, side_sigma
@@ -245,7 +245,7 @@ for t in saved["targets"]:
     except ValueError as exc:
         note = str(exc)
     pred_acc = float(measured_accuracy(cal, sigma_file)[0]) if cal.has_labels else None
-    pred_agr = float(cal.exact.agreement(sigma_file)[0]) if kind == "agreement" else None
+    pred_agr = float(measured_agreement(cal, sigma_file)[0]) if kind == "agreement" else None
     rel = None if now is None or sigma_file == 0 else (now - sigma_file) / sigma_file * 100
     review.append({
         "target": f"{kind} {requested}", "σ in file": sigma_file, "σ recomputed now": now,
