@@ -4,7 +4,7 @@ One process run does it all and prints the figures:
 
 1. builds synthetic 2,000 x 1,000 and 50,000 x 1,000 logits files
    (caliber_core.simulation.synthetic; clearly synthetic, ImageNet-like geometry);
-2. times the straightforward torch sweep the issue describes as the baseline:
+2. times the straightforward torch sweep, the baseline:
    24 sigma values x 64 fresh draws, add noise, argmax, mean;
 3. times ``python -m caliber_core calibrate FILE --retention 0.9 0.8 0.7 0.6``
    end to end in a fresh process (start, load, sweep, fit, inversion, intervals,

@@ -1,4 +1,4 @@
-"""The thief: surrogates distilled from the defended API's answers (issue of record 11).
+"""The thief: surrogates distilled from the defended API's answers.
 
 Modules, one concept each:
 

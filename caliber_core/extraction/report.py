@@ -1,7 +1,7 @@
 """The ``caliber.extraction/v1`` report and the printed tables.
 
 Schema (README.md, section "Extraction report"): ``clean``, ``targets``,
-``averaging``, ``frontier`` and ``recipes`` as the issue of record asks, plus
+``averaging``, ``frontier`` and ``recipes``, plus
 the settings, seeds and the frontier attacker. Every quantity measured on
 surrogates is ``{"mean", "sd", "n"}`` over seeds; teacher accuracies are exact
 expectations over the noise on the evaluation split.
