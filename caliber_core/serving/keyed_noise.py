@@ -60,6 +60,7 @@ _T_BITS = 52 - normal_table.SUB_BITS
 _MASK_T = (1 << _T_BITS) - 1
 _FIRST_PIECE = 1023 << normal_table.SUB_BITS  # biased exponent of 1.0, shifted like the piece index
 _N_PIECES = normal_table.N_EXPONENTS << normal_table.SUB_BITS
+_SIGN_INDEX = 1 << (63 - _T_BITS)  # where a float's sign bit lands in the gather index
 _CHUNK = 1 << 14  # elements per block: the block's buffers stay in cache
 
 
@@ -73,6 +74,28 @@ def _load_table() -> np.ndarray:
 
 _TABLE = _load_table()
 _TABLE.flags.writeable = False
+
+
+def _gather_table(table: np.ndarray) -> np.ndarray:
+    """The table laid out for the gather index (sign bit << 17 | biased exponent << 6 | top bits).
+
+    Indexing by those bits of a's float saves the subtraction of the first
+    piece and the sign's offset arithmetic (three passes a block). The
+    unused stretches are untouched zero pages: only 2 x 27 KB per power is
+    ever resident.
+    """
+    out = np.zeros((table.shape[0], _SIGN_INDEX + _FIRST_PIECE + _N_PIECES))
+    out[:, _FIRST_PIECE:_FIRST_PIECE + _N_PIECES] = table[:, :_N_PIECES]
+    out[:, _SIGN_INDEX + _FIRST_PIECE:] = table[:, _N_PIECES:]
+    out.flags.writeable = False
+    return out
+
+
+_GATHER = _gather_table(_TABLE)
+# uint64 operands made once (a Python int in a uint64 ufunc is checked on every call).
+_U_ONE, _U_MASK52, _U_MASK_T = np.uint64(1), np.uint64(_MASK52), np.uint64(_MASK_T)
+_U_SIGN, _U_T_BITS = np.uint64(1 << 63), np.uint64(_T_BITS)
+_U_BITS_OF_64 = np.float64(64.0).view(np.uint64)
 
 #: Largest |normal| the transform can return (q = 2^-53, the smallest tail probability).
 MAX_ABS_NORMAL = float(np.polynomial.polynomial.polyval(0.0, _TABLE[:, 0]))
@@ -240,25 +263,23 @@ def _words_to_normals(w: np.ndarray, tmp: np.ndarray, out: np.ndarray, a_float: 
                       coefficient: np.ndarray) -> None:
     """Overwrites ``w`` and ``tmp`` (uint64) and ``a_float``, ``coefficient`` (float64); fills ``out``."""
     # a = 2v + 1 < 2^53 converts to float64 exactly; its exponent and top bits name the piece.
-    np.bitwise_and(w, np.uint64(_MASK52), out=tmp)
-    tmp <<= np.uint64(1)
-    tmp |= np.uint64(1)
+    np.bitwise_and(w, _U_MASK52, out=tmp)
+    tmp <<= _U_ONE
+    tmp |= _U_ONE
     np.copyto(a_float, tmp.view(np.int64), casting="unsafe")
     a_bits = a_float.view(np.uint64)
-    signed = w.view(np.int64)
-    signed >>= 63  # arithmetic: -1 for a set sign bit, else 0 ...
-    signed &= _N_PIECES  # ... so this is the offset of the negated half of the table
-    piece = np.right_shift(a_bits, np.uint64(_T_BITS), out=tmp).view(np.int64)
-    piece -= _FIRST_PIECE
-    piece += signed
-    t_bits = np.bitwise_and(a_bits, np.uint64(_MASK_T), out=w).view(np.int64)
-    t = a_float  # a's bits are read; its buffer holds t from here on
-    np.copyto(t, t_bits, casting="unsafe")  # exact: fewer than 53 bits
-    t *= 2.0 ** -_T_BITS
-    np.take(_TABLE[-1], piece, out=out, mode="clip")
+    # The word's sign bit set on a's float: (sign, exponent, top bits) >> T_BITS is the gather index.
+    w &= _U_SIGN
+    a_bits |= w
+    piece = np.right_shift(a_bits, _U_T_BITS, out=tmp).view(np.int64)
+    # The low T_BITS of a's mantissa under 64.0's exponent read 64 + t exactly: no int-to-float conversion.
+    t_bits = np.bitwise_and(a_bits, _U_MASK_T, out=w)
+    t_bits |= _U_BITS_OF_64
+    t = np.subtract(t_bits.view(np.float64), 64.0, out=a_float)  # exact: t has at most T_BITS bits
+    np.take(_GATHER[-1], piece, out=out, mode="clip")
     for power in range(normal_table.DEGREE - 1, -1, -1):
         out *= t
-        np.take(_TABLE[power], piece, out=coefficient, mode="clip")
+        np.take(_GATHER[power], piece, out=coefficient, mode="clip")
         out += coefficient
 
 
