@@ -24,6 +24,7 @@ import torch
 
 from .answers import Answers
 from .distill import Schedule, one_hot, tempered_targets
+from .prior_correction import corrected_predictions
 from .recipes import DEFAULT_FOLDS, TUNED, Recipe, candidates_for, fixed_recipe, fold_rows, select_by_agreement
 from .students import DEFAULT_HIDDEN, StudentShape
 from .workers import DistillPool
@@ -49,6 +50,13 @@ class Outcome:
     accuracy: float
     agreement: float
     recipe: Recipe
+    corrected_accuracy: float | None = None  # after prior correction (:mod:`.prior_correction`)
+    corrected_agreement: float | None = None
+
+    @property
+    def strongest_accuracy(self) -> float:
+        """The better of the plain and the prior-corrected surrogate (the thief may do either)."""
+        return self.accuracy if self.corrected_accuracy is None else max(self.accuracy, self.corrected_accuracy)
 
 
 @dataclass(frozen=True)
@@ -243,11 +251,16 @@ class Thief:
         for start in range(0, len(items), _BATCH_LIMIT):
             chunk = items[start:start + _BATCH_LIMIT]
             students = self._distill([job for _, job in chunk])
-            pred = students.predict_logits(self._eval).argmax(dim=2)
+            eval_logits = students.predict_logits(self._eval)
+            pred = eval_logits.argmax(dim=2)
             acc = (pred == self._eval_labels).float().mean(dim=1).numpy()
             agr = (pred == self._eval_teacher).float().mean(dim=1).numpy()
+            fixed = torch.from_numpy(corrected_predictions(students.predict_logits(self._pool).numpy(),
+                                                           eval_logits.numpy()))
+            c_acc = (fixed == self._eval_labels).float().mean(dim=1).numpy()
+            c_agr = (fixed == self._eval_teacher).float().mean(dim=1).numpy()
             for j, (key, (_, recipe, _)) in enumerate(chunk):
-                self._memo[key] = Outcome(float(acc[j]), float(agr[j]), recipe)
+                self._memo[key] = Outcome(float(acc[j]), float(agr[j]), recipe, float(c_acc[j]), float(c_agr[j]))
 
     def _distill(self, jobs: Sequence[tuple[Answers, Recipe, int]], *, train_rows=None, schedule=None):
         students = self._trainer.distill(

@@ -1,0 +1,210 @@
+"""Consistent against per-input seeding: what a wrongly flagged user keeps, and what the strongest thief keeps.
+
+    .venv/bin/python benchmarks/bench_consistent.py            # both teachers, 3 keys, length scales 0.5 1 2
+    .venv/bin/python benchmarks/bench_consistent.py --quick    # the easy teacher, 1 key, length scale 1
+
+Teachers (built here, deterministically, from scikit-learn's digits as in
+``bench_extraction.py``; never seen by the project's calibration before):
+
+* **easy**: MLP 64-128-10 on 13 augmented copies of 797 images (A0 ~ 0.97);
+* **harder**: MLP 64-32-10 on 60 images with strong pixel noise (A0 ~ 0.75).
+
+The thief's pool is 6 augmented copies of 500 other images (3,000 rows),
+the held-out split 2 copies of the remaining 500. For each seeding it goes
+through the serving path: ``calibrate`` (per-input: the usual curve;
+consistent: this key's exact curve on the pool rows, with ``--key-file``),
+then answers from ``Perturber.from_config``. It prints, at 75% teacher
+retention:
+
+* teacher retention on the held-out split (judged: within 0.03 of 0.75);
+* the strongest attacker's retention of its clean-answer accuracy: the best
+  over the recipes light, strong and the tuned attacker's three candidates,
+  each plain and prior-corrected (:mod:`caliber_core.extraction.prior_correction`),
+  mean over training seeds, and the spread over keys;
+* near-duplicate averaging: 16 jittered copies of every pool image (pixel
+  noise N(0, 0.5)), each answered by the teacher and the Perturber and
+  averaged, against one answer per image.
+
+Training is single-threaded torch; the full run takes a few minutes per teacher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_extraction import _augment, _digits_split  # noqa: E402
+
+RETENTION = 0.75
+JITTER_COPIES = 16
+
+
+def _teacher(x_train, y_train, *, hidden: int, steps: int, seed: int):
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    d = x_train.shape[1]
+    net = torch.nn.Sequential(torch.nn.Linear(d, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+    xt, yt = torch.from_numpy(x_train / 16), torch.from_numpy(y_train)
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(xt), yt).backward()
+        opt.step()
+
+    def logits(x):
+        with torch.no_grad():
+            return net(torch.from_numpy(np.asarray(x, dtype=np.float32) / 16)).numpy().astype(np.float64)
+
+    return logits
+
+
+def build_teacher(kind: str, seed: int = 0):
+    """(archive dict, teacher logits function) for the easy or the harder teacher."""
+    x, y, train, pool, held, rng = _digits_split(seed)
+    if kind == "easy":
+        x_train = np.concatenate([x[train], _augment(x[train], 12, rng)])
+        y_train = np.tile(y[train], 13)
+        f = _teacher(x_train, y_train, hidden=128, steps=400, seed=seed)
+    else:
+        few = train[:60]
+        x_train = _augment(x[few], 4, rng)
+        x_train = np.clip(x_train + rng.normal(0, 4.0, x_train.shape), 0, 16).astype(np.float32)
+        f = _teacher(x_train, np.tile(y[few], 4), hidden=32, steps=150, seed=seed)
+    x_pool, y_pool = _augment(x[pool], 6, rng), np.tile(y[pool], 6)
+    x_eval, y_eval = _augment(x[held], 2, rng), np.tile(y[held], 2)
+    arch = dict(inputs=x_pool, logits=f(x_pool), labels=y_pool, heldout_inputs=x_eval,
+                heldout_logits=f(x_eval), heldout_labels=y_eval, name=np.array(f"digits-{kind}-teacher"))
+    return arch, f
+
+
+def _cli(*args) -> None:
+    proc = subprocess.run([sys.executable, "-m", "caliber_core", *map(str, args), "--quiet"], cwd=ROOT,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"calibrate failed: {proc.stderr.strip()}")
+
+
+def served(config_path, seeding, key, logits, ids):
+    from caliber_core.serving.runtime import Perturber
+
+    p = Perturber.from_config(config_path, target=0, seeding=seeding, key=key)
+    return p.perturb(logits, ids)
+
+
+def run_teacher(kind: str, *, keys: int, length_scales, seeds: int, workdir: Path) -> list[dict]:
+    from caliber_core.extraction.answers import Answers
+    from caliber_core.extraction.attacker import Request, Thief
+    from caliber_core.extraction.recipes import LIGHT, STRONG, TUNED_CANDIDATES
+    from caliber_core.serving.keys import write_key_file, read_key_file
+
+    arch, teacher = build_teacher(kind)
+    path = workdir / f"{kind}.npz"
+    np.savez_compressed(path, **arch)
+    z, y = arch["logits"], arch["labels"]
+    ze, ye = arch["heldout_logits"], arch["heldout_labels"]
+    a0e = float(np.mean(ze.argmax(1) == ye))
+    print(f"\n== {kind} teacher: A0 {np.mean(z.argmax(1) == y):.3f} (pool), {a0e:.3f} (held out)")
+    thief = Thief(arch["inputs"], arch["heldout_inputs"], ye, ze.argmax(1), n_classes=10, processes=1)
+    recipes = (LIGHT, STRONG) + TUNED_CANDIDATES
+    train_seeds = list(range(seeds))
+    jitter_rng = np.random.default_rng(7)
+    x_pool = arch["inputs"]
+    jittered = [np.clip(x_pool + jitter_rng.normal(0, 0.5, x_pool.shape), 0, 16) for _ in range(JITTER_COPIES)]
+    z_jit = [teacher(xj) for xj in jittered]
+
+    def attack(answers: np.ndarray, tag: str) -> tuple[float, str]:
+        a = Answers(answers, None, 0.0, 1, tag, "soft")
+        outs = thief.train([Request(a, r, s) for r in recipes for s in train_seeds])
+        best, name = -1.0, ""
+        for i, r in enumerate(recipes):
+            o = outs[i * seeds:(i + 1) * seeds]
+            plain = float(np.mean([x.accuracy for x in o]))
+            corr = float(np.mean([x.corrected_accuracy for x in o]))
+            for value, label in ((plain, r.name), (corr, r.name + "+prior")):
+                if value > best:
+                    best, name = value, label
+        return best, name
+
+    clean, clean_name = attack(z, "clean")
+    print(f"clean answers: strongest surrogate {clean:.4f} ({clean_name})")
+    rows = []
+    configs = [("per-input", None)] + [("consistent", ls) for ls in length_scales]
+    for seeding, ls in configs:
+        for k in range(keys if seeding == "consistent" else min(keys, 2)):
+            key_path = workdir / f"{kind}-{seeding}-{ls}-{k}.key"
+            if not key_path.exists():
+                write_key_file(key_path)
+            key = read_key_file(key_path)
+            cfg = workdir / f"{kind}-{seeding}-{ls}-{k}.json"
+            extra = ["--seeding", "consistent", "--key-file", key_path, "--length-scale", ls] if ls else []
+            _cli("calibrate", path, "--retention", RETENTION, "--out", cfg, *extra)
+            sigma = json.loads(cfg.read_text())["targets"][0]["sigma"]
+            ids = [f"heldout-{i}" for i in range(len(ye))]
+            held = served(cfg, seeding, key, ze, ids)
+            t_ret = float(np.mean(held.argmax(1) == ye)) / a0e
+            answers = served(cfg, seeding, key, z, [f"pool-{i}" for i in range(len(y))])
+            acc, who = attack(answers, f"{seeding}-{ls}-{k}")
+            avg = np.mean([served(cfg, seeding, key, zj, [f"pool-{i}-copy-{c}" for i in range(len(y))])
+                           for c, zj in enumerate(z_jit)], axis=0)
+            acc16, _ = attack(avg, f"{seeding}-{ls}-{k}-dup16")
+            row = dict(teacher=kind, seeding=seeding, length_scale=ls, key=k, sigma=sigma, teacher_retention=t_ret,
+                       thief_retention=acc / clean, attacker=who, dup16_retention=acc16 / clean)
+            rows.append(row)
+            print(f"{seeding:>10} l={ls!s:>4} key {k}: sigma {sigma:.3f}  teacher retention {t_ret:.3f}  "
+                  f"thief retention {acc / clean:.3f} ({who})  16 near-duplicates averaged {acc16 / clean:.3f}",
+                  flush=True)
+    thief.close()
+    return rows
+
+
+def summarize(rows: list[dict]) -> None:
+    print("\n== summary (mean [min, max] over keys)")
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["teacher"], r["seeding"], r["length_scale"]), []).append(r)
+    for (kind, seeding, ls), rs in groups.items():
+        def span(name):
+            v = np.array([r[name] for r in rs])
+            return f"{v.mean():.3f} [{v.min():.3f}, {v.max():.3f}]"
+        gain = np.array([r["dup16_retention"] - r["thief_retention"] for r in rs])
+        print(f"{kind:>6} {seeding:>10} l={ls!s:>4} ({len(rs)} keys): teacher {span('teacher_retention')}  "
+              f"thief {span('thief_retention')}  near-duplicate gain {100 * gain.mean():+.1f} points "
+              f"[{100 * gain.min():+.1f}, {100 * gain.max():+.1f}]")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--keys", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=2, help="training seeds per attacker")
+    parser.add_argument("--length-scale", type=float, nargs="+", default=[0.5, 1.0, 2.0])
+    parser.add_argument("--teacher", choices=("easy", "harder"), nargs="+", default=["easy", "harder"])
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.keys, args.length_scale, args.teacher = 1, [1.0], ["easy"]
+    t0 = time.perf_counter()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in args.teacher:
+            rows += run_teacher(kind, keys=args.keys, length_scales=args.length_scale, seeds=args.seeds,
+                                workdir=Path(tmp))
+    summarize(rows)
+    print(f"\n{time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
