@@ -1,13 +1,13 @@
 """Consistent against per-input seeding: what a wrongly flagged user keeps, and what the strongest thief keeps.
 
-    .venv/bin/python benchmarks/bench_consistent.py            # both teachers, 3 keys, length scales 0.5 1 2
+    .venv/bin/python benchmarks/bench_consistent.py            # both teachers, 3 keys, length scales 1 2 4
     .venv/bin/python benchmarks/bench_consistent.py --quick    # the easy teacher, 1 key, length scale 1
 
 Teachers (built here, deterministically, from scikit-learn's digits as in
 ``bench_extraction.py``; never seen by the project's calibration before):
 
 * **easy**: MLP 64-128-10 on 13 augmented copies of 797 images (A0 ~ 0.97);
-* **harder**: MLP 64-32-10 on 60 images with strong pixel noise (A0 ~ 0.75).
+* **harder**: MLP 64-64-10 that sees only 28 fixed pixels of each image (A0 ~ 0.76).
 
 The thief's pool is 6 augmented copies of 500 other images (3,000 rows),
 the held-out split 2 copies of the remaining 500. For each seeding it goes
@@ -80,10 +80,14 @@ def build_teacher(kind: str, seed: int = 0):
         y_train = np.tile(y[train], 13)
         f = _teacher(x_train, y_train, hidden=128, steps=400, seed=seed)
     else:
-        few = train[:60]
-        x_train = _augment(x[few], 4, rng)
-        x_train = np.clip(x_train + rng.normal(0, 4.0, x_train.shape), 0, 16).astype(np.float32)
-        f = _teacher(x_train, np.tile(y[few], 4), hidden=32, steps=150, seed=seed)
+        # The teacher sees 28 fixed pixels of the 64 (the thief sends whole images).
+        mask = np.zeros(64, dtype=np.float32)
+        mask[np.random.default_rng(5).choice(64, 28, replace=False)] = 1.0
+        x_train = np.concatenate([x[train], _augment(x[train], 4, rng)]) * mask
+        seen = _teacher(x_train.astype(np.float32), np.tile(y[train], 5), hidden=64, steps=300, seed=seed)
+
+        def f(inputs):
+            return seen(np.asarray(inputs) * mask)
     x_pool, y_pool = _augment(x[pool], 6, rng), np.tile(y[pool], 6)
     x_eval, y_eval = _augment(x[held], 2, rng), np.tile(y[held], 2)
     arch = dict(inputs=x_pool, logits=f(x_pool), labels=y_pool, heldout_inputs=x_eval,
@@ -99,17 +103,21 @@ def _cli(*args) -> None:
 
 
 def served(config_path, seeding, key, logits, ids):
+    from caliber_core.config import load_config
+    from caliber_core.serving.consistent_noise import ConsistentLevels
     from caliber_core.serving.runtime import Perturber
 
-    p = Perturber.from_config(config_path, target=0, seeding=seeding, key=key)
-    return p.perturb(logits, ids)
+    if seeding == "consistent":
+        return logits + ConsistentLevels(load_config(config_path), target=0, key=key).noise(logits)
+    return Perturber.from_config(config_path, target=0, seeding=seeding, key=key).perturb(logits, ids)
 
 
 def run_teacher(kind: str, *, keys: int, length_scales, seeds: int, workdir: Path) -> list[dict]:
     from caliber_core.extraction.answers import Answers
     from caliber_core.extraction.attacker import Request, Thief
+    from caliber_core.extraction.recalibration import labelled_rows
     from caliber_core.extraction.recipes import LIGHT, STRONG, TUNED_CANDIDATES
-    from caliber_core.serving.keys import write_key_file, read_key_file
+    from caliber_core.serving.consistent_noise import read_key_hex as read_key_file
 
     arch, teacher = build_teacher(kind)
     path = workdir / f"{kind}.npz"
@@ -118,7 +126,9 @@ def run_teacher(kind: str, *, keys: int, length_scales, seeds: int, workdir: Pat
     ze, ye = arch["heldout_logits"], arch["heldout_labels"]
     a0e = float(np.mean(ze.argmax(1) == ye))
     print(f"\n== {kind} teacher: A0 {np.mean(z.argmax(1) == y):.3f} (pool), {a0e:.3f} (held out)")
-    thief = Thief(arch["inputs"], arch["heldout_inputs"], ye, ze.argmax(1), n_classes=10, processes=1)
+    labelled = labelled_rows(y, per_class=10)
+    thief = Thief(arch["inputs"], arch["heldout_inputs"], ye, ze.argmax(1), n_classes=10, processes=1,
+                  labelled=(labelled, y[labelled]))
     recipes = (LIGHT, STRONG) + TUNED_CANDIDATES
     train_seeds = list(range(seeds))
     jitter_rng = np.random.default_rng(7)
@@ -126,46 +136,55 @@ def run_teacher(kind: str, *, keys: int, length_scales, seeds: int, workdir: Pat
     jittered = [np.clip(x_pool + jitter_rng.normal(0, 0.5, x_pool.shape), 0, 16) for _ in range(JITTER_COPIES)]
     z_jit = [teacher(xj) for xj in jittered]
 
-    def attack(answers: np.ndarray, tag: str) -> tuple[float, str]:
+    def attack(answers: np.ndarray, tag: str) -> tuple[float, str, float, str]:
+        """(strongest label-free accuracy, its attacker, strongest with 10 labels a class, its attacker)."""
         a = Answers(answers, None, 0.0, 1, tag, "soft")
         outs = thief.train([Request(a, r, s) for r in recipes for s in train_seeds])
-        best, name = -1.0, ""
+        best, name, best_l, name_l = -1.0, "", -1.0, ""
         for i, r in enumerate(recipes):
             o = outs[i * seeds:(i + 1) * seeds]
             plain = float(np.mean([x.accuracy for x in o]))
             corr = float(np.mean([x.corrected_accuracy for x in o]))
+            recal = float(np.mean([x.recalibrated_accuracy for x in o]))
             for value, label in ((plain, r.name), (corr, r.name + "+prior")):
                 if value > best:
                     best, name = value, label
-        return best, name
+            for value, label in ((plain, r.name), (corr, r.name + "+prior"), (recal, r.name + "+matrix")):
+                if value > best_l:
+                    best_l, name_l = value, label
+        return best, name, best_l, name_l
 
-    clean, clean_name = attack(z, "clean")
-    print(f"clean answers: strongest surrogate {clean:.4f} ({clean_name})")
+    clean, clean_name, clean_l, clean_name_l = attack(z, "clean")
+    print(f"clean answers: strongest surrogate {clean:.4f} ({clean_name}); with 10 labels a class "
+          f"{clean_l:.4f} ({clean_name_l})")
     rows = []
     configs = [("per-input", None)] + [("consistent", ls) for ls in length_scales]
     for seeding, ls in configs:
         for k in range(keys if seeding == "consistent" else min(keys, 2)):
             key_path = workdir / f"{kind}-{seeding}-{ls}-{k}.key"
             if not key_path.exists():
-                write_key_file(key_path)
+                key_path.write_text(hashlib.sha256(f"{kind}-{seeding}-{ls}-{k}".encode()).hexdigest() + "\n")
             key = read_key_file(key_path)
             cfg = workdir / f"{kind}-{seeding}-{ls}-{k}.json"
-            extra = ["--seeding", "consistent", "--key-file", key_path, "--length-scale", ls] if ls else []
+            extra = ["--seeding", "consistent", "--key-file", key_path, "--length-scale", ls,
+                     "--noise-id", f"bench-{kind}-{ls}-{k}"] if ls else []
             _cli("calibrate", path, "--retention", RETENTION, "--out", cfg, *extra)
             sigma = json.loads(cfg.read_text())["targets"][0]["sigma"]
             ids = [f"heldout-{i}" for i in range(len(ye))]
             held = served(cfg, seeding, key, ze, ids)
             t_ret = float(np.mean(held.argmax(1) == ye)) / a0e
             answers = served(cfg, seeding, key, z, [f"pool-{i}" for i in range(len(y))])
-            acc, who = attack(answers, f"{seeding}-{ls}-{k}")
+            acc, who, acc_l, who_l = attack(answers, f"{seeding}-{ls}-{k}")
             avg = np.mean([served(cfg, seeding, key, zj, [f"pool-{i}-copy-{c}" for i in range(len(y))])
                            for c, zj in enumerate(z_jit)], axis=0)
-            acc16, _ = attack(avg, f"{seeding}-{ls}-{k}-dup16")
+            acc16 = attack(avg, f"{seeding}-{ls}-{k}-dup16")[0]
             row = dict(teacher=kind, seeding=seeding, length_scale=ls, key=k, sigma=sigma, teacher_retention=t_ret,
-                       thief_retention=acc / clean, attacker=who, dup16_retention=acc16 / clean)
+                       thief_retention=acc / clean, attacker=who, dup16_retention=acc16 / clean,
+                       labelled_retention=acc_l / clean_l, labelled_attacker=who_l)
             rows.append(row)
             print(f"{seeding:>10} l={ls!s:>4} key {k}: sigma {sigma:.3f}  teacher retention {t_ret:.3f}  "
-                  f"thief retention {acc / clean:.3f} ({who})  16 near-duplicates averaged {acc16 / clean:.3f}",
+                  f"thief retention {acc / clean:.3f} ({who})  16 near-duplicates averaged {acc16 / clean:.3f}  "
+                  f"with 10 labels a class {acc_l / clean_l:.3f} ({who_l})",
                   flush=True)
     thief.close()
     return rows
@@ -182,7 +201,7 @@ def summarize(rows: list[dict]) -> None:
             return f"{v.mean():.3f} [{v.min():.3f}, {v.max():.3f}]"
         gain = np.array([r["dup16_retention"] - r["thief_retention"] for r in rs])
         print(f"{kind:>6} {seeding:>10} l={ls!s:>4} ({len(rs)} keys): teacher {span('teacher_retention')}  "
-              f"thief {span('thief_retention')}  near-duplicate gain {100 * gain.mean():+.1f} points "
+              f"thief {span('thief_retention')}  with labels {span('labelled_retention')}  near-duplicate gain {100 * gain.mean():+.1f} points "
               f"[{100 * gain.min():+.1f}, {100 * gain.max():+.1f}]")
 
 
@@ -191,7 +210,7 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--keys", type=int, default=3)
     parser.add_argument("--seeds", type=int, default=2, help="training seeds per attacker")
-    parser.add_argument("--length-scale", type=float, nargs="+", default=[0.5, 1.0, 2.0])
+    parser.add_argument("--length-scale", type=float, nargs="+", default=[1.0, 2.0, 4.0])
     parser.add_argument("--teacher", choices=("easy", "harder"), nargs="+", default=["easy", "harder"])
     args = parser.parse_args(argv)
     if args.quick:

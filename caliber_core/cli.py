@@ -71,6 +71,8 @@ def _add_seeding(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key-file", help="the serving key (hex, one line); consistent seeding only")
     parser.add_argument("--length-scale", type=float, default=None, metavar="L",
                         help="consistent noise's correlation length in units of S (default 2)")
+    parser.add_argument("--noise-id", default=None, metavar="HEX",
+                        help="consistent seeding: reuse this noise identity (default: a new random one)")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -156,7 +158,7 @@ def _cmd_calibrate(args) -> int:
         realizations=args.realizations, inversion=args.inversion, saturate=args.saturate,
         side=args.side, confidence=args.confidence, progress=_progress(not args.quiet),
     )
-    if args.seeding == "consistent" or args.key_file or args.length_scale is not None:
+    if args.seeding == "consistent" or args.key_file or args.length_scale is not None or args.noise_id:
         config = _consistent(config, data, args)
     text = config_to_json(config)
     for result in results:
@@ -182,7 +184,7 @@ def _consistent(config, data, args):
     from .serving.consistent_noise import DEFAULT_LENGTH_SCALE, read_key_hex
 
     if args.seeding != "consistent":
-        raise ValueError("--key-file and --length-scale apply to --seeding consistent only")
+        raise ValueError("--key-file, --length-scale and --noise-id apply to --seeding consistent only")
     if not args.key_file:
         raise ValueError("--seeding consistent needs --key-file KEYFILE (the key the config will serve)")
     if args.side != "point" or args.saturate or args.inversion != "curve":
@@ -190,7 +192,7 @@ def _consistent(config, data, args):
                          "--inversion do not apply")
     length = DEFAULT_LENGTH_SCALE if args.length_scale is None else args.length_scale
     return consistent_config(config, data.logits, data.labels, read_key_hex(args.key_file), length_scale=length,
-                             seed=args.seed, confidence=args.confidence)
+                             seed=args.seed, confidence=args.confidence, noise_id=args.noise_id)
 
 
 def _target_table(config: dict) -> str:

@@ -323,3 +323,38 @@ def read_key_hex(path) -> bytes:
     if len(key) < 16:
         raise ValueError(f"key file {path} holds a {len(key)}-byte key; need at least 16 bytes")
     return key
+
+
+class ConsistentLevels:
+    """The nested consistent noise of one served target of a config (what the runtime adds).
+
+    Parameters
+    ----------
+    config : dict
+        A loaded config with a consistent ``noise`` record.
+    target : int
+        Index into ``config["targets"]``; served at its ``level``.
+    key : bytes
+        Must be the key the config was calibrated with (checked by fingerprint).
+    """
+
+    def __init__(self, config, *, target: int, key: bytes):
+        record = config.get("noise")
+        if not isinstance(record, dict):
+            raise ValueError("this config has no consistent noise record: calibrate it with --seeding consistent")
+        self.n_classes = int(config["n_classes"])
+        self.noises, self.levels = level_functions(record, key, self.n_classes)
+        entry = config["targets"][target]
+        level = entry.get("level")
+        if not isinstance(level, int) or not 1 <= level <= len(self.levels):
+            raise ValueError(f"targets[{target}].level must be in [1, {len(self.levels)}], got {level!r}")
+        self.level = level
+        self.sigma = self.levels[level - 1]
+
+    def noise(self, logits) -> np.ndarray:
+        """sigma-scaled noise for (N, K) logits, float64 (numpy) or a float64 tensor (torch)."""
+        if np.shape(logits)[-1] != self.n_classes:
+            raise ValueError(f"logits have {np.shape(logits)[-1]} classes; the config was calibrated "
+                             f"for n_classes={self.n_classes}")
+        is_tensor = type(logits).__module__.startswith("torch")
+        return level_noise(self.noises, self.levels, self.level, logits, torch_tensor=is_tensor)
