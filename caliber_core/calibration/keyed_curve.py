@@ -90,11 +90,18 @@ def step_curve(lo: np.ndarray, hi: np.ndarray, weights: np.ndarray | None = None
 
 
 def crossing(knots: np.ndarray, values: np.ndarray, target: float) -> float | None:
-    """The smallest t at which the step curve falls to ``target`` or below (None: never)."""
+    """The middle of the first step on which the curve is at ``target`` or below (None: never).
+
+    The middle, not the knot: at a knot one row is exactly tied, and the
+    rounding of sigma in serving would decide it.
+    """
     below = np.nonzero(values <= target)[0]
     if below.size == 0:
         return None
-    return float(knots[below[0]])
+    j = below[0]
+    if j + 1 < knots.size:
+        return float(0.5 * (knots[j] + knots[j + 1]))
+    return float(knots[j] * (1.0 + 1e-6))
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,8 @@ def keyed_normals(key: bytes, binding: bytes, level: int, name: str, shape: tupl
     into the MAC, behind a versioned domain tag.
     """
     key = check_key(key)
+    if len(key) < 16:  # a short key could be guessed: the whole function follows from it
+        raise ValueError(f"key is {len(key)} bytes; need at least 16 for consistent noise")
     if not isinstance(binding, (bytes, bytearray)):
         raise TypeError(f"binding must be bytes, got {type(binding).__name__}")
     label = (_DOMAIN + len(binding).to_bytes(4, "big") + bytes(binding) + int(level).to_bytes(4, "big")
