@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_consistent.py            # both teachers, 3 keys, length scales 1 2 4
     .venv/bin/python benchmarks/bench_consistent.py --quick    # the easy teacher, 1 key, length scale 1
+    .venv/bin/python benchmarks/bench_consistent.py --cost     # serving cost per row against per-input seeding
 
 Teachers (built here, deterministically, from scikit-learn's digits as in
 ``bench_extraction.py``; never seen by the project's calibration before):
@@ -205,14 +206,46 @@ def summarize(rows: list[dict]) -> None:
               f"[{100 * gain.min():+.1f}, {100 * gain.max():+.1f}]")
 
 
+def cost(repeats: int = 40) -> None:
+    """Best-of-N microseconds per row, batch of 256, numpy float32: per-input against consistent noise."""
+    from caliber_core.serving.consistent_noise import ConsistentNoise
+    from caliber_core.serving.runtime import Perturber
+
+    rng = np.random.default_rng(0)
+    ids = [f"request-{i}" for i in range(256)]
+    print(f"{'K':>7} {'per-input':>10} {'consistent':>11} {'ratio':>6}   (us per row, best of {repeats}, batch 256)")
+    for k in (10, 1000, 50_000):
+        x = rng.normal(size=(256, k)).astype(np.float32)
+        per_input = Perturber(1.0, key=b"benchmark key 16")
+        g = ConsistentNoise(b"benchmark key 16", binding=b"bench", n_classes=k, scale=1.0).centred_on(x)
+
+        def consistent():
+            return x + 1.0 * g(x)
+
+        times = []
+        for call in (lambda: per_input.perturb(x, ids), consistent):
+            call()
+            best = float("inf")
+            for _ in range(repeats if k < 50_000 else max(3, repeats // 5)):
+                t0 = time.perf_counter()
+                call()
+                best = min(best, time.perf_counter() - t0)
+            times.append(best / 256 * 1e6)
+        print(f"{k:>7} {times[0]:>10.1f} {times[1]:>11.1f} {times[1] / times[0]:>6.2f}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--cost", action="store_true", help="only the serving cost per row")
     parser.add_argument("--keys", type=int, default=3)
     parser.add_argument("--seeds", type=int, default=2, help="training seeds per attacker")
     parser.add_argument("--length-scale", type=float, nargs="+", default=[1.0, 2.0, 4.0])
     parser.add_argument("--teacher", choices=("easy", "harder"), nargs="+", default=["easy", "harder"])
     args = parser.parse_args(argv)
+    if args.cost:
+        cost()
+        return
     if args.quick:
         args.keys, args.length_scale, args.teacher = 1, [1.0], ["easy"]
     t0 = time.perf_counter()
