@@ -70,7 +70,7 @@ def _add_seeding(parser: argparse.ArgumentParser) -> None:
                         "function of the logits, calibrated for the key in --key-file")
     parser.add_argument("--key-file", help="the serving key (hex, one line); consistent seeding only")
     parser.add_argument("--length-scale", type=float, default=None, metavar="L",
-                        help="consistent noise's correlation length in units of S (default 2)")
+                        help="consistent noise's correlation length in units of S (default 4)")
     parser.add_argument("--noise-id", default=None, metavar="HEX",
                         help="consistent seeding: reuse this noise identity (default: a new random one)")
 

@@ -48,7 +48,7 @@ from ..validation import check_key
 
 DEFAULT_FEATURES = 128
 PROJECTION_DIM = 32
-DEFAULT_LENGTH_SCALE = 2.0
+DEFAULT_LENGTH_SCALE = 4.0
 _DOMAIN = b"caliber.consistent-noise/v1\x00"
 
 
