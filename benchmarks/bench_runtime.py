@@ -54,7 +54,7 @@ def main(argv=None) -> None:
     rng = np.random.default_rng(0)
     ids = [f"request-{i}" for i in range(BATCH)]
     perturbers = {
-        "per-input": Perturber(1.0, key=b"benchmark key"),
+        "per-input": Perturber(1.0, key=b"benchmark key, not a secret"),
         "fresh": Perturber(1.0, seeding="fresh"),
     }
     header = f"{'K':>7}  {'seeding':<10} {'numpy f32':>10} {'torch f32':>10}"

@@ -1,4 +1,4 @@
-"""The command line: ``python -m caliber_core {calibrate,check,fleet,attack,extract} ...``.
+"""The command line: ``python -m caliber_core {calibrate,check,fleet,attack,extract,keygen} ...``.
 
 A user error (a bad file, an impossible target) prints one line on stderr and
 exits with status 2; an unexpected failure prints one line and exits 1 (set
@@ -131,6 +131,9 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_max_elements(add_check_parser(sub))
 
     add_extract_parser(sub)
+    from .serving.keys import add_keygen_parser
+
+    add_keygen_parser(sub)
     return parser
 
 
@@ -288,9 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     from .check_command import run as _cmd_check
     from .extraction.command import run as _cmd_extract
+    from .serving.keys import run_keygen
 
     handlers = {"calibrate": _cmd_calibrate, "fleet": _cmd_fleet, "attack": _cmd_attack, "extract": _cmd_extract,
-                "check": _cmd_check}
+                "check": _cmd_check, "keygen": run_keygen}
     try:
         return handlers[args.command](args)
     except (LogitsFileError, ConfigError, ValueError) as exc:

@@ -3,13 +3,14 @@
 This module imports only the standard library, so a serving process
 that reads a config never loads the calibration numerics.
 
-* :class:`TargetRecord` -- one target and the sigma that serves it (keyword-only).
+* :class:`TargetRecord` -- one target and the sigma that serves it (module ``target_record``, re-exported).
 * ``caliber.config/v2`` -- the JSON schema (README.md, section "Config JSON"),
   validated by :func:`validate_config`; :func:`load_config`,
   :func:`save_config` and :func:`config_to_json` read and write it, and are
   the only code that parses config JSON. ``caliber.config/v1`` files still
   load: they are upgraded in memory (``side="point"``, ``interval=None``).
 * :func:`sigma_to_serve` -- the sigma a serving process uses for one target.
+* :func:`config_digest` -- a config's identity, which keyed serving noise binds.
 
 A saturated target (one the curve never reaches, kept with ``--saturate``)
 serves the largest sigma the sweep actually measured. It is recorded with
@@ -23,16 +24,18 @@ load give back the identical numbers.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import numbers
 import os
 import warnings
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from . import __version__
+from .target_record import (  # noqa: F401  (re-exported: the config's public names)
+    CALIBRATED_KINDS, SIDES, TARGET_KINDS, TargetRecord, inversion_of_method, plain_values)
 
 if TYPE_CHECKING:  # annotations only: importing calibrate would load scipy
     from .calibration.calibrate import Calibration
@@ -41,19 +44,12 @@ SCHEMA = "caliber.config/v2"
 SCHEMA_V1 = "caliber.config/v1"
 SCHEMAS = (SCHEMA, SCHEMA_V1)
 
-#: Every kind of target a config may hold. "surrogate-retention" targets are
-#: measured on a distilled surrogate (their record carries ``attacker``).
-TARGET_KINDS = ("retention", "accuracy", "agreement", "surrogate-retention")
-#: The kinds solved from a model's logits by calibration.
-CALIBRATED_KINDS = tuple(k for k in TARGET_KINDS if k != "surrogate-retention")
-#: Which side of the target sigma is chosen on: the point estimate, or the end
-#: of a confidence interval that keeps the delivered value at least / at most the target.
-SIDES = ("point", "at-least", "at-most")
-
 _REQUIRED = ("schema", "model", "n_classes", "n_samples", "statistic", "scale", "fit", "targets")
 _TARGET_REQUIRED = ("kind", "accuracy", "retention", "v", "sigma")
-_SATURATED_PREFIX = "saturated-"
 _INTERVAL_QUANTITIES = ("accuracy", "retention", "agreement")
+#: Deepest nesting a config may have (real ones nest 4 levels); deeper JSON is refused
+#: before parsing, which would otherwise exhaust the interpreter's recursion limit.
+MAX_DEPTH = 32
 
 
 class ConfigError(ValueError):
@@ -62,78 +58,6 @@ class ConfigError(ValueError):
 
 class SaturatedTargetWarning(UserWarning):
     """A saturated target is served: its sigma is the largest the sweep measured, not a solution."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class TargetRecord:
-    """sigma* for one target, with what it is predicted to deliver.
-
-    Attributes
-    ----------
-    kind : one of :data:`TARGET_KINDS`
-    requested : float
-        The value as asked for.
-    accuracy, retention : float or None
-        Target accuracy in absolute terms and as a fraction of A0 (None for
-        agreement targets).
-    agreement : float or None
-        Target agreement (agreement targets only).
-    v, sigma : float
-        Normalized and raw noise; sigma = S sqrt(v).
-    sigma_logistic : float or None
-        The closed-form logistic answer, for comparison (inf: out of the law's reach).
-    method : str
-        Which inversion produced ``sigma`` ("exact-curve", "monte-carlo-curve", "logistic",
-        "exact-agreement", "monte-carlo-agreement", "shared-logistic", "none-needed"),
-        prefixed "saturated-" for a saturated target.
-    saturated : bool
-        The target was out of reach and sigma is the largest sigma swept.
-    side : {"point", "at-least", "at-most"}, default "point"
-    interval : dict or None
-        Confidence bounds: ``{"level", "method", "accuracy": [lo, hi] or None,
-        "retention": ..., "agreement": ...}``.
-    attacker : dict or None
-        For "surrogate-retention" targets: the surrogate's training recipe and seeds.
-    reference : dict or None
-        For the drift check: what ``sigma`` delivers on the calibration sample and the
-        per-row spreads, ``{"accuracy", "retention", "agreement", "row_sd": {same keys}}``.
-    """
-
-    kind: str
-    requested: float
-    accuracy: float | None
-    retention: float | None
-    agreement: float | None
-    v: float
-    sigma: float
-    sigma_logistic: float | None
-    method: str
-    saturated: bool = False
-    side: str = "point"
-    interval: dict | None = None
-    attacker: dict | None = None
-    reference: dict | None = None
-
-    def to_dict(self) -> dict:
-        """Plain values; a non-finite ``sigma_logistic`` (no closed-form answer) becomes None."""
-        out = {k: _plain(v) for k, v in asdict(self).items()}
-        slog = out["sigma_logistic"]
-        if isinstance(slog, float) and not math.isfinite(slog):
-            out["sigma_logistic"] = None
-        return out
-
-    @property
-    def inversion(self) -> str:
-        """The ``inversion`` option that reproduces this record: "logistic" or "curve"."""
-        return inversion_of_method(self.method)
-
-
-def inversion_of_method(method: str) -> str:
-    """"logistic" for a method solved on the logistic law (saturated or shared too), else "curve"."""
-    base = str(method)
-    if base.startswith(_SATURATED_PREFIX):
-        base = base[len(_SATURATED_PREFIX):]
-    return "logistic" if base in ("logistic", "shared-logistic") else "curve"
 
 
 def build_config(
@@ -186,20 +110,9 @@ def build_config(
     }
 
 
-def _plain(obj):
-    """numpy scalars unwrapped to Python numbers, containers walked."""
-    if isinstance(obj, Mapping):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
-        return obj.item()
-    return obj
-
-
 def _clean(obj):
     """Plain JSON values: inf/nan (which validation allows only in display fields) as null."""
-    obj = _plain(obj)
+    obj = plain_values(obj)
     if isinstance(obj, dict):
         return {k: _clean(v) for k, v in obj.items()}
     if isinstance(obj, list):
@@ -241,7 +154,7 @@ def load_config(source) -> dict:
         Unreadable file, invalid JSON, or a config that breaks the schema.
     """
     if isinstance(source, Mapping):
-        config = _copy(source)
+        config = _copy(source, 0)
     else:
         if isinstance(source, (bytes, bytearray)):
             text = bytes(source).decode("utf-8", errors="replace")
@@ -255,6 +168,9 @@ def load_config(source) -> dict:
                 raise ConfigError(f"{os.fspath(source)}: cannot read config ({exc.strerror})") from None
         else:
             raise ConfigError(f"config must be a path, JSON text or a dict, got {type(source).__name__}")
+        depth = _json_depth(text)
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"config JSON is nested {depth} levels deep; a config nests at most {MAX_DEPTH}")
         try:
             config = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -265,11 +181,30 @@ def load_config(source) -> dict:
     return config
 
 
-def _copy(obj):
+def _json_depth(text: str) -> int:
+    """Deepest bracket nesting of JSON text (strings skipped), without recursion."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _copy(obj, depth: int):
+    if depth > MAX_DEPTH:
+        raise ConfigError(f"config is nested more than {MAX_DEPTH} levels deep")
     if isinstance(obj, Mapping):
-        return {k: _copy(v) for k, v in obj.items()}
+        return {k: _copy(v, depth + 1) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_copy(v) for v in obj]
+        return [_copy(v, depth + 1) for v in obj]
     return obj
 
 
@@ -324,10 +259,32 @@ def validate_config(config) -> None:
     scale = config["scale"]
     if not (_is_number(scale) and math.isfinite(scale) and scale > 0):
         raise ConfigError(f"config scale must be a positive number, got {scale!r}")
+    for name, least in (("n_classes", 2), ("n_samples", 1)):
+        n = config[name]
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < least:
+            raise ConfigError(f"config {name} must be an integer >= {least}, got {n!r}")
     if not isinstance(config["targets"], list):
         raise ConfigError("config field 'targets' must be a list")
+    largest = largest_sigma_measured(config)
     for i, t in enumerate(config["targets"]):
         _validate_target(t, i)
+        if largest is not None and t["sigma"] > largest * (1 + 1e-9):
+            raise ConfigError(f"targets[{i}].sigma={t['sigma']!r} exceeds the largest sigma the config's "
+                              f"sweep measured ({largest:.6g} = scale * sqrt(sweep.v_max))")
+
+
+def largest_sigma_measured(config: Mapping) -> float | None:
+    """S * sqrt(sweep.v_max): the largest sigma the config's sweep measured (None without a sweep).
+
+    Raises ConfigError for a sweep whose ``v_max`` is not a finite number > 0.
+    """
+    sweep = config.get("sweep")
+    if sweep is None:
+        return None
+    v_max = sweep.get("v_max") if isinstance(sweep, Mapping) else None
+    if not (_is_number(v_max) and math.isfinite(v_max) and v_max > 0):
+        raise ConfigError(f"config sweep.v_max must be a finite number > 0, got {v_max!r}")
+    return float(config["scale"]) * math.sqrt(v_max)
 
 
 def _validate_target(t, i: int) -> None:
@@ -427,6 +384,17 @@ def sigma_to_serve(config, *, target: int = 0) -> float:
     if entry.get("saturated"):
         warnings.warn(saturation_message(entry), SaturatedTargetWarning, stacklevel=2)
     return sigma
+
+
+def config_digest(config) -> str:
+    """A config's identity: hex SHA-256 of its canonical JSON (sorted keys, compact separators).
+
+    Taken after loading (a v1 config is digested as its v2 upgrade), so a dict,
+    its JSON text and its file give the same digest; any edited number gives another.
+    """
+    config = _clean(load_config(config))
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
 def saturation_message(entry: Mapping | TargetRecord) -> str:

@@ -8,7 +8,7 @@ validate once at their entry and pass the result down.
 * :func:`as_labels`  integer class indices in [0, K), one per row, as int64
 * :func:`check_sigma` one noise scale: a finite real >= 0
 * :func:`as_sigmas`  a scalar or 1-D array of finite sigmas >= 0
-* :func:`check_key`  a non-empty secret as bytes
+* :func:`check_key`  a secret of at least :data:`MIN_KEY_BYTES` bytes, as bytes
 * :func:`check_seed` a seed (int >= 0 or None) or a numpy Generator
 * :func:`is_torch`   whether an object is a torch tensor (without importing torch)
 
@@ -108,13 +108,29 @@ def as_sigmas(sigma) -> np.ndarray:
     return s
 
 
+#: Shortest key accepted for per-input seeding: 128 bits, so that one clean/noisy
+#: pair does not let a thief search the key space offline.
+MIN_KEY_BYTES = 16
+
+
 def check_key(key) -> bytes:
-    """A per-input seeding secret: non-empty bytes-like, returned as bytes."""
+    """A per-input seeding secret: bytes-like of at least :data:`MIN_KEY_BYTES` bytes, returned as bytes.
+
+    Raises
+    ------
+    TypeError
+        Not bytes-like (a str must be encoded, or better, made by ``caliber keygen``).
+    ValueError
+        Shorter than 16 bytes; the message gives the length, never the key.
+    """
     if not isinstance(key, (bytes, bytearray, memoryview)):
-        raise TypeError(f"key must be bytes (e.g. secret.encode()), got {type(key).__name__}")
+        raise TypeError(f"key must be bytes (e.g. from caliber_core.serving.keys.new_key()), "
+                        f"got {type(key).__name__}")
     key = bytes(key)
-    if not key:
-        raise ValueError("key must be a non-empty secret for per-input seeding, got b''")
+    if len(key) < MIN_KEY_BYTES:
+        unit = "byte" if len(key) == 1 else "bytes"
+        raise ValueError(f"key is {len(key)} {unit}; need at least {MIN_KEY_BYTES} random bytes "
+                         f"(make one with 'python -m caliber_core keygen --out KEYFILE')")
     return key
 
 

@@ -110,7 +110,7 @@ def test_per_input_seeding_gives_no_recovery_at_all(table, estimator):
 
 def test_per_input_single_query_is_what_the_runtime_serves(synthetic, table):
     logits, labels = synthetic
-    served = Perturber(SIGMA, key=b"simulation").perturb(logits, [str(i) for i in range(N_SAMPLES)])
+    served = Perturber(SIGMA, key=b"simulation key, not a secret").perturb(logits, [str(i) for i in range(N_SAMPLES)])
     decision = served.argmax(axis=1)
     assert value(table, "per-input", "soft-average", 16) == np.mean(decision == logits.argmax(axis=1))
     assert value(table, "per-input", "soft-average", 16, "accuracy") == np.mean(decision == labels)
@@ -220,7 +220,7 @@ def test_subset_of_seedings_and_estimators(synthetic):
         ({"sigma": 1.0, "seedings": ()}, ValueError, "seedings must name at least one"),
         ({"sigma": 1.0, "estimators": ("median",)}, ValueError, "estimators must be drawn from .*got 'median'"),
         ({"sigma": 1.0, "seed": -1}, ValueError, "seed must be a non-negative integer, got -1"),
-        ({"sigma": 1.0, "key": b""}, ValueError, "non-empty secret"),
+        ({"sigma": 1.0, "key": b""}, ValueError, "key is 0 bytes; need at least 16"),
         ({"sigma": 1.0, "repeats": 0}, ValueError, "repeats must be a positive integer, got 0"),
         ({"sigma": 1.0, "chunk_size": 0}, ValueError, "chunk_size must be a positive integer, got 0"),
         ({"sigma": 1.0, "progress": 3}, TypeError, "progress must be callable or None, got int"),

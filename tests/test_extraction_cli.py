@@ -109,5 +109,5 @@ def test_cli_report_and_a_surrogate_target_served_by_the_perturber(tmp_path):
     assert entry["attacker"]["recipe"]["name"] in ("light", "strong")
     assert entry["attacker"]["seeds"] == rep["replicate_seeds"]
     assert sigma_to_serve(cfg, target=1) == pytest.approx(sur["sigma"])
-    p = Perturber.from_config(cfg, target=1, key=b"k")
+    p = Perturber.from_config(cfg, target=1, key=b"test key, 16+ bytes")
     assert p.sigma == pytest.approx(sur["sigma"])

@@ -46,7 +46,7 @@ def test_serving_a_config_loads_no_heavy_library(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps(config))
     statement = ("import numpy as np\nfrom caliber_core import Perturber\n"
-                 f"p = Perturber.from_config({str(path)!r}, key=b'k')\n"
+                 f"p = Perturber.from_config({str(path)!r}, key=b'sixteen byte key')\n"
                  "p.perturb(np.zeros((2, 3)), ['a', 'b'])")
     assert _loaded_after(statement) == []
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from caliber_core.serving.responses import LogitsProcessorAdapter, noisy_probabilities, noisy_top_logprobs
-from caliber_core.config import ConfigError, sigma_to_serve
+from caliber_core.config import ConfigError, config_digest, sigma_to_serve
 from caliber_core.serving.runtime import Perturber, per_input_noise
 
 torch = pytest.importorskip("torch")
@@ -51,26 +51,58 @@ def backend(request):
 
 
 def test_known_answer_pins_the_noise_stream():
-    # Pins HMAC derivation + SFC64 + numpy's ziggurat. If this fails after a
-    # numpy upgrade, every served row's noise has changed (see the Notes of
-    # per_input_noise): decide deliberately, then update the values.
+    # Pins the whole derivation (domain caliber.keyed-noise/v2: HMAC row seeds,
+    # SplitMix64 counters, the tabulated normal transform). A change here changes
+    # every served row's noise: bump keyed_noise.DOMAIN, then update these values.
     expected = [
-        [1.2746088661553072, 0.8716044046805995, 0.4091100768705227, -1.0938061372676409],
-        [0.17060356421223083, -0.287288157339583, -1.4579391390850596, -0.5040755833838518],
+        [-0.8395579934648418, -1.79305789937114, -1.690429255313583, 0.9362986237985497],
+        [-0.4967979734189481, 0.23978980733269412, -0.4215652612099494, 0.08444997949320822],
     ]
     got = per_input_noise(["caliber", b"\x00\xff"], 4, key=b"known-answer key")
     assert got.tolist() == expected
+    bound = per_input_noise(["caliber"], 3, key=b"known-answer key", binding=b"config", level=2)
+    assert bound.tolist() == [[-1.0529258660091079, -1.187369171425487, -0.8240810945017907]]
+
+
+def _reference_normal(word: int) -> float:
+    """Step 4 of keyed_noise's derivation in plain Python floats, from the committed table."""
+    from caliber_core.serving import keyed_noise, normal_table
+
+    a = 2 * (word & ((1 << 52) - 1)) + 1
+    exponent = a.bit_length() - 1
+    sub_bits = normal_table.SUB_BITS
+    fraction = a - (1 << exponent)  # the bits below the leading one, exponent of them
+    aligned = fraction << (52 - exponent)  # as a float64 mantissa field
+    piece = (exponent << sub_bits) + (aligned >> (52 - sub_bits))
+    t = (aligned & ((1 << (52 - sub_bits)) - 1)) * 2.0 ** -(52 - sub_bits)
+    coefficients = keyed_noise.table()[:, piece + (word >> 63) * (normal_table.N_EXPONENTS << sub_bits)]
+    y = float(coefficients[-1])
+    for c in coefficients[-2::-1]:
+        y = y * t + float(c)  # Python floats: one rounding per operation, no fused multiply-add
+    return y
 
 
 def test_noise_matches_the_documented_derivation():
-    key, one_id, n_classes = b"k", "request-42", 7
-    message = b"caliber.runtime.noise/v1\x00" + n_classes.to_bytes(8, "big") + one_id.encode()
-    words = np.frombuffer(hmac.new(key, message, hashlib.sha256).digest(), dtype="<u8")
-    bitgen = np.random.SFC64(0)
-    bitgen.state = {"bit_generator": "SFC64", "state": {"state": words.astype(np.uint64)},
-                    "has_uint32": 0, "uinteger": 0}
-    reference = np.random.Generator(bitgen).standard_normal(n_classes)
-    np.testing.assert_array_equal(per_input_noise([one_id], n_classes, key=key)[0], reference)
+    from scipy.special import ndtri
+
+    key, binding, level, one_id, n_classes = b"sixteen byte key", b"cfg", 3, "request-42", 7
+    digest = hashlib.sha256(one_id.encode()).digest()
+    message = (b"caliber.keyed-noise/v2\x00" + len(binding).to_bytes(8, "big") + binding
+               + level.to_bytes(8, "big") + n_classes.to_bytes(8, "big") + digest)
+    seed = int.from_bytes(hmac.new(key, message, hashlib.sha256).digest()[:8], "little")
+    mask = (1 << 64) - 1
+    reference = []
+    for j in range(n_classes):
+        z = (seed + j * 0x9E3779B97F4A7C15) & mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        word = z ^ (z >> 31)
+        reference.append(_reference_normal(word))
+        # ... and the transform is the normal quantile of the word's tail probability.
+        q = (2 * (word & ((1 << 52) - 1)) + 1) * 2.0 ** -53
+        assert reference[-1] == pytest.approx(-ndtri(q / 2) * (-1) ** (word >> 63), rel=0, abs=1e-13)
+    got = per_input_noise([one_id], n_classes, key=key, binding=binding, level=level)[0]
+    assert got.tolist() == reference
 
 
 def test_str_and_bytes_ids_are_the_same_id():
@@ -122,7 +154,7 @@ def test_property_rows_depend_only_on_their_own_id(ids, n_classes, data):
     batch = noise_of(p, ids, n_classes)
     shuffled = noise_of(p, [ids[i] for i in perm], n_classes)
     np.testing.assert_array_equal(shuffled, batch[list(perm)])
-    np.testing.assert_array_equal(batch, per_input_noise(ids, n_classes, key=KEY))
+    np.testing.assert_array_equal(batch, per_input_noise(ids, n_classes, key=KEY, binding=p.binding))
 
 
 def test_noise_depends_on_n_classes():
@@ -166,7 +198,7 @@ R_BOUND = 5 / math.sqrt(K_INDEP)
         ((KEY, "request-0001"), (KEY, "request-0002")),  # one character apart
         ((KEY, "a"), (KEY, "b")),
         ((KEY, "same id"), (KEY + b"!", "same id")),  # keys one byte apart
-        ((b"key one", "same id"), (b"key two", "same id")),
+        ((b"key one, 16 bytes", "same id"), (b"key two, 16 bytes", "same id")),
     ],
 )
 def test_noise_uncorrelated_across_ids_and_keys(left, right):
@@ -231,7 +263,7 @@ def test_numpy_dtype_and_values(dtype):
     out = p.perturb(x, ids)
     assert type(out) is np.ndarray and out.dtype == dtype and out.shape == x.shape
     # Noise drawn in float64, added in float64, cast back once.
-    expected = (x.astype(np.float64) + 0.5 * per_input_noise(ids, 12, key=KEY)).astype(dtype)
+    expected = (x.astype(np.float64) + 0.5 * per_input_noise(ids, 12, key=KEY, binding=p.binding)).astype(dtype)
     np.testing.assert_array_equal(out, expected)
 
 
@@ -244,7 +276,7 @@ def test_torch_dtype_device_and_values(dtype_name):
     out = p.perturb(x, ids)
     assert isinstance(out, torch.Tensor)
     assert out.dtype == dtype and out.shape == x.shape and out.device == x.device
-    expected = (x.double() + 0.5 * torch.from_numpy(per_input_noise(ids, 12, key=KEY))).to(dtype)
+    expected = (x.double() + 0.5 * torch.from_numpy(per_input_noise(ids, 12, key=KEY, binding=p.binding))).to(dtype)
     assert torch.equal(out, expected)
 
 
@@ -383,7 +415,9 @@ def test_invalid_sigma(sigma, exc, match):
     "kwargs, exc, match",
     [
         ({"key": None}, ValueError, "per-input seeding needs key"),
-        ({"key": b""}, ValueError, "non-empty secret"),
+        ({"key": b""}, ValueError, "key is 0 bytes; need at least 16"),
+        ({"key": b"x"}, ValueError, "key is 1 byte; need at least 16"),
+        ({"key": b"15 bytes secret"}, ValueError, "key is 15 bytes; need at least 16"),
         ({"key": "text key"}, TypeError, "key must be bytes.*got str"),
         ({"seeding": "per-call", "key": KEY}, ValueError, "seeding must be one of .*got 'per-call'"),
         ({"seeding": "fresh", "generator": 42}, TypeError, "generator must be a numpy.random.Generator, got int"),
@@ -455,15 +489,21 @@ def test_from_config_dict_and_path(tmp_path):
     config = make_config(0.4, 1.3)
     path = tmp_path / "caliber.json"
     path.write_text(json.dumps(config))
+    served = []
     for source in (config, path, str(path)):
         p = Perturber.from_config(source, target=1, key=KEY)
         assert p.sigma == 1.3 and p.seeding == "per-input"
+        assert p.levels == (0.4, 1.3) and p.level == 2 and p.n_classes == 5
+        assert p.config_digest == config_digest(config)
+        served.append(noise_of(p, ["a"], 5))
     assert Perturber.from_config(config, seeding="fresh").sigma == 0.4
-    # The perturber built from the config serves the same noise as one built by hand.
-    np.testing.assert_array_equal(
-        noise_of(Perturber.from_config(path, target=1, key=KEY), ["a"], 5),
-        noise_of(Perturber(1.3, key=KEY), ["a"], 5),
-    )
+    # Every form of the config serves the same noise: level 2 = sigma_1 xi_1 + sqrt(sigma_2^2 - sigma_1^2) xi_2.
+    np.testing.assert_array_equal(served[0], served[1])
+    np.testing.assert_array_equal(served[0], served[2])
+    xi = [per_input_noise(["a"], 5, key=KEY, binding=bytes.fromhex(config_digest(config)), level=i) for i in (1, 2)]
+    expected = 0.4 * xi[0]
+    expected += math.sqrt((1.3 - 0.4) * (1.3 + 0.4)) * xi[1]
+    np.testing.assert_array_equal(served[0], expected)
 
 
 @pytest.mark.parametrize(

@@ -76,7 +76,7 @@ def test_the_perturber_warns_and_serves_that_sigma(run_example):
     config = json.loads(out.read_text(encoding="utf-8"))
     index = next(i for i, t in enumerate(config["targets"]) if t["saturated"])
     with pytest.warns(SaturatedTargetWarning) as caught:
-        p = Perturber.from_config(out, target=index, key=b"secret")
+        p = Perturber.from_config(out, target=index, key=b"test secret, 16+ bytes")
     assert p.sigma == config["targets"][index]["sigma"]
     # The same words as the CLI's warning (and the README's).
     assert [f"warning: {w.message}" for w in caught] == [line for line in shown if line.startswith("warning: ")]

@@ -70,7 +70,7 @@ def simulate_averaging_attack(
     seedings=("fresh", "per-input"),
     estimators=ESTIMATORS,
     seed: int = 0,
-    key: bytes = b"simulation",
+    key: bytes = b"simulation key, not a secret",
     repeats: int = 1,
     chunk_size: int | None = None,
     progress=None,
@@ -97,7 +97,7 @@ def simulate_averaging_attack(
     seed : int, default 0
         Seeds ``np.random.default_rng(seed)``, the source of fresh noise; the
         table is reproducible for a given seed and chunk_size.
-    key : bytes, default b"simulation"
+    key : bytes, default b"simulation key, not a secret"
         Per-input key; row i's id is ``str(i)``. Repeat 0 uses the key
         itself, so it replays what ``Perturber(sigma, key=key)`` serves;
         further repeats use keys derived from it by HMAC.

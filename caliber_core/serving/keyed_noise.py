@@ -1,0 +1,230 @@
+"""One keyed, counter-based generator of standard normals, on numpy and on torch.
+
+A draw is a pure function of (key, binding, level, row id, K): the same
+numbers on numpy, on torch's CPU and on any torch device, because every step
+is an integer operation or a correctly rounded float operation (+, -, *, and
+exact conversions), never a library's log/exp/cos, whose last bits differ
+between numpy, torch's CPU kernels and CUDA.
+
+Derivation (domain :data:`DOMAIN`, bumped whenever any step changes):
+
+1. Row id digest (host): ``d = SHA-256(id)``.
+2. Row seed (host, one HMAC per row and level):
+   ``s = first 8 bytes, little-endian, of HMAC-SHA256(key, DOMAIN || u64(len(binding)) || binding
+   || u64(level) || u64(K) || d)`` (u64: 8 bytes big-endian). Everything that must
+   separate two streams is folded in here, under the key.
+3. Bits (vectorized over rows and classes): class j of the row gets the
+   64-bit word ``w = mix(s + j * GAMMA mod 2^64)``, SplitMix64's output
+   function (a bijection of 64-bit words; a counter through it passes BigCrush).
+4. Normal: the top bit of ``w`` is the sign; its low 52 bits ``v`` give
+   ``a = 2v + 1`` and the two-sided tail probability ``q = a * 2^-53`` in (0, 1)
+   (never 0 or 1, so no infinity). ``|x| = Phi^-1(1 - q/2)`` is evaluated by a
+   piecewise polynomial (:mod:`.normal_table`): ``a``'s float64 exponent and the
+   next 5 bits pick the piece, the remaining bits are the local coordinate ``t``
+   in [0, 1), and Horner's rule with separate multiplies and adds (no fused
+   multiply-add) gives |x|. Largest value: |x| at q = 2^-53, about 8.3.
+
+The row seed is 64 bits: two (row, level) streams overlap in a stretch of
+classes with probability about 2K / 2^64 per pair, far below anything a
+thief can find or use. Knowing one row's noise (from a clean copy of that
+row's logits) reveals that row's seed, never the key or any other row's.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from functools import lru_cache
+
+import numpy as np
+
+from ..validation import check_key
+from . import normal_table
+
+__all__ = ["DOMAIN", "MAX_ABS_NORMAL", "encode_ids", "row_digests", "row_seeds", "normals_from_seeds",
+           "normals_from_words",
+           "unit_normals", "unit_normals_torch"]
+
+#: Domain separation and version of the whole derivation (v1 was the SFC64 stream of earlier releases).
+DOMAIN = b"caliber.keyed-noise/v2\x00"
+
+_GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment (odd: the counter visits every word)
+_M1 = 0xBF58476D1CE4E5B9
+_M2 = 0x94D049BB133111EB
+_MASK52 = (1 << 52) - 1
+_T_BITS = 52 - normal_table.SUB_BITS
+_MASK_T = (1 << _T_BITS) - 1
+_FIRST_PIECE = 1023 << normal_table.SUB_BITS  # biased exponent of 1.0, shifted like the piece index
+_N_PIECES = normal_table.N_EXPONENTS << normal_table.SUB_BITS
+_CHUNK = 1 << 14  # elements per block: the block's buffers stay in cache
+
+
+def _load_table() -> np.ndarray:
+    flat = np.frombuffer(base64.b64decode("".join(normal_table.COEFFICIENTS_B64)), dtype="<f8")
+    half = flat.reshape(_N_PIECES, normal_table.DEGREE + 1)
+    # Rows [0, P) serve a clear sign bit, rows [P, 2P) a set one: negation is exact.
+    both = np.concatenate([half, -half]).astype(np.float64)
+    return np.ascontiguousarray(both.T)  # (DEGREE + 1, 2P): one contiguous row per power
+
+
+_TABLE = _load_table()
+_TABLE.flags.writeable = False
+
+#: Largest |normal| the transform can return (q = 2^-53, the smallest tail probability).
+MAX_ABS_NORMAL = float(np.polynomial.polynomial.polyval(0.0, _TABLE[:, 0]))
+
+
+def encode_ids(ids) -> list[bytes]:
+    """Ids as bytes: str is UTF-8 encoded, so ``"a"`` and ``b"a"`` are one id."""
+    out = []
+    for position, one_id in enumerate(ids):
+        if isinstance(one_id, str):
+            out.append(one_id.encode("utf-8"))
+        elif isinstance(one_id, (bytes, bytearray, memoryview)):
+            out.append(bytes(one_id))
+        else:
+            raise TypeError(f"ids must be str or bytes, got {type(one_id).__name__} {one_id!r} "
+                            f"at position {position}")
+    return out
+
+
+def row_digests(ids) -> np.ndarray:
+    """SHA-256 of each id (str or bytes), shape (n_rows, 32) uint8: what the device side never needs."""
+    encoded = encode_ids(ids)
+    joined = b"".join(hashlib.sha256(one).digest() for one in encoded)
+    return np.frombuffer(joined, dtype=np.uint8).reshape(len(encoded), 32)
+
+
+def _check_args(binding, level, digests, n_classes) -> np.ndarray:
+    if not isinstance(binding, (bytes, bytearray)):
+        raise TypeError(f"binding must be bytes, got {type(binding).__name__}")
+    if isinstance(level, bool) or not isinstance(level, (int, np.integer)) or level < 0:
+        raise ValueError(f"level must be an integer >= 0, got {level!r}")
+    if isinstance(n_classes, bool) or not isinstance(n_classes, (int, np.integer)) or n_classes < 1:
+        raise ValueError(f"n_classes must be a positive integer, got {n_classes!r}")
+    digests = np.asarray(digests, dtype=np.uint8)
+    if digests.ndim != 2 or digests.shape[1] != 32:
+        raise ValueError(f"row_digests must have shape (n_rows, 32), got {digests.shape}")
+    return digests
+
+
+def row_seeds(key: bytes, binding: bytes, level: int, digests, n_classes: int) -> np.ndarray:
+    """The 64-bit seed of each row (step 2 of the module's derivation), shape (n_rows,) uint64."""
+    key = check_key(key)
+    digests = _check_args(binding, level, digests, n_classes)
+    prefix = (DOMAIN + len(binding).to_bytes(8, "big") + bytes(binding)
+              + int(level).to_bytes(8, "big") + int(n_classes).to_bytes(8, "big"))
+    base = hmac.new(key, prefix, hashlib.sha256)
+    raw, seeds = digests.tobytes(), bytearray()
+    for start in range(0, len(raw), 32):
+        mac = base.copy()
+        mac.update(raw[start:start + 32])
+        seeds += mac.digest()[:8]
+    return np.frombuffer(bytes(seeds), dtype="<u8").astype(np.uint64)
+
+
+@lru_cache(maxsize=8)
+def _counters(n_classes: int) -> np.ndarray:
+    out = np.arange(n_classes, dtype=np.uint64) * np.uint64(_GAMMA)
+    out.flags.writeable = False
+    return out
+
+
+def normals_from_seeds(seeds, n_classes: int, *, out: np.ndarray | None = None) -> np.ndarray:
+    """Standard normals, shape (n_rows, n_classes) float64, from row seeds (steps 3-4 of the derivation)."""
+    seeds = np.asarray(seeds, dtype=np.uint64).reshape(-1)
+    n_rows = seeds.shape[0]
+    if out is None:
+        out = np.empty((n_rows, n_classes), dtype=np.float64)
+    counters = _counters(int(n_classes))
+    rows_per_block = max(1, _CHUNK // max(1, n_classes))
+    for start in range(0, n_rows, rows_per_block):
+        stop = min(n_rows, start + rows_per_block)
+        _transform_block(seeds[start:stop], counters, out[start:stop])
+    return out
+
+
+def _transform_block(seeds: np.ndarray, counters: np.ndarray, out: np.ndarray) -> None:
+    w = np.add(seeds[:, None], counters[None, :])
+    tmp = np.empty(out.shape, dtype=np.uint64)
+    for shift, multiplier in ((30, _M1), (27, _M2)):
+        np.right_shift(w, np.uint64(shift), out=tmp)
+        w ^= tmp
+        w *= np.uint64(multiplier)
+    np.right_shift(w, np.uint64(31), out=tmp)
+    w ^= tmp
+    _words_to_normals(w, tmp, out)
+
+
+def normals_from_words(words) -> np.ndarray:
+    """Step 4 of the derivation alone: one standard normal per 64-bit word (any shape), float64."""
+    w = np.array(words, dtype=np.uint64)
+    out = np.empty(w.shape, dtype=np.float64)
+    _words_to_normals(w.reshape(-1), np.empty(w.size, dtype=np.uint64), out.reshape(-1))
+    return out
+
+
+def _words_to_normals(w: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
+    """Overwrites ``w`` and ``tmp`` (uint64 buffers of out's shape) and fills ``out``."""
+    # a = 2v + 1 < 2^53 converts to float64 exactly; its exponent and top bits name the piece.
+    np.bitwise_and(w, np.uint64(_MASK52), out=tmp)
+    tmp <<= np.uint64(1)
+    tmp |= np.uint64(1)
+    a_float = tmp.view(np.int64).astype(np.float64)
+    a_bits = a_float.view(np.uint64)
+    signed = w.view(np.int64)
+    signed >>= 63  # arithmetic: -1 for a set sign bit, else 0 ...
+    signed &= _N_PIECES  # ... so this is the offset of the negated half of the table
+    piece = np.right_shift(a_bits, np.uint64(_T_BITS), out=tmp).view(np.int64)
+    piece -= _FIRST_PIECE
+    piece += signed
+    t_bits = np.bitwise_and(a_bits, np.uint64(_MASK_T), out=w).view(np.int64)
+    t = a_float  # a's bits are read; its buffer holds t from here on
+    np.copyto(t, t_bits, casting="unsafe")  # exact: fewer than 53 bits
+    t *= 2.0 ** -_T_BITS
+    coefficient = np.empty_like(out)
+    np.take(_TABLE[-1], piece, out=out, mode="clip")
+    for power in range(normal_table.DEGREE - 1, -1, -1):
+        out *= t
+        np.take(_TABLE[power], piece, out=coefficient, mode="clip")
+        out += coefficient
+
+
+def unit_normals(key: bytes, binding: bytes, level: int, digests, n_classes: int) -> np.ndarray:
+    """Standard normals, (n_rows, n_classes) float64, as a pure function of (key, binding, level, id, K).
+
+    Parameters
+    ----------
+    key : bytes
+        The provider's secret (at least 16 bytes).
+    binding : bytes
+        The noise's identity (per-input seeding passes the config digest), so two
+        configs never share a draw.
+    level : int
+        The level of a nested draw (1-based), or any label the caller reserves.
+    digests : ndarray (n_rows, 32) uint8
+        :func:`row_digests` of the row ids.
+    n_classes : int
+        K, the row length; part of the derivation.
+    """
+    return normals_from_seeds(row_seeds(key, binding, level, digests, n_classes), n_classes)
+
+
+def unit_normals_torch(key: bytes, binding: bytes, level: int, digests, n_classes: int, device,
+                       dtype=None):
+    """The torch twin of :func:`unit_normals`, drawn on ``device``: bit-identical float64.
+
+    Only the row seeds (8 bytes a row) cross from the host; the (n_rows, K)
+    noise is made on the device. ``dtype`` (default float64) is applied by one
+    rounding of the float64 result, so float32 equals numpy's float64 output rounded.
+    """
+    from . import keyed_noise_torch
+
+    seeds = row_seeds(key, binding, level, digests, n_classes)
+    return keyed_noise_torch.normals_from_seeds(seeds, int(n_classes), device=device, dtype=dtype)
+
+
+def table() -> np.ndarray:
+    """The transform's coefficients (read-only), shape (DEGREE + 1, 2 * pieces): the torch twin uploads it."""
+    return _TABLE

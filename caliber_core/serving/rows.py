@@ -1,0 +1,111 @@
+"""What a Perturber accepts: logits (numpy or torch) and one id per row, validated before any draw.
+
+torch is never imported here; a tensor is recognized by its type's module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..validation import is_torch
+
+
+def encode_row_ids(ids, n_rows: int, *, single_row: bool) -> list[bytes]:
+    """One id per row as bytes (str is UTF-8 encoded); ``single_row`` means the logits were 1-D (K,)."""
+    if single_row and isinstance(ids, (str, bytes, bytearray, memoryview)):
+        return [_encode_id(ids, 0)]
+    if isinstance(ids, (str, bytes, bytearray, memoryview)):
+        # A bare string for a batch would otherwise be split into characters.
+        raise TypeError(
+            f"ids for a batch of {n_rows} rows must be a sequence of str/bytes, "
+            f"got a single {type(ids).__name__} {ids!r}"
+        )
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1:
+            raise ValueError(f"ids must be one-dimensional, got an array of shape {ids.shape}")
+        ids = ids.tolist()
+    elif not isinstance(ids, Sequence):
+        if not (hasattr(ids, "__len__") and hasattr(ids, "__iter__")):  # e.g. a pandas Series passes
+            raise TypeError(f"ids must be a sequence of str/bytes, got {type(ids).__name__}")
+        ids = list(ids)
+    if len(ids) != n_rows:
+        raise ValueError(f"need one id per row: got {len(ids)} ids for {n_rows} rows")
+    return [_encode_id(one_id, i) for i, one_id in enumerate(ids)]
+
+
+def _encode_id(one_id, position: int) -> bytes:
+    # str and bytes share one id space: "abc" and b"abc" give the same noise.
+    if isinstance(one_id, str):
+        return one_id.encode("utf-8")
+    if isinstance(one_id, (bytes, bytearray, memoryview)):
+        return bytes(one_id)
+    raise TypeError(
+        f"ids must be str or bytes, got {type(one_id).__name__} {one_id!r} at position {position}"
+    )
+
+
+def row_shape(logits) -> tuple[int, int, bool]:
+    """(n_rows, n_classes, single_row) of numpy or torch logits, after the type and shape checks."""
+    if is_torch(logits):
+        import torch
+
+        if not isinstance(logits, torch.Tensor):
+            raise TypeError(f"logits must be a numpy array or torch tensor, got {type(logits).__name__}")
+        if not logits.is_floating_point():
+            raise TypeError(f"logits must have a floating dtype, got {logits.dtype}")
+        shape = tuple(logits.shape)
+    else:
+        arr = np.asarray(logits)
+        if not np.issubdtype(arr.dtype, np.floating):
+            raise TypeError(f"logits must have a floating dtype, got {arr.dtype}")
+        shape = arr.shape
+    if len(shape) not in (1, 2):
+        raise ValueError(
+            f"logits must be (n_samples, n_classes) or a single row (n_classes,), got shape {shape}"
+        )
+    n_rows, n_classes = (1, shape[0]) if len(shape) == 1 else shape
+    if n_classes < 2:
+        raise ValueError(f"logits need at least 2 classes, got n_classes={n_classes}")
+    return n_rows, n_classes, len(shape) == 1
+
+
+def check_values(logits, *, limit: float) -> None:
+    """Refuse NaN and finite values beyond ``limit`` in magnitude (+-inf, a masked class, passes).
+
+    One pass in the common case (the largest magnitude is within the limit);
+    on a torch device the answer is one scalar brought to the host.
+    """
+    if is_torch(logits):
+        if logits.numel() == 0:
+            return
+        import torch
+
+        largest = float(logits.detach().abs().amax())
+        if largest <= limit:
+            return
+        values = logits.detach()
+        nan = torch.isnan(values)
+        too_big = torch.isfinite(values) & (values.abs() > limit)
+        nan_at, big_at = nan.nonzero(), too_big.nonzero()
+        nan_at, big_at = nan_at.tolist(), big_at.tolist()
+        value_of = (lambda where: float(values[tuple(where)]))
+    else:
+        values = np.asarray(logits)
+        if values.size == 0:
+            return
+        largest = np.max(np.abs(values))
+        if largest <= limit:
+            return
+        nan_at = np.argwhere(np.isnan(values)).tolist()
+        big_at = np.argwhere(np.isfinite(values) & (np.abs(values) > limit)).tolist()
+        value_of = (lambda where: float(values[tuple(where)]))
+    if nan_at:
+        where = nan_at[0] if len(nan_at[0]) == 2 else [0] + nan_at[0]
+        raise ValueError(f"logits contain NaN (first at row {where[0]}, class {where[1]})")
+    if big_at:
+        first = big_at[0]
+        where = first if len(first) == 2 else [0] + first
+        raise ValueError(f"logits hold {value_of(first)!r} at row {where[0]}, class {where[1]}: beyond "
+                         f"{limit:.4g}, the largest magnitude whose noisy value stays finite in this dtype")
