@@ -104,12 +104,8 @@ def _cli(*args) -> None:
 
 
 def served(config_path, seeding, key, logits, ids):
-    from caliber_core.config import load_config
-    from caliber_core.serving.consistent_noise import ConsistentLevels
     from caliber_core.serving.runtime import Perturber
 
-    if seeding == "consistent":
-        return logits + ConsistentLevels(load_config(config_path), target=0, key=key).noise(logits)
     return Perturber.from_config(config_path, target=0, seeding=seeding, key=key).perturb(logits, ids)
 
 
@@ -118,7 +114,7 @@ def run_teacher(kind: str, *, keys: int, length_scales, seeds: int, workdir: Pat
     from caliber_core.extraction.attacker import Request, Thief
     from caliber_core.extraction.recalibration import labelled_rows
     from caliber_core.extraction.recipes import LIGHT, STRONG, TUNED_CANDIDATES
-    from caliber_core.serving.consistent_noise import read_key_hex as read_key_file
+    from caliber_core.serving.keys import read_key_file
 
     arch, teacher = build_teacher(kind)
     path = workdir / f"{kind}.npz"

@@ -184,7 +184,8 @@ def _cmd_calibrate(args) -> int:
 
 def _consistent(config, data, args):
     from .calibration.keyed_config import consistent_config
-    from .serving.consistent_noise import DEFAULT_LENGTH_SCALE, read_key_hex
+    from .serving.consistent_noise import DEFAULT_LENGTH_SCALE
+    from .serving.keys import read_key_file
 
     if args.seeding != "consistent":
         raise ValueError("--key-file, --length-scale and --noise-id apply to --seeding consistent only")
@@ -194,7 +195,7 @@ def _consistent(config, data, args):
         raise ValueError("--seeding consistent solves this key's exact curve: --side, --saturate and "
                          "--inversion do not apply")
     length = DEFAULT_LENGTH_SCALE if args.length_scale is None else args.length_scale
-    return consistent_config(config, data.logits, data.labels, read_key_hex(args.key_file), length_scale=length,
+    return consistent_config(config, data.logits, data.labels, read_key_file(args.key_file), length_scale=length,
                              seed=args.seed, confidence=args.confidence, noise_id=args.noise_id)
 
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from caliber_core.calibration.keyed_curve import keyed_accuracy, solve_keyed, step_curve, win_intervals
-from caliber_core.serving.consistent_noise import (ConsistentLevels, ConsistentNoise, key_fingerprint,
-                                                   keyed_normals, level_noise, read_key_hex)
+from caliber_core.serving.consistent_noise import ConsistentLevels, ConsistentNoise, keyed_normals, level_noise
+from caliber_core.serving.keys import key_fingerprint, read_key_file
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = bytes(range(16))
@@ -40,6 +40,7 @@ def test_keyed_normals_are_a_pure_function_of_every_input():
         assert not np.allclose(a, other)
     with pytest.raises(ValueError, match="16"):
         keyed_normals(b"short", b"b", 1, "w", (2,))
+    assert keyed_normals(KEY, b"b", 1, "w", (5,)).shape == (5,)
 
 
 def test_repeats_get_identical_noise_and_near_duplicates_nearly_the_same():
@@ -135,7 +136,7 @@ def _calibrate(tmp_path, *extra):
     proc = subprocess.run([sys.executable, "-m", "caliber_core", "calibrate", str(ROOT / "data" / "digits_mlp-wide.npz"),
                            "--retention", "0.9", "0.75", "--seeding", "consistent", "--key-file", str(key),
                            "--out", str(out), "--quiet", *extra], cwd=ROOT, capture_output=True, text=True)
-    return proc, out, read_key_hex(key)
+    return proc, out, read_key_file(key)
 
 
 def test_cli_calibrates_for_the_key_and_the_config_serves_only_that_key(tmp_path):
@@ -169,4 +170,30 @@ def test_cli_refuses_consistent_without_a_key(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "caliber_core", "calibrate", str(ROOT / "data" / "digits_mlp-wide.npz"),
                            "--seeding", "consistent", "--key-file", str(bad), "--quiet"], cwd=ROOT,
                           capture_output=True, text=True)
-    assert proc.returncode == 2 and "2-byte key" in proc.stderr
+    assert proc.returncode == 2 and "2 byte" in proc.stderr
+
+
+def test_perturber_serves_a_consistent_config_for_its_key_only(tmp_path):
+    from caliber_core.serving.runtime import Perturber
+
+    proc, out, key = _calibrate(tmp_path, "--noise-id", "abc")
+    assert proc.returncode == 0, proc.stderr
+    cfg = json.loads(out.read_text())
+    z, y, _, _ = _demo()
+    p = Perturber.from_config(cfg, target=1, seeding="consistent", key=key)
+    assert (p.seeding, p.level, p.levels) == ("consistent", 2, tuple(t["sigma"] for t in cfg["targets"]))
+    served = p.perturb(z)  # no ids: the noise is a function of the logits
+    assert np.array_equal(served, p.perturb(z, [f"any-{i}" for i in range(len(z))]))
+    assert np.allclose(served, z + ConsistentLevels(cfg, target=1, key=key).noise(z), atol=1e-9)
+    assert float(np.mean(served.argmax(1) == y)) == pytest.approx(cfg["targets"][1]["accuracy"], abs=1e-12)
+    with pytest.raises(ValueError, match="fingerprint"):
+        Perturber.from_config(cfg, target=0, seeding="consistent", key=OTHER)
+    with pytest.raises(ValueError, match="seeding='consistent'"):
+        Perturber.from_config(cfg, target=0, seeding="per-input", key=key)
+    with pytest.raises(ValueError, match="from_config"):
+        Perturber(1.0, seeding="consistent", key=key)
+    with pytest.raises(ValueError, match="n_classes=10"):
+        p.perturb(np.zeros((2, 7)))
+    torch = pytest.importorskip("torch")
+    t = p.perturb(torch.from_numpy(z[:20]).float())
+    assert t.dtype == torch.float32 and np.allclose(t.numpy(), served[:20], atol=1e-4)

@@ -136,7 +136,8 @@ def run(args) -> int:
 
 
 def _run_seedings(archive, args) -> int:
-    from ..serving.consistent_noise import DEFAULT_LENGTH_SCALE, read_key_hex
+    from ..serving.consistent_noise import DEFAULT_LENGTH_SCALE
+    from ..serving.keys import read_key_file
     from .seedings import compare_seedings
     from .seedings_report import format_seedings, seedings_to_json
 
@@ -144,7 +145,7 @@ def _run_seedings(archive, args) -> int:
     length = DEFAULT_LENGTH_SCALE if args.length_scale is None else args.length_scale
     if not length > 0:
         raise ValueError(f"--length-scale must be > 0, got {length}")
-    key = read_key_hex(args.key_file) if args.key_file else None
+    key = read_key_file(args.key_file) if args.key_file else None
     result = compare_seedings(archive, levels=levels, keys=args.keys, seeds=args.seeds, length_scale=length,
                               key=key, near_duplicates=max(args.m), seed=args.seed,
                               progress=_progress(not args.quiet))

@@ -27,9 +27,10 @@ keeps the input side at K*d, and distances are kept up to a few percent
 (Johnson-Lindenstrauss), so the kernel is too. The output side, F per class,
 is of the order of drawing one normal per class, as per-input seeding does.
 
-Keyed draws (P, W, b, A) come from numpy's counter-based Philox, keyed by
-HMAC-SHA256(key, domain || binding || level || name): a different binding
-(the noise's identity), level or key gives unrelated functions.
+Keyed draws (P, W, b, A) come from the project's one keyed generator
+(:mod:`.keyed_noise`), with the binding, the level and a fixed label per
+matrix row: a different binding (the noise's identity), level or key gives
+unrelated functions.
 
 Only numpy is imported; torch is used lazily when a tensor is given.
 """
@@ -45,6 +46,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..validation import check_key
+from . import keyed_noise
+from .keys import key_fingerprint
 
 DEFAULT_FEATURES = 128
 PROJECTION_DIM = 32
@@ -53,25 +56,21 @@ _DOMAIN = b"caliber.consistent-noise/v1\x00"
 
 
 def keyed_normals(key: bytes, binding: bytes, level: int, name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """Standard normals of ``shape`` as a pure function of (key, binding, level, name, shape).
+    """Standard normals of ``shape`` (1-D or 2-D) as a pure function of (key, binding, level, name, shape).
 
     Notes
     -----
-    The HMAC digest keys a Philox-4x64 generator (counter-based, as numpy's
-    ``Philox(key=...)``); every input that must separate two streams is folded
-    into the MAC, behind a versioned domain tag.
+    The project's one keyed generator (:func:`.keyed_noise.unit_normals`),
+    each matrix row a fixed label ``domain || name || shape || row`` in place of a request id.
     """
     key = check_key(key)
-    if len(key) < 16:  # a short key could be guessed: the whole function follows from it
-        raise ValueError(f"key is {len(key)} bytes; need at least 16 for consistent noise")
     if not isinstance(binding, (bytes, bytearray)):
         raise TypeError(f"binding must be bytes, got {type(binding).__name__}")
-    label = (_DOMAIN + len(binding).to_bytes(4, "big") + bytes(binding) + int(level).to_bytes(4, "big")
-             + name.encode() + b"\x00" + ",".join(str(int(s)) for s in shape).encode())
-    digest = hmac.new(key, label, hashlib.sha256).digest()
-    words = np.frombuffer(digest[:16], dtype="<u8")
-    gen = np.random.Generator(np.random.Philox(key=[int(words[0]), int(words[1])]))
-    return gen.standard_normal(shape)
+    rows, cols = (1, shape[0]) if len(shape) == 1 else shape
+    tag = _DOMAIN + name.encode() + b"\x00" + ",".join(str(int(s)) for s in shape).encode() + b"\x00"
+    labels = [tag + str(r).encode() for r in range(rows)]
+    out = keyed_noise.unit_normals(key, bytes(binding), int(level), keyed_noise.row_digests(labels), int(cols))
+    return out.reshape(shape)
 
 
 @dataclass(frozen=True)
@@ -192,7 +191,8 @@ class ConsistentNoise:
         g = phi @ self._mix
         if self.centring is not None:
             g /= self.centring.gain
-        return g
+        # Bounded like every keyed draw (|x| <= MAX_ABS_NORMAL, ~8.3 sd): the runtime's overflow check relies on it.
+        return np.clip(g, -keyed_noise.MAX_ABS_NORMAL, keyed_noise.MAX_ABS_NORMAL, out=g)
 
     # ------------------------------------------------------------------ torch
 
@@ -223,7 +223,8 @@ class ConsistentNoise:
         if phi_mean is not None:
             phi = phi - phi_mean
         g = phi @ mix
-        return g / gain if gain is not None else g
+        g = g / gain if gain is not None else g
+        return g.clamp_(-keyed_noise.MAX_ABS_NORMAL, keyed_noise.MAX_ABS_NORMAL)
 
 
 def level_noise(noises, sigmas, level: int, logits, *, torch_tensor: bool = False):
@@ -269,14 +270,6 @@ def _normal_cdf(x: np.ndarray) -> np.ndarray:
 # serving a calibrated consistent config
 # --------------------------------------------------------------------------
 
-_FINGERPRINT_LABEL = b"caliber.key-fingerprint/v1"
-
-
-def key_fingerprint(key: bytes) -> str:
-    """16 hex characters of HMAC-SHA256(key, fixed label): names a key in a config without revealing it."""
-    return hmac.new(check_key(key), _FINGERPRINT_LABEL, hashlib.sha256).hexdigest()[:16]
-
-
 def noise_binding(record) -> bytes:
     """The generator's binding for a consistent config: a digest of the noise's identity.
 
@@ -312,19 +305,6 @@ def level_functions(record, key: bytes, n_classes: int) -> tuple[list[Consistent
     if any(b <= a for a, b in zip(sigmas, sigmas[1:])):
         raise ValueError(f"consistent levels must have ascending sigmas, got {sigmas}")
     return noises, sigmas
-
-
-def read_key_hex(path) -> bytes:
-    """A key file: one line of hex (at least 32 characters, i.e. 16 bytes)."""
-    with open(path, encoding="ascii", errors="replace") as fh:
-        text = fh.read().strip()
-    try:
-        key = bytes.fromhex(text)
-    except ValueError:
-        raise ValueError(f"key file {path} must hold one line of hex digits, got {text[:12]!r}...") from None
-    if len(key) < 16:
-        raise ValueError(f"key file {path} holds a {len(key)}-byte key; need at least 16 bytes")
-    return key
 
 
 class ConsistentLevels:

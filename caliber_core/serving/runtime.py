@@ -9,6 +9,10 @@ Two seedings are offered (Proposition 2):
   (secret key, config, level, input id, number of classes K). Repeating a
   query returns the identical response, so averaging M repeats yields no
   variance reduction (Proposition 2(ii)).
+* ``"consistent"`` -- a keyed smooth random function of the clean logits
+  (:mod:`.consistent_noise`): repeats and near-duplicates get (nearly) the
+  same noise, and no id is needed. Calibrated per key, so it is served from
+  a config made by ``calibrate --seeding consistent`` and that key only.
 * ``"fresh"`` -- independent noise on every call. Averaging M repeats cuts
   the noise variance to sigma^2 / M (Proposition 2(i)); offered for
   comparison and for accounts where repeats are not a concern.
@@ -38,7 +42,7 @@ from ..validation import check_key, check_sigma, is_torch
 from . import keyed_noise
 from .rows import check_values, encode_row_ids, row_shape
 
-SEEDINGS = ("per-input", "fresh")
+SEEDINGS = ("per-input", "fresh", "consistent")
 
 #: The binding of a Perturber built from a bare sigma: the sigma is part of it,
 #: so two bare Perturbers at different sigmas never share a draw.
@@ -136,10 +140,13 @@ class Perturber:
                              f"{self._noise_bound:.3g}, beyond what float64 holds")
         self._n_classes, self._digest, self._binding = n_classes, digest, bytes(binding)
         self._seeding = seeding
-        self._key = None
-        if seeding == "per-input":
+        self._key = self._consistent = None
+        if seeding == "consistent" and digest is None:
+            raise ValueError("consistent seeding is calibrated per key: serve it with Perturber.from_config on a "
+                             "config from 'calibrate --seeding consistent'")
+        if seeding in ("per-input", "consistent"):
             if key is None:
-                raise ValueError("per-input seeding needs key=<secret bytes>, got key=None")
+                raise ValueError(f"{seeding} seeding needs key=<secret bytes>, got key=None")
             self._key = check_key(key)
         if generator is not None and not isinstance(generator, np.random.Generator):
             raise TypeError(f"generator must be a numpy.random.Generator, got {type(generator).__name__}")
@@ -175,6 +182,9 @@ class Perturber:
             The target is saturated: it serves the largest sigma the sweep measured.
         """
         config = load_config(config)
+        record = config.get("noise")
+        if seeding == "consistent" or (isinstance(record, dict) and record.get("seeding") == "consistent"):
+            return cls._from_consistent_config(config, target, seeding, key)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SaturatedTargetWarning)  # warned once below, for the served target
             sigma = sigma_to_serve(config, target=target)
@@ -185,6 +195,24 @@ class Perturber:
         self = cls.__new__(cls)
         self._setup(levels, levels.index(sigma) + 1, int(config["n_classes"]), digest, bytes.fromhex(digest),
                     seeding, key, generator)
+        return self
+
+    @classmethod
+    def _from_consistent_config(cls, config, target, seeding, key) -> "Perturber":
+        # The calibration bound this noise, not the config digest (its sigmas come from the noise itself).
+        from .consistent_noise import ConsistentLevels, noise_binding
+
+        if seeding != "consistent":
+            raise ValueError(f"this config was calibrated for consistent seeding (its sigmas hold for that noise "
+                             f"and key only); serve it with seeding='consistent', got {seeding!r}")
+        if key is None:
+            raise ValueError("consistent seeding needs key=<the key the config was calibrated with>, got key=None")
+        sigma_to_serve(config, target=target)  # index and type checks, as for any config
+        served = ConsistentLevels(config, target=target, key=check_key(key))
+        self = cls.__new__(cls)
+        self._setup(served.levels, served.level, served.n_classes, config_digest(config),
+                    noise_binding(config["noise"]), seeding, key, None)
+        self._consistent = served.noises
         return self
 
     @property
@@ -295,6 +323,9 @@ class Perturber:
         seeding reads the row digests, and ``rows`` (the logits as served) is
         there for a seeding whose draw depends on the logits themselves.
         """
+        if self._consistent is not None:  # a keyed smooth function of the logits, no ids needed
+            g = self._consistent[level - 1]
+            return g(rows) if device is None else g.torch_noise(rows)
         if device is None:
             return keyed_noise.unit_normals(self._key, self._binding, level, digests, n_classes)
         return keyed_noise.unit_normals_torch(self._key, self._binding, level, digests, n_classes, device)
@@ -304,7 +335,7 @@ class Perturber:
             noise = self._generator.standard_normal((rows.shape[0], n_classes))
             noise *= self._sigma
             return noise
-        digests = keyed_noise.row_digests(encoded)
+        digests = None if encoded is None else keyed_noise.row_digests(encoded)
         noise = None
         for level, increment in enumerate(self._increments, start=1):
             if increment == 0.0:
@@ -327,7 +358,7 @@ class Perturber:
             noise = torch.from_numpy(self._generator.standard_normal((n_rows, n_classes))).to(device)
             noise *= self._sigma
         else:
-            digests = keyed_noise.row_digests(encoded)
+            digests = None if encoded is None else keyed_noise.row_digests(encoded)
             noise = None
             for level, increment in enumerate(self._increments, start=1):
                 if increment == 0.0:
