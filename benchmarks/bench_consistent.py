@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_consistent.py            # both teachers, 3 keys, length scales 1 2 4
     .venv/bin/python benchmarks/bench_consistent.py --quick    # the easy teacher, 1 key, length scale 1
     .venv/bin/python benchmarks/bench_consistent.py --cost     # serving cost per row against per-input seeding
+    .venv/bin/python benchmarks/bench_consistent.py --ablation # centring on the calibration rows, or not
 
 Teachers (built here, deterministically, from scikit-learn's digits as in
 ``bench_extraction.py``; never seen by the project's calibration before):
@@ -245,10 +246,57 @@ def cost(repeats: int = 40) -> None:
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
+def ablation(*, keys: int, seeds: int, length_scales=(4.0, 8.0)) -> None:
+    """Centring on the calibration rows against none (raw g scaled to unit RMS), easy teacher: is the class bias real?"""
+    from caliber_core.calibration.keyed_curve import keyed_accuracy, solve_keyed
+    from caliber_core.calibration.margins import margin_scale
+    from caliber_core.extraction.answers import Answers
+    from caliber_core.extraction.attacker import Request, Thief
+    from caliber_core.extraction.recipes import LIGHT, STRONG, TUNED_CANDIDATES
+    from caliber_core.serving.consistent_noise import Centring, ConsistentNoise
+
+    arch, _ = build_teacher("easy")
+    z, y, ze, ye = arch["logits"], arch["labels"], arch["heldout_logits"], arch["heldout_labels"]
+    a0, a0e = float(np.mean(z.argmax(1) == y)), float(np.mean(ze.argmax(1) == ye))
+    thief = Thief(arch["inputs"], arch["heldout_inputs"], ye, ze.argmax(1), n_classes=10, processes=1)
+    recipes = (LIGHT, STRONG) + TUNED_CANDIDATES
+
+    def best(answers, tag):
+        outs = thief.train([Request(Answers(answers, None, 0.0, 1, tag, "soft"), r, s)
+                            for r in recipes for s in range(seeds)])
+        plain = max(np.mean([o.accuracy for o in outs[i * seeds:(i + 1) * seeds]]) for i in range(len(recipes)))
+        prior = max(np.mean([o.corrected_accuracy for o in outs[i * seeds:(i + 1) * seeds]])
+                    for i in range(len(recipes)))
+        return float(plain), float(prior)
+
+    clean = max(best(z, "clean"))
+    print(f"\n== centring ablation, easy teacher: thief retention, plain KD / strongest with prior correction")
+    for ls in length_scales:
+        for k in range(keys):
+            key = hashlib.sha256(f"ablation-{ls}-{k}".encode()).digest()
+            raw = ConsistentNoise(key, binding=b"ablation", n_classes=10, scale=float(margin_scale(z)),
+                                  length_scale=ls)
+            centred = raw.centred_on(z)
+            rms = float(np.sqrt(np.mean(raw(z) ** 2)))
+            uncentred = raw.centred_on(z)
+            uncentred.centring = Centring(np.zeros(raw.features), rms)
+            for name, g in (("centred", centred), ("not centred", uncentred)):
+                gz = g(z)
+                solved = solve_keyed(z, y, gz, target=RETENTION * a0, bootstrap=0)
+                t_ret = keyed_accuracy(ze, ye, g(ze), solved.sigma) / a0e
+                bias = float(np.abs(gz.mean(axis=0)).max())
+                plain, prior = best(z + solved.sigma * gz, f"abl-{ls}-{k}-{name}")
+                print(f"l={ls:g} key {k} {name:>11}: largest class mean of g {bias:.2f}  teacher retention "
+                      f"{t_ret:.3f}  thief plain {plain / clean:.3f}  with prior correction {max(plain, prior) / clean:.3f}",
+                      flush=True)
+    thief.close()
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cost", action="store_true", help="only the serving cost per row")
+    parser.add_argument("--ablation", action="store_true", help="only the centring ablation (easy teacher)")
     parser.add_argument("--keys", type=int, default=3)
     parser.add_argument("--seeds", type=int, default=2, help="training seeds per attacker")
     parser.add_argument("--length-scale", type=float, nargs="+", default=[1.0, 2.0, 4.0])
@@ -256,6 +304,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.cost:
         cost()
+        return
+    if args.ablation:
+        ablation(keys=args.keys, seeds=args.seeds)
         return
     if args.quick:
         args.keys, args.length_scale, args.teacher = 1, [1.0], ["easy"]

@@ -197,3 +197,18 @@ def test_perturber_serves_a_consistent_config_for_its_key_only(tmp_path):
     torch = pytest.importorskip("torch")
     t = p.perturb(torch.from_numpy(z[:20]).float())
     assert t.dtype == torch.float32 and np.allclose(t.numpy(), served[:20], atol=1e-4)
+
+
+def test_consistent_noise_on_a_cuda_tensor_stays_there_and_matches_the_cpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from caliber_core.serving.runtime import Perturber
+
+    proc, out, key = _calibrate(tmp_path, "--noise-id", "abc")
+    assert proc.returncode == 0, proc.stderr
+    p = Perturber.from_config(json.loads(out.read_text()), target=0, seeding="consistent", key=key)
+    z = torch.from_numpy(_demo()[0][:64])
+    on_gpu = p.perturb(z.cuda())
+    assert on_gpu.device.type == "cuda"
+    assert torch.allclose(on_gpu.cpu(), p.perturb(z), atol=1e-9)
