@@ -204,6 +204,16 @@ def summarize(rows: list[dict]) -> None:
               f"[{100 * gain.min():+.1f}, {100 * gain.max():+.1f}]")
 
 
+def _best_us(perturber, x, ids, repeats: int) -> float:
+    perturber.perturb(x, ids)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        perturber.perturb(x, ids)
+        best = min(best, time.perf_counter() - t0)
+    return best / x.shape[0] * 1e6
+
+
 def cost(repeats: int = 40) -> None:
     """Best-of-N microseconds per row, batch of 256, numpy float32, through Perturber.perturb.
 
@@ -214,11 +224,15 @@ def cost(repeats: int = 40) -> None:
     from caliber_core.serving.runtime import Perturber
     from caliber_core.serving.keys import read_key_file
     from caliber_core.simulation.synthetic import make_synthetic_logits
+    from threadpoolctl import threadpool_info, threadpool_limits
 
     rng = np.random.default_rng(0)
     ids = [f"request-{i}" for i in range(256)]
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    print(f"{'K':>7} {'per-input':>10} {'consistent':>11} {'ratio':>6}   (us per row, best of {repeats}, batch 256)")
+    print(f"BLAS threads by default: {[i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas']}")
+    print(f"{'':>7} {'BLAS threads as configured':^30}   {'BLAS limited to 1 thread':^30}")
+    print(f"{'K':>7} " + "   ".join([f"{'per-input':>10} {'consistent':>11} {'ratio':>6}"] * 2)
+          + f"   (us per row, best of {repeats}, batch 256)")
     with tempfile.TemporaryDirectory() as tmp:
         key_path = Path(tmp) / "k.key"
         key_path.write_text(hashlib.sha256(b"cost").hexdigest() + "\n")
@@ -233,16 +247,14 @@ def cost(repeats: int = 40) -> None:
             x = rng.normal(size=(256, k)).astype(np.float32)
             per_input = Perturber(1.0, key=key)
             consistent = Perturber.from_config(cfg, seeding="consistent", key=key)
-            times = []
-            for p in (per_input, consistent):
-                p.perturb(x, ids)
-                best = float("inf")
-                for _ in range(repeats if k < 50_000 else max(3, repeats // 5)):
-                    t0 = time.perf_counter()
-                    p.perturb(x, ids)
-                    best = min(best, time.perf_counter() - t0)
-                times.append(best / 256 * 1e6)
-            print(f"{k:>7} {times[0]:>10.1f} {times[1]:>11.1f} {times[1] / times[0]:>6.2f}", flush=True)
+            cells = []
+            for threads in (None, 1):
+                # numpy's BLAS threads (the consistent matmuls); per-input seeding uses none.
+                with threadpool_limits(limits=threads, user_api="blas"):
+                    times = [_best_us(p, x, ids, repeats if k < 50_000 else max(3, repeats // 5))
+                             for p in (per_input, consistent)]
+                cells.append(f"{times[0]:>10.1f} {times[1]:>11.1f} {times[1] / times[0]:>6.2f}")
+            print(f"{k:>7} " + "   ".join(cells), flush=True)
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
