@@ -66,3 +66,13 @@ def test_matrix_scaling_undoes_a_linear_mix_from_few_labels():
     assert float((pred[0] == y).float().mean()) > 0.9
     w, b = matrix_scaling(seen[:, rows], y[rows])
     assert w.shape == (1, k, k) and b.shape == (1, 1, k)
+
+
+def test_a_batch_of_students_is_solved_as_each_alone():
+    rng = np.random.default_rng(3)
+    z = rng.normal(size=(3, 400, 6)) * np.array([1.0, 2.0, 4.0])[:, None, None] + rng.normal(size=(3, 1, 6))
+    together = prior_matching_bias(z)
+    for i in range(3):
+        assert np.allclose(together[i], prior_matching_bias(z[i]), atol=1e-9)
+    ev = rng.normal(size=(3, 50, 6))
+    assert np.array_equal(corrected_predictions(z, ev)[1], corrected_predictions(z[1], ev[1]))

@@ -27,8 +27,9 @@ def prior_matching_bias(logits, *, prior=None, iterations: int = DEFAULT_ITERATI
 
     Parameters
     ----------
-    logits : ndarray of shape (n_samples, n_classes)
-        The surrogate's logits on the thief's (unlabelled) query pool.
+    logits : ndarray of shape (n_samples, n_classes), or (n_students, n_samples, n_classes)
+        The surrogate's logits on the thief's (unlabelled) query pool; a
+        leading axis solves several surrogates at once.
     prior : ndarray of shape (n_classes,), optional
         Target class frequencies (default: uniform).
     iterations : int
@@ -38,34 +39,38 @@ def prior_matching_bias(logits, *, prior=None, iterations: int = DEFAULT_ITERATI
 
     Returns
     -------
-    bias : ndarray of shape (n_classes,), float64, mean zero.
+    bias : ndarray of shape (n_classes,) (or (n_students, n_classes)), float64, mean zero.
     """
     z = np.asarray(logits, dtype=np.float64)
-    if z.ndim != 2 or z.shape[1] < 2 or z.shape[0] < 1:
+    if z.ndim not in (2, 3) or z.shape[-1] < 2 or z.shape[-2] < 1:
         raise ValueError(f"logits must be (n_samples, n_classes) with 2+ classes, got shape {z.shape}")
-    k = z.shape[1]
+    batch = z if z.ndim == 3 else z[None]
+    k = z.shape[-1]
     p = np.full(k, 1.0 / k) if prior is None else np.asarray(prior, dtype=np.float64)
     if p.shape != (k,) or (p <= 0).any() or not np.isclose(p.sum(), 1.0):
         raise ValueError(f"prior must be {k} positive frequencies summing to 1, got {p!r}")
-    bias = np.zeros(k)
+    bias = np.zeros((batch.shape[0], 1, k))
     log_p = np.log(p)
+    shifted = batch - batch.max(axis=2, keepdims=True)
     for _ in range(int(iterations)):
-        s = z + bias
-        s -= s.max(axis=1, keepdims=True)
+        s = shifted + bias
+        s -= s.max(axis=2, keepdims=True)
         np.exp(s, out=s)
-        s /= s.sum(axis=1, keepdims=True)
-        freq = s.mean(axis=0)
+        s /= s.sum(axis=2, keepdims=True)
+        freq = s.mean(axis=1, keepdims=True)
         if np.max(np.abs(freq - p)) < tolerance:
             break
         bias += log_p - np.log(np.maximum(freq, 1e-300))
-        bias -= bias.mean()
-    return bias
+        bias -= bias.mean(axis=2, keepdims=True)
+    out = bias[:, 0, :]
+    return out if z.ndim == 3 else out[0]
 
 
 def corrected_predictions(pool_logits, eval_logits, *, prior=None) -> np.ndarray:
     """argmax of the evaluation logits after the bias fitted on the pool (a batch of students: leading axis)."""
     pool = np.asarray(pool_logits, dtype=np.float64)
     ev = np.asarray(eval_logits, dtype=np.float64)
+    bias = prior_matching_bias(pool, prior=prior)
     if pool.ndim == 2:
-        return np.argmax(ev + prior_matching_bias(pool, prior=prior), axis=1)
-    return np.stack([np.argmax(e + prior_matching_bias(p, prior=prior), axis=1) for p, e in zip(pool, ev)])
+        return np.argmax(ev + bias, axis=1)
+    return np.argmax(ev + bias[:, None, :], axis=2)
