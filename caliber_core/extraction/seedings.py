@@ -33,7 +33,7 @@ import numpy as np
 from ..calibration.calibrate import calibrate_model, sigma_for_target
 from ..calibration.keyed_curve import keyed_accuracy, solve_keyed
 from ..calibration.survival import ExactCurves
-from ..serving.consistent_noise import DEFAULT_LENGTH_SCALE, ConsistentNoise, noise_binding
+from ..serving.consistent_noise import DEFAULT_FEATURES, DEFAULT_LENGTH_SCALE, ConsistentNoise, noise_binding
 from .answers import Answers, answer_queries, per_input_key
 from .archive import ExtractionArchive
 from .attacker import Request, Thief
@@ -81,7 +81,7 @@ def consistent_noise_for(logits, key: bytes, *, scale: float, length_scale: floa
                          data_sha256: str | None = None) -> ConsistentNoise:
     """Level-1 consistent noise for ``key``, centred on ``logits`` (the calibration rows)."""
     record = {"noise_id": noise_id, "data_sha256": data_sha256, "seeding": "consistent",
-              "length_scale": float(length_scale), "features": 128, "scale": float(scale),
+              "length_scale": float(length_scale), "features": DEFAULT_FEATURES, "scale": float(scale),
               "key_fingerprint": "simulation"}
     z = np.asarray(logits, dtype=np.float64)
     return ConsistentNoise(key, binding=noise_binding(record), n_classes=z.shape[1], scale=scale,

@@ -89,7 +89,8 @@ class Perturber:
         "per-input": the noise of a row is a pure function of (key, config,
         level, id, K), so repeated queries get identical responses
         (Proposition 2(ii)). "fresh": independent noise on every call
-        (Proposition 2(i)).
+        (Proposition 2(i)). "consistent": a keyed function of the logits,
+        from a config calibrated for that key only (:meth:`from_config`).
     key : bytes
         Secret for per-input seeding, at least 16 bytes (see
         :mod:`caliber_core.serving.keys`); required there. Ignored for "fresh".
