@@ -168,13 +168,16 @@ def load_config(source) -> dict:
                 raise ConfigError(f"{os.fspath(source)}: cannot read config ({exc.strerror})") from None
         else:
             raise ConfigError(f"config must be a path, JSON text or a dict, got {type(source).__name__}")
-        depth = _json_depth(text)
-        if depth > MAX_DEPTH:
-            raise ConfigError(f"config JSON is nested {depth} levels deep; a config nests at most {MAX_DEPTH}")
+        too_deep = False
         try:
             config = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"config is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        except RecursionError:  # the parser stops at the interpreter's recursion limit
+            too_deep = True
+        if too_deep or _nested_deeper(config, MAX_DEPTH):
+            raise ConfigError(f"config JSON is nested {_json_depth(text)} levels deep; "
+                              f"a config nests at most {MAX_DEPTH}")
     if isinstance(config, Mapping) and config.get("schema") == SCHEMA_V1:
         config = _upgrade_v1(config)
     validate_config(config)
@@ -196,6 +199,16 @@ def _json_depth(text: str) -> int:
         elif ch in "]}":
             depth -= 1
     return deepest
+
+
+def _nested_deeper(obj, limit: int) -> bool:
+    """Whether a parsed JSON value nests more than ``limit`` containers deep (stops at limit + 1)."""
+    if isinstance(obj, (dict, list)):
+        if limit <= 0:
+            return True
+        children = obj.values() if isinstance(obj, dict) else obj
+        return any(_nested_deeper(child, limit - 1) for child in children)
+    return False
 
 
 def _copy(obj, depth: int):

@@ -160,7 +160,7 @@ def test_surrogate_target_from_the_extraction_run_is_served(downloads):
     perturber = Perturber.from_config(downloads(at), target=1, seeding="fresh",
                                       generator=np.random.default_rng(0))
     assert perturber.sigma == entry["sigma"]
-    logits = np.zeros((20000, 3))
+    logits = np.zeros((6000, config["n_classes"]))  # the config's K (another K is refused)
     noisy = np.asarray(perturber.perturb(logits))
     assert np.std(noisy) == pytest.approx(entry["sigma"], rel=0.03)  # 3 se of an sd from 60,000 draws
 

@@ -255,3 +255,62 @@ def test_served_logits_stay_finite_at_the_edges():
         Perturber(1e308, key=KEY)
     top = np.finfo(np.float64).max
     assert np.isfinite(p.perturb(np.array([[top, -top, 0.0]]), ["a"])).all()
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c["targets"][0].update(sigma=1e308), "targets[0].sigma=1e+308 exceeds the largest sigma"),
+    (lambda c: c.update(n_classes=0), "config n_classes must be an integer >= 2, got 0"),
+])
+def test_the_check_command_refuses_hostile_configs_with_exit_2(tmp_path, edit, message):
+    config = make_config(1.0, n_classes=3)
+    edit(config)
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps(config))
+    np.save(tmp_path / "logits.npy", np.zeros((4, 3)))
+    proc = subprocess.run([sys.executable, "-m", "caliber_core", "check", str(path), str(tmp_path / "logits.npy")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr
+
+
+def test_the_fused_path_equals_the_level_by_level_sum():
+    # perturb draws, scales, sums and adds block by block; level_noise is the plain
+    # whole-array path any keyed seeding can use: the two agree bit for bit, on numpy and torch.
+    import torch
+
+    from caliber_core.serving import keyed_noise
+
+    p = Perturber.from_config(make_config(0.3, 0.9, 2.5, n_classes=70_000), target=2, key=KEY)
+    ids = [f"f{i}" for i in range(3)]
+    z = np.random.default_rng(2).normal(size=(3, 70_000)).astype(np.float32)
+    digests = keyed_noise.row_digests(ids)
+    expected = (p.level_noise(digests, z, 70_000) + z).astype(np.float32)
+    np.testing.assert_array_equal(p.perturb(z, ids), expected)
+    on_torch = p.level_noise(digests, torch.from_numpy(z), 70_000, device="cpu")
+    assert np.array_equal((on_torch + torch.from_numpy(z)).float().numpy(), expected)
+    assert np.array_equal(p.perturb(torch.from_numpy(z), ids).numpy(), expected)
+
+
+def test_nesting_up_to_the_limit_loads_and_one_more_level_is_refused():
+    def nested(depth):  # a config (depth 1) whose "extra" field nests to ``depth`` in all
+        return '{"extra": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
+
+    with pytest.raises(ConfigError, match="schema"):  # 32 levels: parsed, then judged on its fields
+        load_config(nested(32))
+    with pytest.raises(ConfigError, match="nested 33 levels deep; a config nests at most 32"):
+        load_config(nested(33))
+    with pytest.raises(ConfigError, match="config must be a JSON object, got NoneType"):
+        load_config(b"null")
+
+
+def test_the_level_by_level_path_serves_what_the_fused_path_serves(monkeypatch):
+    # A seeding other than per-input goes through unit_draw and level_noise; with
+    # per-input's own draws plugged in, it must serve the identical answers.
+    import torch
+
+    p = Perturber.from_config(make_config(0.3, 0.9, n_classes=40), target=1, key=KEY)
+    ids = [f"s{i}" for i in range(5)]
+    z = np.random.default_rng(3).normal(size=(5, 40)).astype(np.float32)
+    fused_np, fused_torch = p.perturb(z, ids), p.perturb(torch.from_numpy(z), ids)
+    monkeypatch.setattr(p, "_seeding", "another keyed seeding")
+    np.testing.assert_array_equal(p.perturb(z, ids), fused_np)
+    assert torch.equal(p.perturb(torch.from_numpy(z), ids), fused_torch)

@@ -9,10 +9,12 @@ between numpy, torch's CPU kernels and CUDA.
 Derivation (domain :data:`DOMAIN`, bumped whenever any step changes):
 
 1. Row id digest (host): ``d = SHA-256(id)``.
-2. Row seed (host, one HMAC per row and level):
-   ``s = first 8 bytes, little-endian, of HMAC-SHA256(key, DOMAIN || u64(len(binding)) || binding
-   || u64(level) || u64(K) || d)`` (u64: 8 bytes big-endian). Everything that must
-   separate two streams is folded in here, under the key.
+2. Row seed (host): the stream key
+   ``k = HMAC-SHA256(key, DOMAIN || u64(len(binding)) || binding || u64(level) || u64(K))``
+   (u64: 8 bytes big-endian), once per call and level, folds in everything
+   that must separate two streams; then each row's seed is
+   ``s = BLAKE2b(d, key=k, digest_size=8)`` read little-endian (keyed BLAKE2b
+   is a MAC, and one call a row is the cheapest keyed hash in Python).
 3. Bits (vectorized over rows and classes): class j of the row gets the
    64-bit word ``w = mix(s + j * GAMMA mod 2^64)``, SplitMix64's output
    function (a bijection of 64-bit words; a counter through it passes BigCrush).
@@ -20,7 +22,7 @@ Derivation (domain :data:`DOMAIN`, bumped whenever any step changes):
    ``a = 2v + 1`` and the two-sided tail probability ``q = a * 2^-53`` in (0, 1)
    (never 0 or 1, so no infinity). ``|x| = Phi^-1(1 - q/2)`` is evaluated by a
    piecewise polynomial (:mod:`.normal_table`): ``a``'s float64 exponent and the
-   next 5 bits pick the piece, the remaining bits are the local coordinate ``t``
+   next 6 bits pick the piece, the remaining bits are the local coordinate ``t``
    in [0, 1), and Horner's rule with separate multiplies and adds (no fused
    multiply-add) gives |x|. Largest value: |x| at q = 2^-53, about 8.3.
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import threading
 from functools import lru_cache
 
 import numpy as np
@@ -43,7 +46,7 @@ from ..validation import check_key
 from . import normal_table
 
 __all__ = ["DOMAIN", "MAX_ABS_NORMAL", "encode_ids", "row_digests", "row_seeds", "normals_from_seeds",
-           "normals_from_words",
+           "normals_from_words", "add_keyed_noise", "blocks",
            "unit_normals", "unit_normals_torch"]
 
 #: Domain separation and version of the whole derivation (v1 was the SFC64 stream of earlier releases).
@@ -113,15 +116,13 @@ def row_seeds(key: bytes, binding: bytes, level: int, digests, n_classes: int) -
     """The 64-bit seed of each row (step 2 of the module's derivation), shape (n_rows,) uint64."""
     key = check_key(key)
     digests = _check_args(binding, level, digests, n_classes)
-    prefix = (DOMAIN + len(binding).to_bytes(8, "big") + bytes(binding)
-              + int(level).to_bytes(8, "big") + int(n_classes).to_bytes(8, "big"))
-    base = hmac.new(key, prefix, hashlib.sha256)
-    raw, seeds = digests.tobytes(), bytearray()
-    for start in range(0, len(raw), 32):
-        mac = base.copy()
-        mac.update(raw[start:start + 32])
-        seeds += mac.digest()[:8]
-    return np.frombuffer(bytes(seeds), dtype="<u8").astype(np.uint64)
+    message = (DOMAIN + len(binding).to_bytes(8, "big") + bytes(binding)
+               + int(level).to_bytes(8, "big") + int(n_classes).to_bytes(8, "big"))
+    stream_key = hmac.new(key, message, hashlib.sha256).digest()
+    raw, blake2b = digests.tobytes(), hashlib.blake2b
+    seeds = b"".join([blake2b(raw[start:start + 32], key=stream_key, digest_size=8).digest()
+                      for start in range(0, len(raw), 32)])
+    return np.frombuffer(seeds, dtype="<u8").astype(np.uint64)
 
 
 @lru_cache(maxsize=8)
@@ -131,47 +132,118 @@ def _counters(n_classes: int) -> np.ndarray:
     return out
 
 
+def blocks(n_rows: int, n_classes: int, size: int = _CHUNK):
+    """(row slice, class slice) pairs covering (n_rows, n_classes) in blocks of about ``size`` elements."""
+    if n_classes >= size:
+        for row in range(n_rows):
+            for start in range(0, n_classes, size):
+                yield slice(row, row + 1), slice(start, min(n_classes, start + size))
+        return
+    step = max(1, size // max(1, n_classes))
+    for start in range(0, n_rows, step):
+        yield slice(start, min(n_rows, start + step)), slice(0, n_classes)
+
+
+class _Workspace:
+    """Block-sized scratch buffers, reused across blocks and calls (one set per thread).
+
+    Fresh arrays of a block's size would be mapped and faulted in on every block.
+    """
+
+    def __init__(self, size: int):
+        self.size = size
+        self.words = np.empty(size, dtype=np.uint64)
+        self.scratch = np.empty(size, dtype=np.uint64)
+        self.real = np.empty(size, dtype=np.float64)
+        self.coefficient = np.empty(size, dtype=np.float64)
+        self.noise = np.empty(size, dtype=np.float64)
+        self.draw = np.empty(size, dtype=np.float64)
+
+    def view(self, name: str, shape) -> np.ndarray:
+        return getattr(self, name)[: shape[0] * shape[1]].reshape(shape)
+
+
+_workspaces = threading.local()
+
+
+def _workspace(size: int) -> _Workspace:
+    work = getattr(_workspaces, "work", None)
+    if work is None or work.size < size:
+        work = _workspaces.work = _Workspace(max(size, _CHUNK))
+    return work
+
+
 def normals_from_seeds(seeds, n_classes: int, *, out: np.ndarray | None = None) -> np.ndarray:
     """Standard normals, shape (n_rows, n_classes) float64, from row seeds (steps 3-4 of the derivation)."""
     seeds = np.asarray(seeds, dtype=np.uint64).reshape(-1)
-    n_rows = seeds.shape[0]
     if out is None:
-        out = np.empty((n_rows, n_classes), dtype=np.float64)
+        out = np.empty((seeds.shape[0], n_classes), dtype=np.float64)
     counters = _counters(int(n_classes))
-    rows_per_block = max(1, _CHUNK // max(1, n_classes))
-    for start in range(0, n_rows, rows_per_block):
-        stop = min(n_rows, start + rows_per_block)
-        _transform_block(seeds[start:stop], counters, out[start:stop])
+    for rows, cols in blocks(seeds.shape[0], n_classes):
+        shape = (rows.stop - rows.start, cols.stop - cols.start)
+        work = _workspace(shape[0] * shape[1])
+        block = work.view("noise", shape)
+        _transform_block(seeds[rows], counters[cols], block, work)
+        out[rows, cols] = block
     return out
 
 
-def _transform_block(seeds: np.ndarray, counters: np.ndarray, out: np.ndarray) -> None:
-    w = np.add(seeds[:, None], counters[None, :])
-    tmp = np.empty(out.shape, dtype=np.uint64)
+def add_keyed_noise(logits: np.ndarray, level_seeds, increments) -> np.ndarray:
+    """``logits + sum_i increments[i] * xi_i`` in float64, rounded once to the logits' dtype.
+
+    ``level_seeds[i]`` are the row seeds of level i + 1 (:func:`row_seeds`). Block
+    by block, so each block's noise is summed, added and rounded while in cache;
+    the result equals, bit for bit, the sum in that order of whole arrays:
+    ``((inc_1 * xi_1 + inc_2 * xi_2) + ...) + logits``.
+    """
+    n_rows, n_classes = logits.shape
+    out = np.empty(logits.shape, dtype=logits.dtype)
+    counters = _counters(int(n_classes))
+    for rows, cols in blocks(n_rows, n_classes):
+        shape = (rows.stop - rows.start, cols.stop - cols.start)
+        work = _workspace(shape[0] * shape[1])
+        noise, draw = work.view("noise", shape), work.view("draw", shape)
+        for i, (seeds, increment) in enumerate(zip(level_seeds, increments)):
+            target = noise if i == 0 else draw
+            _transform_block(seeds[rows], counters[cols], target, work)
+            target *= increment
+            if i:
+                noise += draw
+        noise += logits[rows, cols]  # the mixed-dtype add upcasts the logits exactly
+        out[rows, cols] = noise
+    return out
+
+
+def _transform_block(seeds: np.ndarray, counters: np.ndarray, out: np.ndarray, work: _Workspace) -> None:
+    w, tmp = work.view("words", out.shape), work.view("scratch", out.shape)
+    np.add(seeds[:, None], counters[None, :], out=w)
     for shift, multiplier in ((30, _M1), (27, _M2)):
         np.right_shift(w, np.uint64(shift), out=tmp)
         w ^= tmp
         w *= np.uint64(multiplier)
     np.right_shift(w, np.uint64(31), out=tmp)
     w ^= tmp
-    _words_to_normals(w, tmp, out)
+    _words_to_normals(w, tmp, out, work.view("real", out.shape), work.view("coefficient", out.shape))
 
 
 def normals_from_words(words) -> np.ndarray:
     """Step 4 of the derivation alone: one standard normal per 64-bit word (any shape), float64."""
     w = np.array(words, dtype=np.uint64)
     out = np.empty(w.shape, dtype=np.float64)
-    _words_to_normals(w.reshape(-1), np.empty(w.size, dtype=np.uint64), out.reshape(-1))
+    flat = (1, w.size)
+    _words_to_normals(w.reshape(flat), np.empty(flat, dtype=np.uint64), out.reshape(flat),
+                      np.empty(flat), np.empty(flat))
     return out
 
 
-def _words_to_normals(w: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
-    """Overwrites ``w`` and ``tmp`` (uint64 buffers of out's shape) and fills ``out``."""
+def _words_to_normals(w: np.ndarray, tmp: np.ndarray, out: np.ndarray, a_float: np.ndarray,
+                      coefficient: np.ndarray) -> None:
+    """Overwrites ``w`` and ``tmp`` (uint64) and ``a_float``, ``coefficient`` (float64); fills ``out``."""
     # a = 2v + 1 < 2^53 converts to float64 exactly; its exponent and top bits name the piece.
     np.bitwise_and(w, np.uint64(_MASK52), out=tmp)
     tmp <<= np.uint64(1)
     tmp |= np.uint64(1)
-    a_float = tmp.view(np.int64).astype(np.float64)
+    np.copyto(a_float, tmp.view(np.int64), casting="unsafe")
     a_bits = a_float.view(np.uint64)
     signed = w.view(np.int64)
     signed >>= 63  # arithmetic: -1 for a set sign bit, else 0 ...
@@ -183,7 +255,6 @@ def _words_to_normals(w: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
     t = a_float  # a's bits are read; its buffer holds t from here on
     np.copyto(t, t_bits, casting="unsafe")  # exact: fewer than 53 bits
     t *= 2.0 ** -_T_BITS
-    coefficient = np.empty_like(out)
     np.take(_TABLE[-1], piece, out=out, mode="clip")
     for power in range(normal_table.DEGREE - 1, -1, -1):
         out *= t

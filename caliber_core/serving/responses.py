@@ -13,6 +13,7 @@ import numbers
 import numpy as np
 
 from ..validation import is_torch
+from .rows import row_shape
 from .runtime import Perturber
 
 
@@ -83,13 +84,13 @@ def noisy_top_logprobs(perturber, logits, ids=None, *, k: int = 5):
         float64, so they are the logs of :func:`noisy_probabilities`.
     """
     _check_perturber(perturber)
+    _, n_classes, _ = row_shape(logits)  # k is checked before any noise is drawn
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= n_classes:
+        raise ValueError(f"k must be an integer in [1, n_classes={n_classes}], got {k!r}")
     noisy = perturber.perturb(logits, ids)
     if is_torch(noisy):
         noisy = noisy.detach().cpu().double().numpy()
     rows = np.atleast_2d(np.asarray(noisy, dtype=np.float64))
-    n_classes = rows.shape[1]
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= n_classes:
-        raise ValueError(f"k must be an integer in [1, n_classes={n_classes}], got {k!r}")
     logprobs = _log_softmax64(rows)
     # Stable sort of -logprob: descending logprob, ties keep ascending index.
     order = np.argsort(-logprobs, axis=1, kind="stable")[:, :k]
@@ -98,9 +99,11 @@ def noisy_top_logprobs(perturber, logits, ids=None, *, k: int = 5):
     return result[0] if np.ndim(noisy) == 1 else result
 
 
-def _token_ids_bytes(input_ids_row) -> bytes:
+def token_ids_bytes(tokens) -> bytes:
     """Default id of a generation prefix: its token ids as little-endian int64 bytes."""
-    return input_ids_row.detach().cpu().numpy().astype("<i8", copy=False).tobytes()
+    if is_torch(tokens):
+        tokens = tokens.detach().cpu().numpy()
+    return np.asarray(tokens).astype("<i8", copy=False).tobytes()
 
 
 class LogitsProcessorAdapter:
@@ -112,31 +115,73 @@ class LogitsProcessorAdapter:
     Parameters
     ----------
     perturber : Perturber
+    pad_token_id : int, optional
+        The tokenizer's pad id. Leading pad tokens (left padding, what
+        ``generate`` needs for decoder-only models) are not part of a row's
+        id, so a prompt gets the same noise however its batch was padded.
+    attention_mask : tensor (batch, prompt_len), optional
+        The prompt's attention mask, as passed to ``generate``: positions it
+        masks are left out of the id (any padding side). Its rows must match
+        the score rows (no beams or several return sequences). Use one of
+        ``pad_token_id`` and ``attention_mask``; without either, a padded
+        batch gives its rows ids that depend on the padding.
     id_fn : callable, optional
-        ``id_fn(input_ids_row) -> str | bytes`` naming the input a row of
-        scores belongs to. Default: the prefix's token ids as little-endian
-        int64 bytes, so the same prompt and prefix always get the same noise
-        (per-input seeding) whatever batch or position they arrive in, and
-        each decoding step (a longer prefix) gets its own draw.
+        ``id_fn(unpadded_row) -> str | bytes`` naming the input a row of
+        scores belongs to, given the row's token ids with the padding removed
+        (a 1-D CPU tensor). Default: the tokens as little-endian int64 bytes,
+        so the same prompt and prefix get the same noise (per-input seeding)
+        in any batch or position, and each decoding step (a longer prefix)
+        gets its own draw.
 
     Examples
     --------
-    >>> from transformers import LogitsProcessorList               # doctest: +SKIP
-    >>> p = Perturber(0.8, key=b"provider secret")                  # doctest: +SKIP
-    >>> model.generate(**inputs, do_sample=True,                    # doctest: +SKIP
-    ...                logits_processor=LogitsProcessorList([LogitsProcessorAdapter(p)]))
+    >>> adapter = LogitsProcessorAdapter(p, pad_token_id=tokenizer.pad_token_id)  # doctest: +SKIP
+    >>> model.generate(**inputs, do_sample=True,                                  # doctest: +SKIP
+    ...                logits_processor=LogitsProcessorList([adapter]))
 
     Notes
     -----
-    Scores of -inf (tokens masked by earlier processors) stay -inf.
+    Scores of -inf (tokens masked by earlier processors) stay -inf. The
+    token ids come to the host once a step (the ids are hashed there); the
+    scores and their noise stay on their device.
     """
 
-    def __init__(self, perturber, *, id_fn=None):
+    def __init__(self, perturber, *, pad_token_id: int | None = None, attention_mask=None, id_fn=None):
         _check_perturber(perturber)
         if id_fn is not None and not callable(id_fn):
             raise TypeError(f"id_fn must be callable, got {type(id_fn).__name__}")
+        if pad_token_id is not None and (isinstance(pad_token_id, bool)
+                                         or not isinstance(pad_token_id, numbers.Integral)):
+            raise TypeError(f"pad_token_id must be an integer token id or None, got {pad_token_id!r}")
+        if pad_token_id is not None and attention_mask is not None:
+            raise ValueError("give pad_token_id or attention_mask, not both")
+        mask = None
+        if attention_mask is not None:
+            mask = np.asarray(attention_mask.detach().cpu().numpy() if is_torch(attention_mask) else attention_mask)
+            if mask.ndim != 2:
+                raise ValueError(f"attention_mask must be (batch, prompt_len), got shape {mask.shape}")
+            mask = mask.astype(bool)
         self.perturber = perturber
-        self.id_fn = _token_ids_bytes if id_fn is None else id_fn
+        self.pad_token_id = None if pad_token_id is None else int(pad_token_id)
+        self.attention_mask = mask
+        self.id_fn = id_fn
+
+    def unpadded_rows(self, input_ids) -> list[np.ndarray]:
+        """Each row's token ids without its padding (int64, on the host)."""
+        tokens = input_ids.detach().cpu().numpy().astype(np.int64, copy=False)
+        if self.attention_mask is not None:
+            mask = self.attention_mask
+            if mask.shape[0] != tokens.shape[0] or mask.shape[1] > tokens.shape[1]:
+                raise ValueError(f"attention_mask of shape {mask.shape} does not cover input_ids of shape "
+                                 f"{tokens.shape}: give the prompt's mask, one row per score row")
+            prompt_len = mask.shape[1]
+            return [np.concatenate([row[:prompt_len][keep], row[prompt_len:]]) for row, keep in zip(tokens, mask)]
+        if self.pad_token_id is not None:
+            # The first non-pad position of each row (a row of only pads keeps nothing).
+            not_pad = tokens != self.pad_token_id
+            starts = np.where(not_pad.any(axis=1), not_pad.argmax(axis=1), tokens.shape[1])
+            return [row[start:] for row, start in zip(tokens, starts.tolist())]
+        return list(tokens)
 
     def __call__(self, input_ids, scores):
         if not (is_torch(input_ids) and is_torch(scores)):
@@ -149,8 +194,14 @@ class LogitsProcessorAdapter:
                 f"expected input_ids (batch, seq_len) and scores (batch, vocab) with the same batch, "
                 f"got {tuple(input_ids.shape)} and {tuple(scores.shape)}"
             )
-        ids = [self.id_fn(row) for row in input_ids]
+        rows = self.unpadded_rows(input_ids)
+        if self.id_fn is None:
+            ids = [token_ids_bytes(row) for row in rows]
+        else:
+            import torch
+
+            ids = [self.id_fn(torch.from_numpy(row)) for row in rows]
         return self.perturber.perturb(scores, ids)
 
     def __repr__(self) -> str:
-        return f"LogitsProcessorAdapter({self.perturber!r})"
+        return f"LogitsProcessorAdapter({self.perturber!r}, pad_token_id={self.pad_token_id!r})"

@@ -5,6 +5,7 @@ torch is never imported here; a tensor is recognized by its type's module.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -74,38 +75,31 @@ def row_shape(logits) -> tuple[int, int, bool]:
 def check_values(logits, *, limit: float) -> None:
     """Refuse NaN and finite values beyond ``limit`` in magnitude (+-inf, a masked class, passes).
 
-    One pass in the common case (the largest magnitude is within the limit);
-    on a torch device the answer is one scalar brought to the host.
+    Two passes in the common case (the largest magnitude is within the limit),
+    one more when some class is masked with +-inf; on a torch device the
+    answer is one scalar brought to the host.
     """
-    if is_torch(logits):
-        if logits.numel() == 0:
-            return
-        import torch
-
-        largest = float(logits.detach().abs().amax())
+    torch_in = is_torch(logits)
+    values = logits.detach() if torch_in else np.asarray(logits)
+    if (values.numel() if torch_in else values.size) == 0:
+        return
+    magnitude = values.abs() if torch_in else np.abs(values)
+    largest = float(magnitude.amax() if torch_in else magnitude.max())
+    if largest <= limit:
+        return
+    if largest == math.inf:  # masked classes: the largest finite magnitude decides
+        if torch_in:
+            largest = float(magnitude.masked_fill(magnitude == math.inf, 0).amax())
+        else:
+            magnitude[magnitude == np.inf] = 0  # a temporary of ours (a where= reduction is slower)
+            largest = float(magnitude.max())
         if largest <= limit:
             return
-        values = logits.detach()
-        nan = torch.isnan(values)
-        too_big = torch.isfinite(values) & (values.abs() > limit)
-        nan_at, big_at = nan.nonzero(), too_big.nonzero()
-        nan_at, big_at = nan_at.tolist(), big_at.tolist()
-        value_of = (lambda where: float(values[tuple(where)]))
-    else:
-        values = np.asarray(logits)
-        if values.size == 0:
-            return
-        largest = np.max(np.abs(values))
-        if largest <= limit:
-            return
-        nan_at = np.argwhere(np.isnan(values)).tolist()
-        big_at = np.argwhere(np.isfinite(values) & (np.abs(values) > limit)).tolist()
-        value_of = (lambda where: float(values[tuple(where)]))
-    if nan_at:
-        where = nan_at[0] if len(nan_at[0]) == 2 else [0] + nan_at[0]
-        raise ValueError(f"logits contain NaN (first at row {where[0]}, class {where[1]})")
-    if big_at:
-        first = big_at[0]
-        where = first if len(first) == 2 else [0] + first
-        raise ValueError(f"logits hold {value_of(first)!r} at row {where[0]}, class {where[1]}: beyond "
-                         f"{limit:.4g}, the largest magnitude whose noisy value stays finite in this dtype")
+    rows = values.reshape(-1, values.shape[-1])
+    rows = rows.cpu().double().numpy() if torch_in else rows
+    nan_at = np.argwhere(np.isnan(rows))
+    if nan_at.size:
+        raise ValueError(f"logits contain NaN (first at row {nan_at[0][0]}, class {nan_at[0][1]})")
+    row, col = np.argwhere(np.isfinite(rows) & (np.abs(rows) > limit))[0]
+    raise ValueError(f"logits hold {float(rows[row, col])!r} at row {row}, class {col}: beyond {limit:.4g}, "
+                     f"the largest magnitude whose noisy value stays finite in this dtype")

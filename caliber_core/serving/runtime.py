@@ -33,11 +33,10 @@ from __future__ import annotations
 
 import math
 import struct
-import warnings
 
 import numpy as np
 
-from ..config import SaturatedTargetWarning, config_digest, load_config, saturation_message, sigma_to_serve
+from ..config import config_digest, load_config, sigma_to_serve
 from ..validation import check_key, check_sigma, is_torch
 from . import keyed_noise
 from .rows import check_values, encode_row_ids, row_shape
@@ -95,7 +94,8 @@ class Perturber:
         Secret for per-input seeding, at least 16 bytes (see
         :mod:`caliber_core.serving.keys`); required there. Ignored for "fresh".
     generator : numpy.random.Generator, optional
-        Source of fresh noise. Default: an OS-seeded SFC64 generator.
+        Source of fresh noise (for a torch tensor, of the seed of a torch
+        generator on its device). Default: an OS-seeded SFC64 generator.
         Pass a seeded generator only for reproducible simulations and tests.
 
     Attributes
@@ -186,12 +186,9 @@ class Perturber:
         record = config.get("noise")
         if seeding == "consistent" or (isinstance(record, dict) and record.get("seeding") == "consistent"):
             return cls._from_consistent_config(config, target, seeding, key)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SaturatedTargetWarning)  # warned once below, for the served target
-            sigma = sigma_to_serve(config, target=target)
-            levels = sorted({sigma_to_serve(config, target=i) for i in range(len(config["targets"]))})
-        if config["targets"][target].get("saturated"):
-            warnings.warn(saturation_message(config["targets"][target]), SaturatedTargetWarning, stacklevel=2)
+        sigma = sigma_to_serve(config, target=target)  # checks the index; warns for a saturated target
+        # Every target's sigma is a level, whichever one this Perturber serves.
+        levels = sorted({float(entry["sigma"]) for entry in config["targets"]})
         digest = config_digest(config)
         self = cls.__new__(cls)
         self._setup(levels, levels.index(sigma) + 1, int(config["n_classes"]), digest, bytes.fromhex(digest),
@@ -307,12 +304,35 @@ class Perturber:
         check_values(logits, limit=largest - self._noise_bound)
         if self._sigma == 0.0:
             return logits.detach().clone() if torch_in else np.array(logits, copy=True)
+        if self._seeding == "fresh":
+            return self._perturb_fresh(logits, n_rows, n_classes, torch_in)
+        digests = None if encoded is None else keyed_noise.row_digests(encoded)  # consistent needs no ids
+        if self._seeding != "per-input":  # any other keyed seeding: the level-by-level path
+            return self._add_level_noise(logits, digests, n_rows, n_classes, torch_in)
+        levels = [(level, inc) for level, inc in enumerate(self._increments, start=1) if inc != 0.0]
+        seeds = [keyed_noise.row_seeds(self._key, self._binding, level, digests, n_classes) for level, _ in levels]
+        increments = [inc for _, inc in levels]
         if torch_in:
-            return self._perturb_torch(logits, encoded, n_rows, n_classes)
+            from . import keyed_noise_torch
+
+            values = logits.detach()
+            out = keyed_noise_torch.add_keyed_noise(values.reshape(n_rows, n_classes), seeds, increments)
+            return out.reshape(values.shape)
+        arr = np.asarray(logits)
+        return keyed_noise.add_keyed_noise(arr.reshape(n_rows, n_classes), seeds, increments).reshape(arr.shape)
+
+    def _add_level_noise(self, logits, digests, n_rows: int, n_classes: int, torch_in: bool):
+        """``logits + level_noise(...)`` in float64, rounded once to the logits' dtype."""
+        if torch_in:
+            values = logits.detach()
+            rows = values.reshape(n_rows, n_classes)
+            noise = self.level_noise(digests, rows, n_classes, device=values.device)
+            noise += rows
+            return noise.reshape(values.shape).to(values.dtype)
         arr = np.asarray(logits)
         rows = arr.reshape(n_rows, n_classes)
-        noise = self._noise_numpy(encoded, rows, n_classes)
-        noise += rows  # in float64: the mixed-dtype add upcasts the logits exactly
+        noise = self.level_noise(digests, rows, n_classes)
+        noise += rows
         return noise.reshape(arr.shape).astype(arr.dtype, copy=False)
 
     # -- the noise ---------------------------------------------------------------------------------
@@ -322,7 +342,10 @@ class Perturber:
 
         The one place a seeding decides where its unit draws come from; per-input
         seeding reads the row digests, and ``rows`` (the logits as served) is
-        there for a seeding whose draw depends on the logits themselves.
+        there for a seeding whose draw depends on the logits themselves. A new
+        keyed seeding adds its name to :data:`SEEDINGS` and its draw here; it is
+        then served level by level through :meth:`level_noise`, with the same
+        nesting and the same binding to the config.
         """
         if self._consistent is not None:  # a keyed smooth function of the logits, no ids needed
             g = self._consistent[level - 1]
@@ -331,44 +354,41 @@ class Perturber:
             return keyed_noise.unit_normals(self._key, self._binding, level, digests, n_classes)
         return keyed_noise.unit_normals_torch(self._key, self._binding, level, digests, n_classes, device)
 
-    def _noise_numpy(self, encoded, rows, n_classes: int) -> np.ndarray:
-        if self._seeding == "fresh":
-            noise = self._generator.standard_normal((rows.shape[0], n_classes))
-            noise *= self._sigma
-            return noise
-        digests = None if encoded is None else keyed_noise.row_digests(encoded)
+    def level_noise(self, digests, rows, n_classes: int, device=None):
+        """eps at the served level, sum_{i <= level} increment_i * unit_draw(i), in float64.
+
+        The path any keyed seeding can take; per-input serving takes a fused,
+        blockwise version of it (``keyed_noise.add_keyed_noise``) whose
+        ``level_noise + logits`` is bit for bit the same.
+        """
         noise = None
         for level, increment in enumerate(self._increments, start=1):
             if increment == 0.0:
                 continue
-            xi = self.unit_draw(level, digests, rows, n_classes)
+            xi = self.unit_draw(level, digests, rows, n_classes, device=device)
             xi *= increment
-            if noise is None:
-                noise = xi
-            else:
-                noise += xi
+            noise = xi if noise is None else noise.__iadd__(xi)
         return noise
 
-    def _perturb_torch(self, logits, encoded, n_rows: int, n_classes: int):
-        import torch
+    def _perturb_fresh(self, logits, n_rows: int, n_classes: int, torch_in: bool):
+        if torch_in:
+            import torch
 
-        values = logits.detach()
-        rows = values.reshape(n_rows, n_classes)
-        device = values.device
-        if self._seeding == "fresh":
-            noise = torch.from_numpy(self._generator.standard_normal((n_rows, n_classes))).to(device)
+            # Drawn by torch on the tensor's device, seeded from the Perturber's generator
+            # (so a seeded generator still gives reproducible runs).
+            values = logits.detach()
+            device_generator = torch.Generator(device=values.device)
+            device_generator.manual_seed(int(self._generator.integers(0, 2**63)))
+            noise = torch.randn((n_rows, n_classes), generator=device_generator, dtype=torch.float64,
+                                device=values.device)
             noise *= self._sigma
-        else:
-            digests = None if encoded is None else keyed_noise.row_digests(encoded)
-            noise = None
-            for level, increment in enumerate(self._increments, start=1):
-                if increment == 0.0:
-                    continue
-                xi = self.unit_draw(level, digests, rows, n_classes, device=device)
-                xi *= increment
-                noise = xi if noise is None else noise.add_(xi)
-        noise += rows  # float64 + the logits' dtype: an exact upcast, as on numpy
-        return noise.reshape(values.shape).to(values.dtype)
+            noise += values.reshape(n_rows, n_classes)
+            return noise.reshape(values.shape).to(values.dtype)
+        noise = self._generator.standard_normal((n_rows, n_classes))
+        noise *= self._sigma
+        arr = np.asarray(logits)
+        noise += arr.reshape(n_rows, n_classes)
+        return noise.reshape(arr.shape).astype(arr.dtype, copy=False)
 
 
 def _largest_value(dtype) -> float:
