@@ -98,9 +98,12 @@ def build_teacher(kind: str, seed: int = 0):
     return arch, f
 
 
-def _cli(*args) -> None:
-    proc = subprocess.run([sys.executable, "-m", "caliber_core", *map(str, args), "--quiet"], cwd=ROOT,
-                          capture_output=True, text=True)
+def _cli(*args, cwd: Path) -> None:
+    # Run in the work folder with relative names: the config records its source path, and the
+    # per-input noise is bound to the config's digest, so a random folder name would redraw it.
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "caliber_core", *map(str, args), "--quiet"], cwd=cwd,
+                          capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"calibrate failed: {proc.stderr.strip()}")
 
@@ -160,14 +163,15 @@ def run_teacher(kind: str, *, keys: int, length_scales, seeds: int, workdir: Pat
     configs = [("per-input", None)] + [("consistent", ls) for ls in length_scales]
     for seeding, ls in configs:
         for k in range(keys if seeding == "consistent" else min(keys, 2)):
-            key_path = workdir / f"{kind}-{seeding}-{ls}-{k}.key"
+            key_name = f"{kind}-{seeding}-{ls}-{k}.key"
+            key_path = workdir / key_name
             if not key_path.exists():
                 key_path.write_text(hashlib.sha256(f"{kind}-{seeding}-{ls}-{k}".encode()).hexdigest() + "\n")
             key = read_key_file(key_path)
             cfg = workdir / f"{kind}-{seeding}-{ls}-{k}.json"
-            extra = ["--seeding", "consistent", "--key-file", key_path, "--length-scale", ls,
+            extra = ["--seeding", "consistent", "--key-file", key_name, "--length-scale", ls,
                      "--noise-id", f"bench-{kind}-{ls}-{k}"] if ls else []
-            _cli("calibrate", path, "--retention", RETENTION, "--out", cfg, *extra)
+            _cli("calibrate", path.name, "--retention", RETENTION, "--out", cfg.name, *extra, cwd=workdir)
             sigma = json.loads(cfg.read_text())["targets"][0]["sigma"]
             ids = [f"heldout-{i}" for i in range(len(ye))]
             held = served(cfg, seeding, key, ze, ids)
@@ -242,8 +246,8 @@ def cost(repeats: int = 40) -> None:
             data = Path(tmp) / f"syn{k}.npz"
             np.savez(data, logits=logits, labels=labels)
             cfg = Path(tmp) / f"syn{k}.json"
-            _cli("calibrate", data, "--retention", RETENTION, "--out", cfg, "--seeding", "consistent",
-                 "--key-file", key_path, "--noise-id", "cost")
+            _cli("calibrate", data.name, "--retention", RETENTION, "--out", cfg.name, "--seeding", "consistent",
+                 "--key-file", key_path.name, "--noise-id", "cost", cwd=Path(tmp))
             x = rng.normal(size=(256, k)).astype(np.float32)
             per_input = Perturber(1.0, key=key)
             consistent = Perturber.from_config(cfg, seeding="consistent", key=key)
