@@ -212,3 +212,26 @@ def test_consistent_noise_on_a_cuda_tensor_stays_there_and_matches_the_cpu(tmp_p
     on_gpu = p.perturb(z.cuda())
     assert on_gpu.device.type == "cuda"
     assert torch.allclose(on_gpu.cpu(), p.perturb(z), atol=1e-9)
+
+
+@pytest.mark.parametrize("fraction", [0.99, 0.9, 0.75, 0.5, 0.3])
+def test_the_solved_step_is_the_first_crossing_of_the_exact_curve(fraction):
+    # No overshoot: below the solved sigma this key never reaches the target; at it, it does.
+    z, y, _, _ = _demo()
+    g = _noise(z).centred_on(z)(z)
+    a0 = float(np.mean(z.argmax(1) == y))
+    target = fraction * a0
+    solved = solve_keyed(z, y, g, target=target, bootstrap=0)
+    lo, hi = win_intervals(z, g, y)
+    knots, values = step_curve(lo, hi)
+    before = knots < solved.step
+    assert (values[before][:-1] > target).all() and values[before][-1] <= target
+    assert keyed_accuracy(z, y, g, solved.step) == pytest.approx(solved.delivered) and solved.delivered <= target
+
+
+def test_cli_refuses_options_that_do_not_apply_to_consistent_seeding(tmp_path):
+    proc, _, _ = _calibrate(tmp_path, "--side", "at-least")
+    assert proc.returncode == 2 and "--side" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "caliber_core", "calibrate", str(ROOT / "data" / "digits_mlp-wide.npz"),
+                           "--length-scale", "2", "--quiet"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "--seeding consistent" in proc.stderr
