@@ -1,6 +1,6 @@
 """Consistent against per-input seeding: what a wrongly flagged user keeps, and what the strongest thief keeps.
 
-    .venv/bin/python benchmarks/bench_consistent.py            # both teachers, 3 keys, length scales 1 2 4
+    .venv/bin/python benchmarks/bench_consistent.py            # both teachers, 5 keys, length scales 1 2 4
     .venv/bin/python benchmarks/bench_consistent.py --quick    # the easy teacher, 1 key, length scale 1
     .venv/bin/python benchmarks/bench_consistent.py --cost     # serving cost per row against per-input seeding
     .venv/bin/python benchmarks/bench_consistent.py --ablation # centring on the calibration rows, or not
@@ -313,7 +313,7 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cost", action="store_true", help="only the serving cost per row")
     parser.add_argument("--ablation", action="store_true", help="only the centring ablation (easy teacher)")
-    parser.add_argument("--keys", type=int, default=3)
+    parser.add_argument("--keys", type=int, default=5, help="keys per consistent configuration (per-input: 2)")
     parser.add_argument("--seeds", type=int, default=2, help="training seeds per attacker")
     parser.add_argument("--length-scale", type=float, nargs="+", default=[1.0, 2.0, 4.0])
     parser.add_argument("--teacher", choices=("easy", "harder"), nargs="+", default=["easy", "harder"])
