@@ -64,6 +64,17 @@ def _load(path, args, labels_path=None):
     return load_logits(path, labels_path=labels_path, max_elements=limit)
 
 
+def _add_seeding(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seeding", choices=("per-input", "consistent"), default="per-input",
+                        help="per-input: noise drawn per request id (default); consistent: a keyed smooth "
+                        "function of the logits, calibrated for the key in --key-file")
+    parser.add_argument("--key-file", help="the serving key (hex, one line); consistent seeding only")
+    parser.add_argument("--length-scale", type=float, default=None, metavar="L",
+                        help="consistent noise's correlation length in units of S (default 4)")
+    parser.add_argument("--noise-id", default=None, metavar="HEX",
+                        help="consistent seeding: reuse this noise identity (default: a new random one)")
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m caliber_core",
@@ -94,6 +105,7 @@ def _build_parser() -> argparse.ArgumentParser:
                      "(marked saturated, with a warning) instead of failing")
     cal.add_argument("--out", help="write the config JSON here (default: print it)")
     cal.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _add_seeding(cal)
     _add_max_elements(cal)
 
     fleet = sub.add_parser("fleet", help="shared fit and leave-one-out table over several models")
@@ -152,6 +164,8 @@ def _cmd_calibrate(args) -> int:
         realizations=args.realizations, inversion=args.inversion, saturate=args.saturate,
         side=args.side, confidence=args.confidence, progress=_progress(not args.quiet),
     )
+    if args.seeding == "consistent" or args.key_file or args.length_scale is not None or args.noise_id:
+        config = _consistent(config, data, args)
     text = config_to_json(config)
     for result in results:
         if result.saturated:
@@ -171,6 +185,23 @@ def _cmd_calibrate(args) -> int:
     return 0
 
 
+def _consistent(config, data, args):
+    from .calibration.keyed_config import consistent_config
+    from .serving.consistent_noise import DEFAULT_LENGTH_SCALE
+    from .serving.keys import read_key_file
+
+    if args.seeding != "consistent":
+        raise ValueError("--key-file, --length-scale and --noise-id apply to --seeding consistent only")
+    if not args.key_file:
+        raise ValueError("--seeding consistent needs --key-file KEYFILE (the key the config will serve)")
+    if args.side != "point" or args.saturate or args.inversion != "curve":
+        raise ValueError("--seeding consistent solves this key's exact curve: --side, --saturate and "
+                         "--inversion do not apply")
+    length = DEFAULT_LENGTH_SCALE if args.length_scale is None else args.length_scale
+    return consistent_config(config, data.logits, data.labels, read_key_file(args.key_file), length_scale=length,
+                             seed=args.seed, confidence=args.confidence, noise_id=args.noise_id)
+
+
 def _target_table(config: dict) -> str:
     a0 = config["clean_accuracy"]
     head = (f"{config['model']}: N={config['n_samples']} K={config['n_classes']} "
@@ -185,7 +216,9 @@ def _target_table(config: dict) -> str:
         label = f"{t['kind']} {t['requested']:g}"
         acc = "" if t["accuracy"] is None else f"{t['accuracy']:.4f}"
         slog = "" if t["sigma_logistic"] is None else f"{t['sigma_logistic']:.5g}"
-        lines.append(f"{label:>22} {t.get('side', 'point'):>8} {acc:>9} {describe_interval(t):>36} "
+        spread = describe_interval(t) if "sigma_interval" not in t else \
+            "sigma in [{:.4g}, {:.4g}]".format(*t["sigma_interval"]["sigma"])
+        lines.append(f"{label:>22} {t.get('side', 'point'):>8} {acc:>9} {spread:>36} "
                      f"{t['v']:>10.5g} {t['sigma']:>10.5g} {slog:>10}  {t['method']}")
     return "\n".join(lines)
 

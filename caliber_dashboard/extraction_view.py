@@ -142,6 +142,18 @@ def targets_table(result: ExtractionResult) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def compact_columns(table: pd.DataFrame) -> dict:
+    """Short headers and narrow numeric columns, so a table fits the page instead of scrolling off its right edge."""
+    short = {"teacher accuracy %": "teacher %", "agreement with teacher %": "agreement %",
+             "drop recovered %": "recovered %"}
+    out = {}
+    for name in table.columns:
+        label = short.get(name, name.replace("surrogate ", "") if name.startswith("surrogate ") else name)
+        wide = name in ("condition", "answers")
+        out[name] = st.column_config.TextColumn(label, width="medium" if wide else "small", help=name)
+    return out
+
+
 def averaging_table(result: ExtractionResult) -> pd.DataFrame:
     """Table-4 analogue plus the hard-label rows: surrogate accuracy % over M."""
     ms = sorted({r.m for r in result.averaging if r.sigma > 0})

@@ -7,6 +7,7 @@ import streamlit as st
 from caliber_core.extraction.experiment import ExtractionSettings
 from caliber_core.loading import LogitsFileError
 from caliber_dashboard import extraction_runs as runs
+from caliber_dashboard import extraction_seedings as seedings
 from caliber_dashboard import extraction_view as view
 from caliber_dashboard import navigation, ui
 
@@ -32,6 +33,12 @@ with st.expander("Use your own archive (inputs + logits)"):
         else:
             runs.keep_upload(a, up.getvalue())
             archives[a.sha256] = a
+            if st.session_state.get("extraction_upload_selected") != a.sha256:
+                # a new upload is what the user means to run: select it, once
+                st.session_state["extraction_upload_selected"] = a.sha256
+                st.session_state["extraction_model"] = a.sha256
+            st.success(f"Loaded {a.name}: {a.pool.n_samples} queries, {a.evaluation.n_samples} held-out inputs, "
+                       f"{a.n_classes} classes. Selected below.", icon=":material/check_circle:")
 if not archives:
     st.info("No model with inputs is available: extraction needs the inputs the thief queried.")
     st.stop()
@@ -117,7 +124,8 @@ st.caption(
 )
 
 st.subheader("Surrogates at the calibrated targets (Table 3 analogue)")
-st.dataframe(view.targets_table(result), hide_index=True, width="stretch")
+table = view.targets_table(result)
+st.dataframe(table, hide_index=True, width="stretch", column_config=view.compact_columns(table))
 st.caption(
     "Accuracies in %, mean ± sd over seeds, on held-out inputs. 'Drop recovered' is the share of the "
     "teacher's calibrated accuracy drop that the strongest surrogate wins back relative to its own "
@@ -127,7 +135,8 @@ st.caption(
 if result.averaging:
     st.subheader(f"Averaging M queries per input at σ={result.averaging_sigma:.4g} (Table 4 analogue)")
     st.plotly_chart(view.m_curve_figure(result), width="stretch", key="fig_extraction_m")
-    st.dataframe(view.averaging_table(result), hide_index=True, width="stretch")
+    averaged = view.averaging_table(result)
+    st.dataframe(averaged, hide_index=True, width="stretch", column_config=view.compact_columns(averaged))
     st.caption(
         f"Soft answers attacked by {'the tuned attacker, re-tuned for every M' if retune else result.frontier_attacker.name}. "
         "Fresh noise per query lets a thief average M answers back towards the clean-answer surrogate "
@@ -135,6 +144,31 @@ if result.averaging:
         "trains the same surrogate. Hard labels: the thief sees only the top class and takes a majority "
         "vote over the M answers (random tie-break)."
     )
+
+st.subheader("Seedings side by side: per-input against consistent noise")
+st.caption(
+    "Per-input noise gives every request its own draw, which a thief averages away over many inputs. "
+    "Consistent noise is a keyed smooth function of the logits: repeats and near-duplicates get the same "
+    "noise. It is calibrated per key; the page simulates several keys and shows the spread, so a provider "
+    "sees what calibrating with their own key will settle. The thief is the strongest of five recipes, each "
+    "plain or prior-corrected."
+)
+s1, s2, s3 = st.columns(3)
+length = s1.selectbox("Length scale ℓ (units of S)", seedings.LENGTH_SCALES, index=2, key="extraction_length",
+                      help="Small ℓ behaves like per-input noise; large ℓ acts more and more like a class bias.")
+keys = s2.number_input("Keys", min_value=1, max_value=5, value=3, key="extraction_keys")
+seed_opts = seedings.options_key(settings.retention, int(keys), 1, float(length))
+if not (seedings.is_cached(archive, seed_opts) or st.session_state.get("extraction_seedings_key") == (sha, seed_opts)):
+    s3.button("Compare the seedings", key="extraction_seedings_run", icon=":material/compare_arrows:",
+              on_click=lambda: st.session_state.update(extraction_seedings_key=(sha, seed_opts)))
+else:
+    compared = seedings.run(archive, seed_opts)
+    st.plotly_chart(seedings.seedings_frontier_figure(compared), width="stretch", key="fig_extraction_seedings")
+    st.plotly_chart(seedings.key_curve_figure(compared), width="stretch", key="fig_extraction_key_curve")
+    st.dataframe(seedings.sigma_spread(compared), hide_index=True, width="stretch")
+    st.caption("Mean ± sd over keys. Across: what a wrongly flagged user keeps; up: what the strongest thief "
+               "keeps. The second chart is the teacher's retention over σ for each simulated key (band: "
+               "min–max; crosses: the σ each key's calibration chose).")
 
 from caliber_core.extraction.report import report_to_json, to_report  # noqa: E402
 

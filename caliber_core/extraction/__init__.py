@@ -14,6 +14,10 @@ Modules, one concept each:
 * :mod:`.spread`     mean and sd over replicate seeds
 * :mod:`.experiment` conditions, seeds, phases: the whole experiment
 * :mod:`.report`     the ``caliber.extraction/v1`` JSON and the printed tables
+* :mod:`.prior_correction` the thief's class-frequency matching (Saerens et al.)
+* :mod:`.recalibration` matrix scaling by a thief with a few labels (Guo et al.)
+* :mod:`.seedings`   per-input against consistent seeding, side by side, spread over keys
+* :mod:`.seedings_report` its table and ``caliber.seedings/v1`` JSON
 * :mod:`.command`    ``python -m caliber_core extract``
 * :mod:`.peer`       a peer attacker for checks: ART's KnockoffNets, tuned on its own answers
 

@@ -24,6 +24,8 @@ import torch
 
 from .answers import Answers
 from .distill import Schedule, one_hot, tempered_targets
+from .prior_correction import corrected_predictions
+from .recalibration import recalibrated_predictions
 from .recipes import DEFAULT_FOLDS, TUNED, Recipe, candidates_for, fixed_recipe, fold_rows, select_by_agreement
 from .students import DEFAULT_HIDDEN, StudentShape
 from .workers import DistillPool
@@ -49,6 +51,21 @@ class Outcome:
     accuracy: float
     agreement: float
     recipe: Recipe
+    corrected_accuracy: float | None = None  # after prior correction (:mod:`.prior_correction`)
+    corrected_agreement: float | None = None
+    recalibrated_accuracy: float | None = None  # with a few labels (:mod:`.recalibration`)
+
+    @property
+    def strongest_accuracy(self) -> float:
+        """The better of the plain and the prior-corrected surrogate (the thief may do either)."""
+        return self.accuracy if self.corrected_accuracy is None else max(self.accuracy, self.corrected_accuracy)
+
+    @property
+    def labelled_accuracy(self) -> float | None:
+        """The strongest surrogate of a thief who also holds a few labelled inputs (None: no labels given)."""
+        if self.recalibrated_accuracy is None:
+            return None
+        return max(self.strongest_accuracy, self.recalibrated_accuracy)
 
 
 @dataclass(frozen=True)
@@ -104,8 +121,12 @@ class Thief:
 
     def __init__(self, pool_inputs, eval_inputs, eval_labels, eval_teacher, *, n_classes: int,
                  architecture: str = "mlp", hidden: int = DEFAULT_HIDDEN, schedule: Schedule = Schedule(),
-                 folds: int = DEFAULT_FOLDS, on_runs: Callable[[int], None] | None = None, processes: int = 1):
+                 folds: int = DEFAULT_FOLDS, on_runs: Callable[[int], None] | None = None, processes: int = 1,
+                 labelled: tuple[np.ndarray, np.ndarray] | None = None):
         torch.set_num_threads(1)
+        # (pool rows, their labels): the few labelled inputs of a recalibrating thief, if any.
+        self._labelled = None if labelled is None else (torch.from_numpy(np.asarray(labelled[0], dtype=np.int64)),
+                                                        torch.from_numpy(np.asarray(labelled[1], dtype=np.int64)))
         x = np.asarray(pool_inputs, dtype=np.float64)
         mean = x.mean(axis=0)
         std = x.std(axis=0)
@@ -243,11 +264,22 @@ class Thief:
         for start in range(0, len(items), _BATCH_LIMIT):
             chunk = items[start:start + _BATCH_LIMIT]
             students = self._distill([job for _, job in chunk])
-            pred = students.predict_logits(self._eval).argmax(dim=2)
+            eval_logits = students.predict_logits(self._eval)
+            pred = eval_logits.argmax(dim=2)
             acc = (pred == self._eval_labels).float().mean(dim=1).numpy()
             agr = (pred == self._eval_teacher).float().mean(dim=1).numpy()
+            pool_logits = students.predict_logits(self._pool)
+            fixed = torch.from_numpy(corrected_predictions(pool_logits.numpy(), eval_logits.numpy()))
+            c_acc = (fixed == self._eval_labels).float().mean(dim=1).numpy()
+            c_agr = (fixed == self._eval_teacher).float().mean(dim=1).numpy()
+            r_acc = [None] * len(chunk)
+            if self._labelled is not None:
+                rows, labels = self._labelled
+                recal = recalibrated_predictions(pool_logits[:, rows], labels, eval_logits)
+                r_acc = [float(v) for v in (recal == self._eval_labels).float().mean(dim=1).numpy()]
             for j, (key, (_, recipe, _)) in enumerate(chunk):
-                self._memo[key] = Outcome(float(acc[j]), float(agr[j]), recipe)
+                self._memo[key] = Outcome(float(acc[j]), float(agr[j]), recipe, float(c_acc[j]), float(c_agr[j]),
+                                          r_acc[j])
 
     def _distill(self, jobs: Sequence[tuple[Answers, Recipe, int]], *, train_rows=None, schedule=None):
         students = self._trainer.distill(

@@ -74,6 +74,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--max-elements", type=int, default=None, metavar="N",
                    help="refuse arrays declaring more elements than this")
+    p.add_argument("--seeding", choices=("per-input", "consistent"), default=None,
+                   help="compare per-input and consistent seeding side by side at the --retention levels "
+                   "(strongest thief, prior correction included; near-duplicate averaging at the lowest)")
+    p.add_argument("--key-file", help="with --seeding: calibrate and answer with this key only")
+    p.add_argument("--length-scale", type=float, default=None, metavar="L",
+                   help="with --seeding: consistent noise's length scale in units of S")
+    p.add_argument("--keys", type=_positive, default=3, help="with --seeding: simulated keys (default 3)")
     return p
 
 
@@ -101,6 +108,10 @@ def run(args) -> int:
 
     limit = DEFAULT_MAX_ELEMENTS if args.max_elements is None else args.max_elements
     archive = load_archive(args.file, eval_path=args.eval_file, max_elements=limit)
+    if args.seeding is not None:
+        return _run_seedings(archive, args)
+    if args.key_file or args.length_scale is not None:
+        raise ValueError("--key-file and --length-scale apply with --seeding only")
     settings = ExtractionSettings(
         retention=tuple(DEFAULT_RETENTION if args.retention is None else args.retention),
         surrogate_retention=tuple(args.surrogate_retention), seeds=args.seeds,
@@ -121,4 +132,26 @@ def run(args) -> int:
         print(f"config written to {args.out}")
     print(f"{result.runs} training runs in {result.seconds:.0f} s ("
           + ", ".join(f"{name} {sec:.0f} s" for name, sec in result.timings.items()) + ")")
+    return 0
+
+
+def _run_seedings(archive, args) -> int:
+    from ..serving.consistent_noise import DEFAULT_LENGTH_SCALE
+    from ..serving.keys import read_key_file
+    from .seedings import compare_seedings
+    from .seedings_report import format_seedings, seedings_to_json
+
+    levels = (0.95, 0.85, 0.75) if args.retention is None else tuple(args.retention)
+    length = DEFAULT_LENGTH_SCALE if args.length_scale is None else args.length_scale
+    if not length > 0:
+        raise ValueError(f"--length-scale must be > 0, got {length}")
+    key = read_key_file(args.key_file) if args.key_file else None
+    result = compare_seedings(archive, levels=levels, keys=args.keys, seeds=args.seeds, length_scale=length,
+                              key=key, near_duplicates=max(args.m), seed=args.seed,
+                              progress=_progress(not args.quiet))
+    print(format_seedings(result, first=args.seeding))
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as fh:
+            fh.write(seedings_to_json(result))
+        print(f"report written to {args.json_out}")
     return 0

@@ -9,6 +9,10 @@ Two seedings are offered (Proposition 2):
   (secret key, config, level, input id, number of classes K). Repeating a
   query returns the identical response, so averaging M repeats yields no
   variance reduction (Proposition 2(ii)).
+* ``"consistent"`` -- a keyed smooth random function of the clean logits
+  (:mod:`.consistent_noise`): repeats and near-duplicates get (nearly) the
+  same noise, and no id is needed. Calibrated per key, so it is served from
+  a config made by ``calibrate --seeding consistent`` and that key only.
 * ``"fresh"`` -- independent noise on every call. Averaging M repeats cuts
   the noise variance to sigma^2 / M (Proposition 2(i)); offered for
   comparison and for accounts where repeats are not a concern.
@@ -37,7 +41,7 @@ from ..validation import check_key, check_sigma, is_torch
 from . import keyed_noise
 from .rows import check_values, encode_row_ids, row_shape
 
-SEEDINGS = ("per-input", "fresh")
+SEEDINGS = ("per-input", "fresh", "consistent")
 
 #: The binding of a Perturber built from a bare sigma: the sigma is part of it,
 #: so two bare Perturbers at different sigmas never share a draw.
@@ -84,7 +88,8 @@ class Perturber:
         "per-input": the noise of a row is a pure function of (key, config,
         level, id, K), so repeated queries get identical responses
         (Proposition 2(ii)). "fresh": independent noise on every call
-        (Proposition 2(i)).
+        (Proposition 2(i)). "consistent": a keyed function of the logits,
+        from a config calibrated for that key only (:meth:`from_config`).
     key : bytes
         Secret for per-input seeding, at least 16 bytes (see
         :mod:`caliber_core.serving.keys`); required there. Ignored for "fresh".
@@ -136,10 +141,13 @@ class Perturber:
                              f"{self._noise_bound:.3g}, beyond what float64 holds")
         self._n_classes, self._digest, self._binding = n_classes, digest, bytes(binding)
         self._seeding = seeding
-        self._key = None
-        if seeding == "per-input":
+        self._key = self._consistent = None
+        if seeding == "consistent" and digest is None:
+            raise ValueError("consistent seeding is calibrated per key: serve it with Perturber.from_config on a "
+                             "config from 'calibrate --seeding consistent'")
+        if seeding in ("per-input", "consistent"):
             if key is None:
-                raise ValueError("per-input seeding needs key=<secret bytes>, got key=None")
+                raise ValueError(f"{seeding} seeding needs key=<secret bytes>, got key=None")
             self._key = check_key(key)
         if generator is not None and not isinstance(generator, np.random.Generator):
             raise TypeError(f"generator must be a numpy.random.Generator, got {type(generator).__name__}")
@@ -175,6 +183,9 @@ class Perturber:
             The target is saturated: it serves the largest sigma the sweep measured.
         """
         config = load_config(config)
+        record = config.get("noise")
+        if seeding == "consistent" or (isinstance(record, dict) and record.get("seeding") == "consistent"):
+            return cls._from_consistent_config(config, target, seeding, key)
         sigma = sigma_to_serve(config, target=target)  # checks the index; warns for a saturated target
         # Every target's sigma is a level, whichever one this Perturber serves.
         levels = sorted({float(entry["sigma"]) for entry in config["targets"]})
@@ -182,6 +193,24 @@ class Perturber:
         self = cls.__new__(cls)
         self._setup(levels, levels.index(sigma) + 1, int(config["n_classes"]), digest, bytes.fromhex(digest),
                     seeding, key, generator)
+        return self
+
+    @classmethod
+    def _from_consistent_config(cls, config, target, seeding, key) -> "Perturber":
+        # The calibration bound this noise, not the config digest (its sigmas come from the noise itself).
+        from .consistent_noise import ConsistentLevels, noise_binding
+
+        if seeding != "consistent":
+            raise ValueError(f"this config was calibrated for consistent seeding (its sigmas hold for that noise "
+                             f"and key only); serve it with seeding='consistent', got {seeding!r}")
+        if key is None:
+            raise ValueError("consistent seeding needs key=<the key the config was calibrated with>, got key=None")
+        sigma_to_serve(config, target=target)  # index and type checks, as for any config
+        served = ConsistentLevels(config, target=target, key=check_key(key))
+        self = cls.__new__(cls)
+        self._setup(served.levels, served.level, served.n_classes, config_digest(config),
+                    noise_binding(config["noise"]), seeding, key, None)
+        self._consistent = served.noises
         return self
 
     @property
@@ -277,7 +306,7 @@ class Perturber:
             return logits.detach().clone() if torch_in else np.array(logits, copy=True)
         if self._seeding == "fresh":
             return self._perturb_fresh(logits, n_rows, n_classes, torch_in)
-        digests = keyed_noise.row_digests(encoded)
+        digests = None if encoded is None else keyed_noise.row_digests(encoded)  # consistent needs no ids
         if self._seeding != "per-input":  # any other keyed seeding: the level-by-level path
             return self._add_level_noise(logits, digests, n_rows, n_classes, torch_in)
         levels = [(level, inc) for level, inc in enumerate(self._increments, start=1) if inc != 0.0]
@@ -318,6 +347,9 @@ class Perturber:
         then served level by level through :meth:`level_noise`, with the same
         nesting and the same binding to the config.
         """
+        if self._consistent is not None:  # a keyed smooth function of the logits, no ids needed
+            g = self._consistent[level - 1]
+            return g(rows) if device is None else g.torch_noise(rows)
         if device is None:
             return keyed_noise.unit_normals(self._key, self._binding, level, digests, n_classes)
         return keyed_noise.unit_normals_torch(self._key, self._binding, level, digests, n_classes, device)

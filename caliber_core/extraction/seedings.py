@@ -1,0 +1,203 @@
+"""Per-input against consistent seeding on one archive: the frontier a provider chooses from.
+
+For each teacher retention level r, each seeding answers the whole pool as
+it would be served, and the strongest thief distills from it:
+
+* **per-input**: sigma from Caliber's usual calibration of the pool (the
+  key-averaged curve, which every per-input key follows); one keyed draw
+  per row, a new key per replicate;
+* **consistent**: one key per replicate; for that key, sigma from its own
+  exact curve on the pool rows (:mod:`caliber_core.calibration.keyed_curve`),
+  answers z + sigma g(z) (:mod:`caliber_core.serving.consistent_noise`).
+
+Reported per level and seeding, with the spread over keys: sigma, the
+teacher's retention on the evaluation split (what a wrongly flagged user
+keeps; for consistent noise the key's exact accuracy there), and the thief's
+retention: the strongest of the fixed recipes and the tuned attacker's
+candidates, each plain or prior-corrected, over the strongest clean-answer
+surrogate. ``near_duplicates`` adds, at the lowest level, M near-duplicates
+of every pool row averaged. The archive holds logits, not the teacher, so a
+near-duplicate's clean logits are modelled as z + N(0, (jitter * S)^2) per
+class (``benchmarks/bench_consistent.py`` answers real jittered images).
+``curves`` holds, per key, the teacher's exact accuracy on the evaluation
+split over a sigma grid: the key-averaged curve and its spread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..calibration.calibrate import calibrate_model, sigma_for_target
+from ..calibration.keyed_curve import keyed_accuracy, solve_keyed
+from ..calibration.survival import ExactCurves
+from ..serving.consistent_noise import DEFAULT_FEATURES, DEFAULT_LENGTH_SCALE, ConsistentNoise, noise_binding
+from .answers import Answers, answer_queries, per_input_key
+from .archive import ExtractionArchive
+from .attacker import Request, Thief
+from .recipes import LIGHT, STRONG, TUNED_CANDIDATES
+from .spread import Spread
+
+SEEDINGS = ("per-input", "consistent")
+DEFAULT_LEVELS = (0.95, 0.85, 0.75, 0.65, 0.55)
+NEAR_JITTER = 0.05  # a near-duplicate's logits move by 5% of S per class
+_RECIPES = (LIGHT, STRONG) + TUNED_CANDIDATES
+
+
+@dataclass
+class SeedingPoint:
+    """One seeding at one teacher retention level, over keys."""
+
+    seeding: str
+    level: float
+    sigma: Spread
+    teacher_retention: Spread
+    thief_retention: Spread
+    attackers: list[str]
+    sigmas: list[float]  # per key
+    near_duplicate_retention: Spread | None = None  # M near-duplicates averaged (lowest level only)
+
+
+@dataclass
+class SeedingComparison:
+    archive: str
+    length_scale: float
+    keys: int
+    clean_surrogate: float
+    clean_attacker: str
+    points: list[SeedingPoint]
+    near_duplicates: int
+    curve_sigmas: np.ndarray
+    curves: np.ndarray  # (keys, sigmas): consistent teacher retention on the evaluation split, per key
+    notes: list[str] = field(default_factory=list)
+
+    def at(self, seeding: str) -> list[SeedingPoint]:
+        return [p for p in self.points if p.seeding == seeding]
+
+
+def consistent_noise_for(logits, key: bytes, *, scale: float, length_scale: float, noise_id: str,
+                         data_sha256: str | None = None) -> ConsistentNoise:
+    """Level-1 consistent noise for ``key``, centred on ``logits`` (the calibration rows)."""
+    record = {"noise_id": noise_id, "data_sha256": data_sha256, "seeding": "consistent",
+              "length_scale": float(length_scale), "features": DEFAULT_FEATURES, "scale": float(scale),
+              "key_fingerprint": "simulation"}
+    z = np.asarray(logits, dtype=np.float64)
+    return ConsistentNoise(key, binding=noise_binding(record), n_classes=z.shape[1], scale=scale,
+                           length_scale=length_scale).centred_on(z)
+
+
+def compare_seedings(archive: ExtractionArchive, *, levels: Sequence[float] = DEFAULT_LEVELS, keys: int = 3,
+                     seeds: int = 2, length_scale: float = DEFAULT_LENGTH_SCALE, key: bytes | None = None,
+                     near_duplicates: int = 16, seed: int = 0, thief: Thief | None = None,
+                     progress: Callable[[float], None] | None = None) -> SeedingComparison:
+    """Run both seedings at every level (see the module docstring).
+
+    Parameters
+    ----------
+    archive : ExtractionArchive
+    levels : teacher retention targets (fractions of A0)
+    keys : int
+        Keys (replicates) per seeding; ignored when ``key`` is given.
+    seeds : int
+        Training seeds per attacker and key.
+    length_scale : float
+        Consistent noise's, in units of S.
+    key : bytes, optional
+        Calibrate and answer with this key only (the provider's own).
+    near_duplicates : int
+        M for the near-duplicate condition (0: skip it).
+    """
+    if not levels or any(not 0 < r < 1 for r in levels):
+        raise ValueError(f"levels must be retention fractions in (0, 1), got {tuple(levels)!r}")
+    for name, value in (("keys", keys), ("seeds", seeds)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    pool, ev = archive.pool, archive.evaluation
+    z, y, ze, ye = pool.logits, pool.labels, ev.logits, ev.labels
+    cal = calibrate_model(z, y, name=archive.name)
+    scale, a0, a0_eval = float(cal.scale), float(cal.clean_accuracy), float(np.mean(ze.argmax(1) == ye))
+    exact = ExactCurves(ze, ye)
+    key_list = [key] if key is not None else [per_input_key(seed * 1000 + k) for k in range(keys)]
+    own = thief is None
+    if own:
+        thief = Thief(pool.inputs, ev.inputs, ye, ze.argmax(1), n_classes=archive.n_classes)
+    train_seeds = list(range(seed, seed + seeds))
+    levels = sorted(levels, reverse=True)
+    total = (1 + 2 * len(levels) * len(key_list) + (2 * len(key_list) if near_duplicates else 0))
+    done = [0]
+
+    def strongest(answers: np.ndarray, tag: str) -> tuple[float, str]:
+        a = Answers(answers, None, 0.0, 1, tag, "soft")
+        outs = thief.train([Request(a, r, s) for r in _RECIPES for s in train_seeds])
+        best, who = -1.0, ""
+        for i, r in enumerate(_RECIPES):
+            o = outs[i * seeds:(i + 1) * seeds]
+            for value, name in ((np.mean([x.accuracy for x in o]), r.name),
+                                (np.mean([x.corrected_accuracy for x in o]), r.name + "+prior")):
+                if value > best:
+                    best, who = float(value), name
+        done[0] += 1
+        if progress is not None:
+            progress(min(0.99, done[0] / total))
+        return best, who
+
+    try:
+        clean, clean_who = strongest(z, "clean")
+        noises = [consistent_noise_for(z, k, scale=scale, length_scale=length_scale, noise_id=f"extract-{i}",
+                                       data_sha256=archive.name) for i, k in enumerate(key_list)]
+        g_pool = [n(z) for n in noises]
+        g_eval = [n(ze) for n in noises]
+        points = []
+        for r in levels:
+            sigma_pi = float(sigma_for_target(cal, r, kind="retention").sigma)
+            t_pi = float(exact.accuracy(sigma_pi)[0]) / a0_eval
+            accs, whos = [], []
+            for i in range(len(key_list)):
+                served = answer_queries(z, sigma=sigma_pi, seed=seed * 1000 + i, seeding="per-input")[("soft", 1)]
+                acc, who = strongest(served.values, f"per-input-{r}-{i}")
+                accs.append(acc / clean)
+                whos.append(who)
+            points.append(SeedingPoint("per-input", r, Spread.of([sigma_pi] * len(key_list)),
+                                       Spread.of([t_pi] * len(key_list)), Spread.of(accs), whos,
+                                       [sigma_pi] * len(key_list)))
+            sig, teach, accs, whos = [], [], [], []
+            for i in range(len(key_list)):
+                solved = solve_keyed(z, y, g_pool[i], target=r * a0, bootstrap=0)
+                sig.append(solved.sigma)
+                teach.append(keyed_accuracy(ze, ye, g_eval[i], solved.sigma) / a0_eval)
+                acc, who = strongest(z + solved.sigma * g_pool[i], f"consistent-{length_scale}-{r}-{i}")
+                accs.append(acc / clean)
+                whos.append(who)
+            points.append(SeedingPoint("consistent", r, Spread.of(sig), Spread.of(teach), Spread.of(accs), whos, sig))
+        if near_duplicates:
+            _near_duplicates(points, z, scale, noises, strongest, clean, near_duplicates, seed)
+        grid = np.linspace(0.0, 1.5 * max(p.sigma.mean for p in points), 40)
+        curves = np.array([[keyed_accuracy(ze, ye, g, s) / a0_eval for s in grid] for g in g_eval])
+    finally:
+        if own:
+            thief.close()
+    if progress is not None:
+        progress(1.0)
+    return SeedingComparison(archive.name, float(length_scale), len(key_list), clean, clean_who, points,
+                             near_duplicates, grid, curves)
+
+
+def _near_duplicates(points, z, scale, noises, strongest, clean, m, seed) -> None:
+    """At the lowest level: M near-duplicates of each pool row, each answered, averaged."""
+    gen = np.random.Generator(np.random.SFC64(np.random.SeedSequence([int(seed), 0xD0B])))
+    copies = [z + gen.normal(0.0, NEAR_JITTER * scale, z.shape) for _ in range(m)]
+    for p in (q for q in points if q.level == points[-1].level):
+        accs = []
+        for i in range(len(noises)):
+            sigma = p.sigmas[i]
+            if p.seeding == "per-input":
+                # each near-duplicate is a new request id: its own keyed draw
+                answers = [answer_queries(c, sigma=sigma, seed=seed * 1000 + i + 7919 * (j + 1),
+                                          seeding="per-input")[("soft", 1)].values for j, c in enumerate(copies)]
+            else:
+                answers = [c + sigma * noises[i](c) for c in copies]
+            acc, _ = strongest(np.mean(answers, axis=0), f"near-{p.seeding}-{p.level}-{i}")
+            accs.append(acc / clean)
+        p.near_duplicate_retention = Spread.of(accs)
