@@ -248,6 +248,24 @@ def served(data: LogitsData, cal: Calibration, kind: str, value: float, *,
     return _fill(_served_slot(model + (kind, float(value), side)), compute)
 
 
+def side_bound(data: LogitsData, cal: Calibration, kind: str, value: float, *, side: str) -> float:
+    """The one-sided bound of ``kind`` at the sigma :func:`served` serves on ``side``. Cached.
+
+    "at-least": the lower confidence bound (a fraction), "at-most": the upper one:
+    what the side guarantees the population at the bootstrap's level.
+    """
+    if side not in ("at-least", "at-most"):
+        raise ValueError(f"side must be 'at-least' or 'at-most', got {side!r}")
+    record, _ = served(data, cal, kind, value, side=side)
+    model = _model_key(data, cal)
+
+    def compute(_):
+        with _model_lock(model):
+            return float(estimator(data, cal).bound(record.sigma, kind=kind, side=side)[0])
+
+    return _fill(_served_slot(model + (kind, float(value), side, "bound")), compute)
+
+
 def prefetch(data: LogitsData, cal: Calibration, kind: str, values: Sequence[float], *,
              side: str = "point") -> None:
     """Compute :func:`served` for ``values`` (the slider's neighbours) in the background.

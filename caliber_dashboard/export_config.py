@@ -34,6 +34,7 @@ from caliber_core.extraction import targets as extraction_targets
 from caliber_core.loading import LogitsData
 
 from . import cache
+from .readouts import SIDE_LABELS
 
 QUANTITIES = ("accuracy", "retention", "agreement")
 
@@ -110,7 +111,9 @@ def _bounds(interval: dict | None, quantity: str) -> str:
 
 
 def preview_table(records: Sequence[TargetRecord]) -> pd.DataFrame:
-    """One row per target: σ (with its standard error for a surrogate target), what it delivers, intervals.
+    """One row per target: σ served (with its standard error for a surrogate target), what it delivers, intervals.
+
+    Accuracy, retention and agreement are in percent, like the intervals beside them.
 
     Interval columns are named with their level (e.g. "retention 95% interval");
     a surrogate-retention row has none (its precision is σ's standard error and
@@ -124,9 +127,10 @@ def preview_table(records: Sequence[TargetRecord]) -> pd.DataFrame:
         kept = a.get("surrogate_retention") or {}
         se = a.get("sigma_se")
         rows.append({
-            "target": f"{r.kind} {r.requested:g}", "side": r.side, "σ*": r.sigma,
-            "σ s.e.": se if isinstance(se, (int, float)) and math.isfinite(se) else None, "v*": r.v,
-            "accuracy": r.accuracy, "retention": r.retention, "agreement": r.agreement,
+            "target": f"{r.kind} {100 * r.requested:g}%", "side": SIDE_LABELS.get(r.side, r.side),
+            "σ served": r.sigma,
+            "σ s.e.": se if isinstance(se, (int, float)) and math.isfinite(se) else None, "v = σ²/S²": r.v,
+            **{f"{q} %": None if getattr(r, q) is None else 100 * getattr(r, q) for q in QUANTITIES},
             **{f"{q}{named} interval": _bounds(r.interval, q) for q in QUANTITIES},
             "thief keeps": (f"{100 * kept['mean']:.1f} ± {100 * (kept.get('sd') or 0):.1f}%"
                             if kept.get("mean") is not None else None),

@@ -32,6 +32,7 @@ from pathlib import Path
 import streamlit as st
 
 from caliber_core.calibration.margins import MARGIN_STATISTICS
+from caliber_core.config import SIDES
 from caliber_core.loading import LogitsData, LogitsFileError, load_logits, load_logits_bytes
 
 from .workspace import CapExceeded
@@ -62,8 +63,9 @@ KIND_KEY = "_kind"  # the entry of TARGETS holding the last chosen target kind
 MODEL_WIDGETS = {
     "calibrate_statistic": ("calibrate_model", "statistic"),
     "export_statistic": ("export_model", "statistic"),
+    "calibrate_side": ("calibrate_model", "side"),
 }
-_OPTION_VALUES = {"statistic": tuple(MARGIN_STATISTICS)}
+_OPTION_VALUES = {"statistic": tuple(MARGIN_STATISTICS), "side": tuple(SIDES)}
 
 
 @st.cache_resource(max_entries=1, show_spinner=False)
@@ -218,8 +220,12 @@ def set_model_option(sha256: str, name: str, value) -> None:
     _save(OPTIONS_KIND, sha256, options)
 
 
-def remember_target(kind: str, percent: float) -> None:
-    """The target just chosen: for every page, and for the selected model."""
+def remember_target(kind: str, percent: float, side: str | None = None) -> None:
+    """The target just chosen: for every page, and for the selected model.
+
+    With ``side`` (the Calibrate page), the (kind, percent, side) triple is also
+    the model's ``"calibrate"`` choice, which the Export page starts from.
+    """
     targets = st.session_state.setdefault(TARGETS, {})
     targets[kind] = float(percent)
     _save_setting("targets", targets)
@@ -228,6 +234,8 @@ def remember_target(kind: str, percent: float) -> None:
         options = st.session_state.setdefault(OPTIONS, {}).setdefault(sha, {})
         options["kind"] = kind
         options.setdefault("targets", {})[kind] = float(percent)
+        if side is not None:
+            options["calibrate"] = {"kind": kind, "percent": float(percent), "side": side}
         _save(OPTIONS_KIND, sha, options)
 
 

@@ -18,7 +18,7 @@ from streamlit.testing.v1 import AppTest
 from caliber_core.calibration import pipeline
 from caliber_core.config import config_to_json, load_config, sigma_to_serve
 from caliber_core.serving.runtime import Perturber
-from caliber_dashboard import state
+from caliber_dashboard import readouts, state
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "app.py")
@@ -77,7 +77,7 @@ def test_side_and_confidence_give_config_for_s_config(downloads, side, confidenc
     for shown, t in zip(table[column], saved["targets"]):
         lo, hi = t["interval"]["retention"]
         assert shown == f"{100 * lo:.1f}–{100 * hi:.1f}%"
-    assert list(table["side"]) == [side, side]
+    assert list(table["side"]) == [readouts.SIDE_LABELS[side]] * 2
     command = [c.value for c in at.caption if "Equivalent command" in c.value][0]
     assert ("--side" in command) == (side != "point") and ("--confidence" in command) == (confidence != 0.95)
 
