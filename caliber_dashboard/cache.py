@@ -368,6 +368,17 @@ def fleet_report(datas: Sequence[LogitsData], cals: Sequence[Calibration], *,
                  spinner_text=f"Leave-one-architecture-out fits over {len(cals)} models…")
 
 
+def fleet_sigma_spread(datas: Sequence[LogitsData], cals: Sequence[Calibration], *, statistic: str,
+                       value: float) -> np.ndarray:
+    """``fleet_view.sigma_spread`` (each pooled model's held-out σ against its own), cached."""
+    from .fleet_view import sigma_spread
+
+    key = ("spread", tuple(data_digest(d) for d in datas), tuple(c.statistic for c in cals), statistic,
+           float(value))
+    return _fill(_fleet_slot(key), lambda _: sigma_spread(cals, statistic=statistic, value=value),
+                 spinner_text=f"Leave-one-out σ over {len(cals)} models…")
+
+
 def _ablation_key(datas: Sequence[LogitsData], cals: Sequence[Calibration]) -> tuple:
     return ("ablation", tuple(data_digest(d) for d in datas), tuple(c.statistic for c in cals))
 
