@@ -60,6 +60,21 @@ def with_mean_row(rows: Sequence[dict], label_column: str, label: str = "mean", 
     return pd.concat([df, pd.DataFrame([mean])], ignore_index=True)
 
 
+def shown_models(selected: Sequence[str] | None, seen: Sequence[str] | None, loaded: Sequence[str], *,
+                 first: int = 10) -> list[str]:
+    """The models a multi-model plot shows: the user's selection, plus every model loaded since.
+
+    ``selected`` is the last selection (None before the first), ``seen`` the
+    models loaded when it was made. A model loaded since joins the plot at once;
+    a removed one leaves it. The first time, the first ``first`` models.
+    """
+    if selected is None or seen is None:
+        return list(loaded[:first])
+    known = set(seen)
+    keep = set(selected)
+    return [sha for sha in loaded if sha in keep or sha not in known]
+
+
 # A histogram of every row of a 45,000-row file ships 45,000 numbers per model to
 # the browser (which bins them there); its shape needs far fewer.
 HIST_MAX_ROWS = 10_000
