@@ -63,7 +63,8 @@ if bound.queries is None:
                 "number of averaged queries reaches it.")
 else:
     st.markdown(
-        f"Under fresh i.i.d. noise an attacker needs **M ≥ v*/v_use = {v_star:.4g}/{bound.v_use:.4g} → "
+        # The * of v* escaped: bare, it would close the bold early.
+        f"Under fresh i.i.d. noise an attacker needs **M ≥ v\\*/v_use = {v_star:.4g}/{bound.v_use:.4g} → "
         f"{bound.queries:,} queries per input** to bring the effective intensity down to the level "
         f"where the fitted law gives {usable_pct:.1f}% retention (accuracy {bound.usable_accuracy:.4f}). "
         "Under per-input deterministic seeding, repeats return identical logits and no M helps.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,10 @@ def test_attack_page_curves_simulation_and_bound():
     u_use = (0.95 * cal.clean_accuracy - cal.chance) / (cal.clean_accuracy - cal.chance)
     v_use = cal.fit.inverse(u_use)
     assert _metric(at, "M ≥ v*/v_use") == f"{queries_needed(target.v, v_use):,}"
+    bound = [m.value for m in at.markdown if "queries per input" in m.value]
+    assert len(bound) == 1 and "**M ≥ v\\*/v_use = " in bound[0]
+    # One bold span, its only unescaped asterisks being the two pairs that open and close it.
+    assert re.findall(r"(?<!\\)\*+", bound[0]) == ["**", "**"]
     fig = json.loads(at.get("plotly_chart")[0].proto.spec)
     names = [t.get("name", "") for t in fig["data"]]
     assert "analytic: measured curve at σ/√M" in names and "analytic: logistic at v/M" in names

@@ -123,6 +123,20 @@ def test_surrogate_target_from_the_extraction_run_is_served(downloads):
     at.slider(key=f"extraction_surrogate_{sha[:12]}").set_value(85.0).run()
     assert not at.exception
 
+    # Calibrate shows the thief beside the sigma it serves, read off this run's frontier.
+    from caliber_dashboard import thief
+
+    at.switch_page("pages/calibrate.py").run()
+    at.selectbox(key="calibrate_model").set_value(sha).run()
+    assert not at.exception
+    sigma = float([m.value for m in at.metric if m.label == "σ* (logit units)"][0])
+    (latest,) = [r for k, (_, r) in at.session_state[runs.RUNS].items() if k.startswith(sha)]  # the one run
+    found = thief.surrogate_at(latest, sigma)
+    assert found is not None and found.bracket[0] <= sigma <= found.bracket[1]
+    lines = [m.value for m in at.markdown if m.value.startswith("Thief:")]
+    assert len(lines) == 1 and lines[0].startswith("Thief: the strongest surrogate")
+    assert f"keeps {100 * found.accuracy:.1f}" in lines[0]  # sigma is rounded to 5 digits on screen
+
     # Export offers it; the value starts at the Extraction slider's; a config needs the searched sigma.
     at.switch_page("pages/export.py").run()
     at.text_input(key="export_retention").set_value("80").run()
