@@ -1,12 +1,10 @@
 """Data: upload logits files (or use the demo set), see their margins, remove models."""
 
-import numpy as np
 import pandas as pd
 import streamlit as st
 
 from caliber_core.calibration import margins
 from caliber_core.loading import LABELS_EXTENSIONS, SUPPORTED_EXTENSIONS
-from caliber_core.loading.checks import margins_in_chunks
 from caliber_dashboard import cache, figures, navigation, state, tables, ui, uploads
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
@@ -21,24 +19,6 @@ st.caption(
     "Uploads are kept in this workspace (its link is in the address bar; see the sidebar) and "
     "come back after a reload; files are validated before use and never unpickled."
 )
-
-# Per model, by content digest: a 45,000 x 1,000 file costs ~0.3 s per margin pass,
-# on every rerun of this page otherwise. One pass serves the table and the histogram.
-@st.cache_resource(max_entries=64, show_spinner=False)
-def _margins(key: str, _data) -> np.ndarray:
-    m = _data.margins  # taken by the loader's margin check
-    if m is None:
-        m = margins_in_chunks(_data.logits)
-        m.flags.writeable = False  # shared by every session
-    return m
-
-
-@st.cache_resource(max_entries=64, show_spinner=False)
-def _table_row(key: tuple, _data) -> pd.DataFrame:
-    return tables.model_table([_data], margins=[_margins(key[0], _data)])
-
-
-
 
 def _on_upload():
     # Runs before the script body, so every part of this run (the sidebar's model
@@ -96,8 +76,7 @@ st.subheader("Loaded models")
 if not models:
     st.info("No models loaded. Upload logits files above, or load the bundled demo set.")
 else:
-    table = pd.concat([_table_row((cache.data_digest(d), d.name, d.source), d) for d in models.values()],
-                      ignore_index=True)
+    table = pd.concat([cache.model_row(d) for d in models.values()], ignore_index=True)
     st.dataframe(
         table, hide_index=True, width="stretch",
         column_config={
@@ -143,7 +122,7 @@ if models:
     hist_data = {}
     sampled = []
     for sha in shown:
-        m = _margins(cache.data_digest(models[sha]), models[sha])
+        m = cache.margins(models[sha])
         x = tables.histogram_rows(m)
         if x.size < m.size:
             sampled.append(f"{models[sha].name} ({x.size:,} of {m.size:,} rows)")
