@@ -58,7 +58,7 @@ from scipy.interpolate import CubicSpline
 from caliber_core.calibration.drift import check_drift
 from caliber_core.calibration.intervals import sample_size_advice
 from caliber_core.calibration.pipeline import config_for
-from caliber_core.calibration.row_probabilities import RowProbabilities, sample_estimates
+from caliber_core.calibration.engine import CurveEngine, sample_estimates
 from caliber_core.loading import LogitsData
 
 TARGETS = (0.9, 0.8, 0.7)
@@ -140,8 +140,8 @@ def make_populations(*, quick: bool) -> list[Population]:
 def tabulate(pop: Population, n_grid: int) -> float:
     """Exact population retention on a log sigma grid wide enough for every sigma asked; returns the
     largest interpolation error at grid midpoints."""
-    rows = RowProbabilities(pop.logits, pop.labels)
-    probe = RowProbabilities(pop.logits[:3000], pop.labels[:3000])
+    rows = CurveEngine(pop.logits, pop.labels, method="exact")
+    probe = CurveEngine(pop.logits[:3000], pop.labels[:3000], method="exact")
     s_scale = float(np.median(np.abs(np.diff(np.sort(pop.logits, axis=1)[:, -2:], axis=1))))
     coarse = s_scale * np.geomspace(0.01, 100, 60)
     ret = sample_estimates(probe.at(coarse))["retention"]

@@ -5,13 +5,33 @@ The package, by purpose:
 * :mod:`caliber_core.config`       targets and the versioned config JSON (the shared contract)
 * :mod:`caliber_core.serving`      applying a config to served logits: ``runtime`` (Perturber,
   per-input seeding) and ``responses`` (probabilities, top-k log-probabilities, HF processor)
-* :mod:`caliber_core.calibration`  the numerics: ``margins``, ``sweep``, ``survival``, ``fit``,
-  ``inversion``, ``calibrate``, ``fleet``, ``cost``, ``pipeline``
+* :mod:`caliber_core.calibration`  the numerics, one concept per module:
+
+  - ``sample``    one file's logits and labels validated once, with their derived arrays
+  - ``margins``   top-two margins, the scale S, the normalized axes v and A~
+  - ``draws``     the sweep's noise draws (the shared pool) and per-draw survival intervals
+  - ``sweep``     the Monte-Carlo sweep over every sigma at once, its standard errors
+  - ``survival``  Proposition 1 by quadrature, per row
+  - ``engine``    the one engine: per-row survival (exact or Monte Carlo by one cost
+    policy) and every curve that is a mean of it
+  - ``corridor``  agreement, accuracy and the Corollary 1 corridor on a sigma grid
+  - ``fit``       the logistic law and its bounded least-squares fit
+  - ``inversion`` every target -> sigma map (curves, bounds, the law's closed form)
+  - ``calibrate`` one model: sweep + fit + sigma* per target
+  - ``intervals``, ``target_intervals`` the row bootstrap; each target's interval and side
+  - ``drift``     a config against a new sample
+  - ``review``    a saved config against a model calibrated now
+  - ``cost``      Proposition 2: queries an averaging attacker needs
+  - ``fleet``     the shared law over several models, leave-one-out, the margin ablation
+  - ``pipeline``  file -> config, shared by the CLI and the dashboard
+  - ``calibration_arrays`` a finished calibration as plain arrays and back
 * :mod:`caliber_core.loading`      safe reading of every supported logits format
 * :mod:`caliber_core.simulation`   the averaging attack, the reference argmax Monte Carlo,
   synthetic large-K logits
+* :mod:`caliber_core.extraction`   the thief: surrogates distilled from noisy answers,
+  the defense frontier, the ``extract`` experiment
 * :mod:`caliber_core.validation`   input checks shared by all of the above
-* :mod:`caliber_core.cli`          the command line
+* :mod:`caliber_core.cli`, :mod:`caliber_core.check_command`  the command line
 
 Importing the package loads only the serving path and the config contract
 (numpy and the standard library); every other name below is imported on first
@@ -41,13 +61,15 @@ _LAZY = {
     "sigma_for_target": "calibration.calibrate",
     "LogisticFit": "calibration.fit",
     "fit_logistic": "calibration.fit",
-    "invert_logistic": "calibration.fit",
+    "invert_logistic": "calibration.inversion",
     "logistic_decay": "calibration.fit",
     "margin_scale": "calibration.margins",
     "normalized_noise": "calibration.margins",
     "normalized_utility": "calibration.margins",
     "sigma_from_v": "calibration.margins",
     "top_two_margins": "calibration.margins",
+    "LogitSample": "calibration.sample",
+    "CurveEngine": "calibration.engine",
     "LogitsData": "loading",
     "LogitsFileError": "loading",
     "load_logits": "loading",

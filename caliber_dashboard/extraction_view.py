@@ -162,7 +162,7 @@ def surrogate_readout(result: ExtractionResult, retention: float) -> dict | None
     teacher's accuracy there is exact (quadrature). None when the frontier never
     falls to ``retention``.
     """
-    from caliber_core.calibration.survival import ExactCurves
+    from caliber_core.calibration.engine import CurveEngine
 
     pts = [(p.sigma, p.surrogate_retention.mean) for p in result.frontier]
     for (s0, r0), (s1, r1) in zip(pts, pts[1:]):
@@ -170,7 +170,7 @@ def surrogate_readout(result: ExtractionResult, retention: float) -> dict | None
             t = (r0 - retention) / (r0 - r1) if r0 != r1 else 0.5
             sigma = s0 + t * (s1 - s0) if s0 <= 0 else math.exp(math.log(s0) + t * (math.log(s1) - math.log(s0)))
             ev = result.archive.evaluation
-            teacher = float(ExactCurves(ev.logits, ev.labels).accuracy(sigma)[0])
+            teacher = float(CurveEngine(ev.logits, ev.labels).accuracy(sigma)[0])
             clean = result.frontier[0].surrogate_accuracy.mean
             return {"sigma": sigma, "teacher_accuracy": teacher, "surrogate": retention * clean * 100,
                     "teacher_retention": teacher / result.clean_accuracy_eval, "bracket": (s0, s1)}

@@ -102,7 +102,7 @@ def test_agreement_targets_are_delivered_on_every_digits_model(calibrations, nam
         se = _agreement_se(z, t.sigma, MEASURE_REALIZATIONS)
         assert abs(got - t.agreement) <= N_SE * se, (t, got, se)
         # The exact agreement at sigma* is the target to the solver's tolerance.
-        assert cal.exact.agreement(t.sigma)[0] == pytest.approx(t.agreement, abs=1e-5)
+        assert cal.engine.agreement(t.sigma)[0] == pytest.approx(t.agreement, abs=1e-5)
 
 
 @pytest.mark.parametrize("name", DIGITS_IDS[:3])
@@ -116,7 +116,7 @@ def test_logistic_inversion_is_close_to_the_curve(calibrations, name):
         assert logistic.method == "logistic"
         assert logistic.sigma == curve.sigma_logistic
         assert logistic.sigma == pytest.approx(curve.sigma, rel=0.1)
-        got = cal.exact.accuracy(logistic.sigma)[0]
+        got = cal.engine.accuracy(logistic.sigma)[0]
         assert got == pytest.approx(logistic.accuracy, abs=0.03)
 
 
@@ -131,7 +131,7 @@ def test_returned_sigma_never_overshoots(calibrations, model, retention):
     # tolerance: 1e-6 relative in sigma, i.e. <= ~1e-5 in accuracy on digits.
     cal, z, y = calibrations[model]
     t = sigma_for_target(cal, retention)
-    delivered = cal.exact.accuracy(t.sigma)[0]
+    delivered = cal.engine.accuracy(t.sigma)[0]
     assert delivered >= t.accuracy - 1e-5
     assert delivered <= t.accuracy + 1e-5
 
@@ -145,7 +145,7 @@ def test_monte_carlo_curve_sigma_never_overshoots_beyond_its_error(calibrations,
     mc = Calibration(**{**cal.__dict__, "curve_method": "monte-carlo"})
     t = sigma_for_target(mc, retention)
     assert t.method == "monte-carlo-curve"
-    delivered = cal.exact.accuracy(t.sigma)[0]
+    delivered = cal.engine.accuracy(t.sigma)[0]
     se = cal.intervals.accuracy_stderr(t.sigma)[0]
     assert delivered >= t.accuracy - N_SE * se
     # and the curve it inverted is at the target within one Monte-Carlo step there
@@ -204,7 +204,7 @@ def test_unreachable_target_raises_or_saturates(calibrations):
 def test_accuracy_targets_near_chance_are_reached(calibrations):
     cal, z, y = calibrations["digits_mlp-smooth"]
     t = sigma_for_target(cal, 0.105, kind="accuracy")
-    assert cal.exact.accuracy(t.sigma)[0] == pytest.approx(0.105, abs=1e-5)
+    assert cal.engine.accuracy(t.sigma)[0] == pytest.approx(0.105, abs=1e-5)
 
 
 def test_retention_targets_need_labels():
@@ -216,7 +216,7 @@ def test_retention_targets_need_labels():
             sigma_for_target(cal, 0.8, kind=kind)
     t = sigma_for_target(cal, 0.8, kind="agreement")
     assert t.sigma > 0 and t.accuracy is None and t.retention is None
-    assert cal.exact.agreement(t.sigma)[0] == pytest.approx(0.8, abs=1e-5)
+    assert cal.engine.agreement(t.sigma)[0] == pytest.approx(0.8, abs=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -280,7 +280,7 @@ def test_a_perfect_model_can_be_calibrated():
     assert clean_accuracy(z, y) == 1.0
     cal = calibrate_model(z, y)
     t = sigma_for_target(cal, 0.8)
-    assert cal.exact.accuracy(t.sigma)[0] == pytest.approx(0.8, abs=1e-5)
+    assert cal.engine.accuracy(t.sigma)[0] == pytest.approx(0.8, abs=1e-5)
     assert sigma_for_target(cal, 0.8, kind="agreement").sigma > 0
 
 

@@ -80,6 +80,10 @@ def test_monte_carlo_round_trip_without_and_with_labels(mc_cal):
     _same_arrays(cal, back)
     for value in (0.9, 0.7, 0.5):
         assert sigma_for_target(back, value).sigma == sigma_for_target(cal, value).sigma
+    # The pool rows the draws were read from come back, so the block standard errors do too.
+    assert back.intervals.pool_rows is not None
+    grid = np.geomspace(*cal.sigma_range(), 5)
+    assert np.array_equal(back.intervals.accuracy_stderr(grid), cal.intervals.accuracy_stderr(grid))
     unlabelled = calibrate_model(z, None, realizations=8, seed=None, statistic="mean")
     back = calibration_from_bytes(calibration_to_bytes(unlabelled), logits=z)
     _same_arrays(unlabelled, back)

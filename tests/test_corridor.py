@@ -1,4 +1,4 @@
-"""The corridor of Corollary 1 at any size: the exact route against ExactCurves, the
+"""The corridor of Corollary 1 at any size: the exact route against per-row quadrature, the
 Monte-Carlo route against the exact quadrature within its standard error, the closed-form
 width, the kept per-row values, and agreement targets on a file too large for quadrature."""
 
@@ -13,8 +13,8 @@ from scipy.special import ndtr
 from caliber_core.calibration import corridor
 from caliber_core.calibration.calibrate import calibrate_model, sigma_for_target
 from caliber_core.calibration.intervals import BootstrapIntervals
-from caliber_core.calibration.row_probabilities import RowProbabilities
-from caliber_core.calibration.survival import ExactCurves
+from caliber_core.calibration.engine import CurveEngine, choose_method, exact_cost
+from caliber_core.calibration.survival import agreement_probability, sorted_gaps, survival_probability
 from caliber_core.config import build_config
 from caliber_core.loading import load_logits
 from caliber_core.simulation.synthetic import make_synthetic_logits
@@ -44,15 +44,21 @@ def _grid(cal, n=24):
     return np.geomspace(lo, hi, n)
 
 
-def test_exact_route_equals_exact_curves(demo):
+def test_exact_route_equals_per_row_quadrature(demo):
     grid = _grid(demo)
     got = corridor.model_curves(demo.logits, demo.labels, grid, method="exact")
-    ref = ExactCurves(demo.logits, demo.labels)
-    acc, lower, upper = ref.accuracy_with_corridor(grid)
-    np.testing.assert_allclose(got.agreement, ref.agreement(grid), rtol=0, atol=1e-12)
-    np.testing.assert_allclose(got.accuracy, acc, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(got.lower, lower, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(got.upper, upper, rtol=0, atol=1e-12)
+    z, y = demo.logits, demo.labels
+    n = z.shape[0]
+    correct = np.argmax(z, 1) == y
+    h = corridor.misclassified_deficits(z, y)
+    for j, s in enumerate(grid):
+        pi = agreement_probability(z, s)
+        a = survival_probability(sorted_gaps(z, y), s)  # the label as reference, every row
+        lower = pi[correct].sum() / n
+        assert got.agreement[j] == pytest.approx(pi.mean(), abs=1e-12)
+        assert got.accuracy[j] == pytest.approx(a.mean(), abs=1e-12)
+        assert got.lower[j] == pytest.approx(lower, abs=1e-12)
+        assert got.upper[j] == pytest.approx(lower + ndtr(-h / (np.sqrt(2) * s)).sum() / n, abs=1e-12)
     assert got.method == "exact" and not got.estimated and got.max_error() == 0.0
     assert got.agreement_se is None and got.lower_se is None
 
@@ -101,13 +107,13 @@ def test_deficit_term_closed_form(demo):
         corridor.deficit_term(h, sig, n_samples=h.size - 1)
 
 
-def test_grid_rows_keep_the_grid_and_serve_the_bootstrap(demo):
+def test_the_engine_keeps_the_grid_and_serves_the_bootstrap(demo):
     grid = _grid(demo, 12)
     c = corridor.model_curves(demo.logits, demo.labels, grid, method="exact")
     rows = c.rows
-    assert rows.at(grid) is rows.values
-    fresh = RowProbabilities(demo.logits, demo.labels, method="exact")
-    np.testing.assert_allclose(rows.values.accuracy, fresh.at(grid).accuracy, rtol=0, atol=1e-15)
+    assert rows.at(grid) is rows.at(grid)  # kept, not evaluated again
+    fresh = CurveEngine(demo.logits, demo.labels, method="exact")
+    np.testing.assert_allclose(rows.at(grid).accuracy, fresh.at(grid).accuracy, rtol=0, atol=1e-15)
     off = rows.at([1.2345])  # not the grid: computed anew
     np.testing.assert_allclose(off.agreement, fresh.at([1.2345]).agreement, rtol=0, atol=1e-15)
     assert rows.n_samples == demo.n_samples and rows.method == "exact" and rows.has_labels
@@ -116,17 +122,18 @@ def test_grid_rows_keep_the_grid_and_serve_the_bootstrap(demo):
     for q in ("accuracy", "retention", "agreement"):
         for k in ("estimate", "low", "high"):
             np.testing.assert_allclose(kept.bands[q][k], direct.bands[q][k], rtol=0, atol=1e-12)
-    with pytest.raises(ValueError, match="values cover"):
-        corridor.GridRows(fresh, RowProbabilities(demo.logits[:10], demo.labels[:10]).at(grid))
 
 
 def test_auto_picks_exact_when_cheap_and_monte_carlo_when_not(demo):
-    assert corridor.choose_method(500, 10, 60) == "exact"
-    assert corridor.choose_method(2000, 1000, 60) == "monte-carlo"
-    assert corridor.exact_cost(2000, 1000, 60) > 1e9
+    assert choose_method(500, 10) == "exact"
+    assert choose_method(2000, 1000) == "monte-carlo"
+    assert exact_cost(2000, 1000) > 1e8
     grid = _grid(demo, 6)
     assert corridor.model_curves(demo.logits, demo.labels, grid, draws=demo.intervals).method == "exact"
     assert corridor.model_curves(demo.logits, demo.labels, grid).method == "exact"  # no draws
+    # The calibration's own engine follows the same policy as its sigma*.
+    assert demo.engine.method == demo.curve_method == "exact"
+    assert corridor.curves_of(demo.engine, grid).method == "exact"
 
 
 def test_unlabelled_curves_have_agreement_only(demo):
@@ -135,12 +142,17 @@ def test_unlabelled_curves_have_agreement_only(demo):
     assert np.all(np.diff(c.agreement) < 0)
 
 
+def test_monte_carlo_without_draws_runs_its_own_sweep(synthetic):
+    grid = _grid(synthetic, 6)
+    c = corridor.model_curves(synthetic.logits, synthetic.labels, grid, method="monte-carlo")
+    assert c.method == "monte-carlo" and c.max_error() > 0
+    assert c.rows.draws.n_samples == synthetic.n_samples
+
+
 def test_bad_input_is_refused_with_the_rule(demo, synthetic):
     grid = _grid(demo, 4)
     with pytest.raises(ValueError, match="method must be one of"):
         corridor.model_curves(demo.logits, demo.labels, grid, method="bucketed")
-    with pytest.raises(ValueError, match="needs the sweep's draws"):
-        corridor.model_curves(demo.logits, demo.labels, grid, method="monte-carlo")
     with pytest.raises(ValueError, match="draws cover 300 rows, logits have 500"):
         corridor.model_curves(demo.logits, demo.labels, grid, draws=synthetic.intervals,
                               method="monte-carlo")
@@ -161,10 +173,11 @@ def test_agreement_targets_on_a_large_file_invert_the_sweeps_curve(demo):
     t = sigma_for_target(cal, 0.7, kind="agreement")
     assert t.method == "monte-carlo-agreement" and t.agreement == 0.7
     # What that sigma delivers exactly (one quadrature pass), within the sweep's error.
-    exact = float(ExactCurves(z, y).agreement([t.sigma])[0])
+    exact = float(CurveEngine(z, y, method="exact").agreement([t.sigma])[0])
     se = float(cal.intervals.agreement_stderr([t.sigma])[0])
     assert abs(exact - 0.7) <= Z_MC * se + 2e-3  # + the crossing grid's resolution
     cfg = build_config(cal, [t])
     assert cfg["inversion"]["agreement_targets"] == "monte-carlo-agreement"
     assert demo.curve_method == "exact"  # a small file keeps the quadrature
+    assert cal.engine.method == "monte-carlo" and cal.engine.draws is cal.intervals
     assert sigma_for_target(demo, 0.7, kind="agreement").method == "exact-agreement"

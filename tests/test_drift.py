@@ -20,7 +20,7 @@ import pytest
 
 from caliber_core.calibration.calibrate import calibrate_model, sigma_for_target
 from caliber_core.calibration.drift import check_drift, target_reference
-from caliber_core.calibration.row_probabilities import RowProbabilities
+from caliber_core.calibration.engine import CurveEngine
 from caliber_core.config import build_config
 from caliber_core.simulation.synthetic import make_synthetic_logits
 
@@ -38,7 +38,7 @@ def _config(z, y, *, reference=True):
     cal = calibrate_model(z, y)
     config = build_config(cal, [sigma_for_target(cal, r, kind="retention") for r in RETENTIONS])
     if reference:
-        rows = RowProbabilities(z, y)
+        rows = CurveEngine(z, y, method="exact")
         for t in config["targets"]:
             t["reference"] = target_reference(rows, t["sigma"])
     return config

@@ -273,10 +273,18 @@ def test_verify_sigma_reproducible_and_near_prediction(data, cal):
 def test_query_bound_matches_proposition_2(cal):
     r = sigma_for_target(cal, 0.7)
     b = query_bound(cal, r.v, 0.95)
-    u = (0.95 * cal.clean_accuracy - cal.chance) / (cal.clean_accuracy - cal.chance)
-    assert b.v_use == pytest.approx(cal.fit.inverse(u))
+    # v_use on the same curve v* was solved on (sigma_for_target's default)
+    assert b.inversion == "curve" and b.v_use == sigma_for_target(cal, 0.95).v
     assert b.queries == math.ceil(r.v / b.v_use)
     assert query_bound(cal, r.v, 1.0).queries is None  # only the clean model is that good
+    # The law's v* with the law's v_use
+    law = sigma_for_target(cal, 0.7, inversion="logistic")
+    bl = query_bound(cal, law.v, 0.95, inversion="logistic")
+    u = (0.95 * cal.clean_accuracy - cal.chance) / (cal.clean_accuracy - cal.chance)
+    assert bl.v_use == pytest.approx(cal.fit.inverse(u))
+    assert bl.queries == math.ceil(law.v / bl.v_use)
+    with pytest.raises(ValueError, match="inversion must be one of"):
+        query_bound(cal, r.v, 0.95, inversion="exact")
 
 
 def test_analytic_attack_recovers_with_m(cal):

@@ -20,7 +20,8 @@ from caliber_core.calibration.cost import effective_intensity, queries_needed, r
 from caliber_core.calibration.fit import LogisticFit, invert_logistic
 from caliber_core.calibration.margins import margin_scale
 from caliber_core.serving.runtime import Perturber
-from caliber_core.calibration.survival import ExactCurves, sorted_gaps, survival_probability
+from caliber_core.calibration.engine import CurveEngine
+from caliber_core.calibration.survival import sorted_gaps, survival_probability
 from caliber_core.simulation.reference import argmax_monte_carlo
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
@@ -112,7 +113,7 @@ def test_transfer_error_is_the_relative_accuracy_miss(calibrations):
     for r in fleet.DEFAULT_RETENTIONS:
         t = fleet.calibrate_from_scale(fit, scale=cal.scale, clean_accuracy=cal.clean_accuracy,
                                        n_classes=10, value=r, saturate=True)
-        got = cal.exact.accuracy(t.sigma)[0]  # digits: the exact curve is the measured one
+        got = cal.engine.accuracy(t.sigma)[0]  # digits: the exact curve is the measured one
         errs.append(abs(got - t.accuracy) / t.accuracy * 100)
     assert cal.curve_method == "exact"
     assert fleet.transfer_error(cal, fit, statistic="median") == pytest.approx(np.mean(errs), rel=1e-9)
@@ -252,7 +253,7 @@ def test_averaging_m_fresh_draws_equals_one_draw_at_sigma_over_sqrt_m(path):
     one_draw, _ = argmax_monte_carlo(z, y, [s_eff], realizations=r, seed=5)
     assert abs(averaged - one_draw[0]) <= N_SE * np.sqrt(2) * se
     # And clearly not the accuracy of one draw at sigma itself.
-    at_sigma = ExactCurves(z, y).accuracy(sigma)[0]
+    at_sigma = CurveEngine(z, y, method="exact").accuracy(sigma)[0]
     assert averaged - at_sigma > 10 * se
 
 

@@ -24,7 +24,7 @@ from caliber_core.calibration.intervals import (
     half_width_rows,
     sample_size_advice,
 )
-from caliber_core.calibration.row_probabilities import RowProbabilities, rows_for_sample, sample_estimates
+from caliber_core.calibration.engine import CurveEngine, sample_estimates
 from caliber_core.calibration.sweep import survival_intervals
 from caliber_core.simulation.reference import argmax_monte_carlo
 from caliber_core.simulation.synthetic import make_synthetic_logits
@@ -40,7 +40,7 @@ LEVEL = 0.95
 def population():
     z, y = make_synthetic_logits(POP_N, K, clean_accuracy=0.75, seed=11)
     z = z.astype(np.float64)
-    rows = RowProbabilities(z, y)
+    rows = CurveEngine(z, y, method="exact")
     grid = np.geomspace(0.6, 1.8, 30)
     est = sample_estimates(rows.at(grid))
     # sigma where the population retains 80% of its clean accuracy
@@ -71,7 +71,7 @@ def test_two_sided_coverage_is_nominal_with_exact_rows(population):
     m = 300
     covered = {"accuracy": 0, "retention": 0, "agreement": 0}
     for i, idx in enumerate(_samples(m, SAMPLE_N, seed=1)):
-        iv = BootstrapIntervals(RowProbabilities(z[idx], y[idx]), resamples=1000, seed=i).at(sigma0)
+        iv = BootstrapIntervals(CurveEngine(z[idx], y[idx], method="exact"), resamples=1000, seed=i).at(sigma0)
         for kind in covered:
             part = iv.get(kind)
             covered[kind] += part.low <= truth[kind] <= part.high
@@ -87,11 +87,11 @@ def test_coverage_carries_monte_carlo_row_error(population):
     widths_mc, widths_exact = [], []
     for i, idx in enumerate(_samples(m, SAMPLE_N, seed=2)):
         draws = survival_intervals(z[idx], y[idx], realizations=4, seed=100 + i)
-        mc = BootstrapIntervals(RowProbabilities(z[idx], y[idx], method="monte-carlo", draws=draws),
+        mc = BootstrapIntervals(CurveEngine(z[idx], y[idx], method="monte-carlo", draws=draws),
                                 resamples=1000, seed=i).at(sigma0)
         hits += mc.retention.low <= truth["retention"] <= mc.retention.high
         widths_mc.append(mc.retention.half_width)
-        exact = BootstrapIntervals(RowProbabilities(z[idx], y[idx]), resamples=1000, seed=i).at(sigma0)
+        exact = BootstrapIntervals(CurveEngine(z[idx], y[idx], method="exact"), resamples=1000, seed=i).at(sigma0)
         widths_exact.append(exact.retention.half_width)
     assert abs(hits / m - LEVEL) <= _binomial_band(LEVEL, m)
     # Noisy rows widen the interval: their Monte-Carlo variance adds to the rows' spread.
@@ -105,10 +105,10 @@ def test_at_least_undershoots_and_at_most_overshoots_no_more_than_one_minus_conf
     under = over = 0
     # Population retention between grid points by linear interpolation; check its error first.
     mids = np.sqrt(grid[12:15] * grid[13:16])
-    exact_mid = sample_estimates(RowProbabilities(z, y).at(mids))["retention"]
+    exact_mid = sample_estimates(CurveEngine(z, y, method="exact").at(mids))["retention"]
     assert np.max(np.abs(np.interp(mids, grid, est["retention"]) - exact_mid)) < 2e-4
     for i, idx in enumerate(_samples(m, SAMPLE_N, seed=3)):
-        boot = BootstrapIntervals(RowProbabilities(z[idx], y[idx]), resamples=1000, seed=i)
+        boot = BootstrapIntervals(CurveEngine(z[idx], y[idx], method="exact"), resamples=1000, seed=i)
         s_low = boot.sigma_for_bound(target, kind="retention", side="at-least", guess=sigma0)
         s_high = boot.sigma_for_bound(target, kind="retention", side="at-most", guess=sigma0)
         assert s_low < s_high
@@ -124,7 +124,7 @@ def test_width_shrinks_as_one_over_sqrt_n(population):
     z, y, sigma0, *_ = population
     widths = {}
     for n in (400, 1600):
-        hw = [BootstrapIntervals(RowProbabilities(z[idx], y[idx]), resamples=1000, seed=i)
+        hw = [BootstrapIntervals(CurveEngine(z[idx], y[idx], method="exact"), resamples=1000, seed=i)
               .at(sigma0).retention.half_width for i, idx in enumerate(_samples(20, n, seed=n))]
         widths[n] = float(np.mean(hw))
     ratio = widths[400] / widths[1600]
@@ -140,7 +140,7 @@ def test_width_shrinks_as_one_over_sqrt_n(population):
 @pytest.mark.parametrize("name", ["mlp-narrow", "logreg-pool", "cnn"])
 def test_delta_method_agrees_with_bootstrap(name):
     z, y = _digits(name)
-    boot = BootstrapIntervals(RowProbabilities(z, y), resamples=4000, seed=0)
+    boot = BootstrapIntervals(CurveEngine(z, y, method="exact"), resamples=4000, seed=0)
     sigma = float(np.median(np.abs(np.diff(np.sort(z, axis=1)[:, -2:], axis=1))))
     b, d = boot.at(sigma), boot.delta_at(sigma)
     for kind in ("accuracy", "retention", "agreement"):
@@ -153,7 +153,7 @@ def test_delta_method_agrees_with_bootstrap(name):
 
 def test_estimates_match_a_brute_force_monte_carlo():
     z, y = _digits("mlp-brief")
-    boot = BootstrapIntervals(RowProbabilities(z, y), resamples=500)
+    boot = BootstrapIntervals(CurveEngine(z, y, method="exact"), resamples=500)
     sigma = 1.7
     iv = boot.at(sigma)
     acc, agr = argmax_monte_carlo(z, y, [sigma], realizations=400, seed=9)
@@ -165,9 +165,9 @@ def test_estimates_match_a_brute_force_monte_carlo():
 
 def test_same_seed_same_intervals():
     z, y = _digits("mlp-wide")
-    a = BootstrapIntervals(RowProbabilities(z, y), resamples=300, seed=5).at(2.0)
-    b = BootstrapIntervals(RowProbabilities(z, y), resamples=300, seed=5).at(2.0)
-    c = BootstrapIntervals(RowProbabilities(z, y), resamples=300, seed=6).at(2.0)
+    a = BootstrapIntervals(CurveEngine(z, y, method="exact"), resamples=300, seed=5).at(2.0)
+    b = BootstrapIntervals(CurveEngine(z, y, method="exact"), resamples=300, seed=5).at(2.0)
+    c = BootstrapIntervals(CurveEngine(z, y, method="exact"), resamples=300, seed=6).at(2.0)
     assert a == b
     assert a.retention.low != c.retention.low
 
@@ -175,9 +175,9 @@ def test_same_seed_same_intervals():
 def test_row_groups_give_the_same_interval_as_rows(monkeypatch):
     """Beyond MAX_UNITS rows, random groups of rows are resampled; here 500 rows in 125 groups."""
     z, y = _digits("mlp-narrow")
-    rows = BootstrapIntervals(RowProbabilities(z, y), resamples=4000, seed=1).at(2.8)
+    rows = BootstrapIntervals(CurveEngine(z, y, method="exact"), resamples=4000, seed=1).at(2.8)
     monkeypatch.setattr(intervals_mod, "MAX_UNITS", 125)
-    boot = BootstrapIntervals(RowProbabilities(z, y), resamples=4000, seed=1)
+    boot = BootstrapIntervals(CurveEngine(z, y, method="exact"), resamples=4000, seed=1)
     assert "125 random groups" in boot.method
     groups = boot.at(2.8)
     for kind in ("accuracy", "retention", "agreement"):
@@ -193,14 +193,14 @@ def test_row_group_coverage_is_nominal(population, monkeypatch):
     m = 200
     hits = 0
     for i, idx in enumerate(_samples(m, SAMPLE_N, seed=7)):
-        iv = BootstrapIntervals(RowProbabilities(z[idx], y[idx]), resamples=1000, seed=i).at(sigma0)
+        iv = BootstrapIntervals(CurveEngine(z[idx], y[idx], method="exact"), resamples=1000, seed=i).at(sigma0)
         hits += iv.retention.low <= truth["retention"] <= iv.retention.high
     assert abs(hits / m - LEVEL) <= _binomial_band(LEVEL, m), hits / m
 
 
 def test_bands_order_and_interpolation():
     z, y = _digits("logreg-raw")
-    boot = BootstrapIntervals(RowProbabilities(z, y), resamples=1000)
+    boot = BootstrapIntervals(CurveEngine(z, y, method="exact"), resamples=1000)
     grid = np.geomspace(0.2, 20, 30)
     bands = boot.bands(grid)
     for kind in ("accuracy", "retention", "agreement"):
@@ -220,7 +220,7 @@ def test_bands_order_and_interpolation():
 
 def test_one_sided_solve_returns_the_safe_end():
     z, y = _digits("mlp-narrow")
-    boot = BootstrapIntervals(RowProbabilities(z, y), resamples=1000)
+    boot = BootstrapIntervals(CurveEngine(z, y, method="exact"), resamples=1000)
     for kind, target in (("retention", 0.8), ("accuracy", 0.6), ("agreement", 0.7)):
         s_low = boot.sigma_for_bound(target, kind=kind, side="at-least", guess=2.0)
         s_high = boot.sigma_for_bound(target, kind=kind, side="at-most", guess=2.0)
@@ -232,22 +232,22 @@ def test_one_sided_solve_returns_the_safe_end():
 
 def test_to_config_record_and_no_labels():
     z, y = _digits("mlp-brief")
-    rec = BootstrapIntervals(RowProbabilities(z, y), resamples=200).at(1.0).to_config()
+    rec = BootstrapIntervals(CurveEngine(z, y, method="exact"), resamples=200).at(1.0).to_config()
     assert list(rec) == ["level", "method", "accuracy", "retention", "agreement"]
     assert rec["level"] == 0.95 and "bootstrap" in rec["method"]
     assert all(len(rec[k]) == 2 and rec[k][0] <= rec[k][1] for k in ("accuracy", "retention", "agreement"))
-    bare = BootstrapIntervals(RowProbabilities(z), resamples=200).at(1.0)
+    bare = BootstrapIntervals(CurveEngine(z, method="exact"), resamples=200).at(1.0)
     rec = bare.to_config()
     assert rec["accuracy"] is None and rec["retention"] is None and len(rec["agreement"]) == 2
     with pytest.raises(ValueError, match="needs labels"):
-        BootstrapIntervals(RowProbabilities(z), resamples=200).bound(1.0, kind="retention", side="at-least")
+        BootstrapIntervals(CurveEngine(z, method="exact"), resamples=200).bound(1.0, kind="retention", side="at-least")
 
 
-def test_rows_for_sample_picks_monte_carlo_for_large_inputs():
+def test_the_engine_picks_monte_carlo_for_large_inputs():
     z, y = make_synthetic_logits(3000, 1000, seed=1)
-    rows = rows_for_sample(z, y)
+    rows = CurveEngine(z, y)
     assert rows.method == "monte-carlo"
-    assert rows_for_sample(*_digits("cnn")).method == "exact"
+    assert CurveEngine(*_digits("cnn")).method == "exact"
 
 
 # --------------------------------------------------------------------------- advice
@@ -266,25 +266,23 @@ def test_sample_size_advice():
 
 def test_input_errors():
     z, y = _digits("cnn")
-    rows = RowProbabilities(z, y)
+    rows = CurveEngine(z, y, method="exact")
     with pytest.raises(ValueError, match=r"confidence must be in \[0.5, 1\), got 1.0"):
         BootstrapIntervals(rows, confidence=1.0)
     with pytest.raises(ValueError, match="resamples must be an int >= 100, got 50"):
         BootstrapIntervals(rows, resamples=50)
     with pytest.raises(ValueError, match="resamples must be an int"):
         BootstrapIntervals(rows, resamples=True)
-    with pytest.raises(ValueError, match="method must be 'exact' or 'monte-carlo', got 'mc'"):
-        RowProbabilities(z, y, method="mc")
-    with pytest.raises(ValueError, match="needs the sweep's draws"):
-        RowProbabilities(z, y, method="monte-carlo")
+    with pytest.raises(ValueError, match="method must be one of .*'exact', 'monte-carlo'.*, got 'mc'"):
+        CurveEngine(z, y, method="mc")
     with pytest.raises(ValueError, match="draws cover 10 rows, logits have 500"):
-        RowProbabilities(z, y, method="monte-carlo", draws=survival_intervals(z[:10], y[:10], realizations=2))
+        CurveEngine(z, y, method="monte-carlo", draws=survival_intervals(z[:10], y[:10], realizations=2))
     with pytest.raises(ValueError, match="computed without labels"):
-        RowProbabilities(z, y, method="monte-carlo", draws=survival_intervals(z, realizations=2))
+        CurveEngine(z, y, method="monte-carlo", draws=survival_intervals(z, realizations=2))
     with pytest.raises(ValueError, match=r"labels must be integers in \[0, 10\), got range \[0, 10\]"):
-        RowProbabilities(z, np.where(y == 9, 10, y))
+        CurveEngine(z, np.where(y == 9, 10, y), method="exact")
     with pytest.raises(ValueError, match="inconsistent numbers of samples"):
-        RowProbabilities(z, y[:-1])
+        CurveEngine(z, y[:-1], method="exact")
     with pytest.raises(ValueError, match="sigma must be finite and >= 0"):
         rows.at(-1.0)
     boot = BootstrapIntervals(rows, resamples=200)

@@ -136,7 +136,7 @@ def test_sides_on_the_exact_accuracy_curve(exact_cal, retention):
     accuracy = retention * exact_cal.clean_accuracy
 
     def f(s):
-        return float(exact_cal.exact.accuracy(s)[0])
+        return float(exact_cal.engine.accuracy(s)[0])
 
     guess = first_crossing(exact_cal.intervals.accuracy, accuracy, lo=1e-3, hi=1e3)
     point = solve_near(f, accuracy, guess=guess)

@@ -20,8 +20,8 @@ from hypothesis.extra import numpy as hnp
 
 from caliber_core.calibration.margins import clean_accuracy, margin_scale
 from caliber_core.calibration.inversion import invert_decreasing, sigma_for_agreement
+from caliber_core.calibration.engine import CurveEngine
 from caliber_core.calibration.survival import (
-    ExactCurves,
     agreement_probability,
     sorted_gaps,
     survival_probability,
@@ -114,7 +114,7 @@ def test_adding_a_constant_to_a_row_leaves_pi_and_accuracy_unchanged(z, data):
     shifted = z + shifts[:, None]
     sig = np.array([0.0, 0.1, 1.0, 10.0])
     np.testing.assert_array_equal(agreement_probability(shifted, sig), agreement_probability(z, sig))
-    a, b = ExactCurves(z, labels), ExactCurves(shifted, labels)
+    a, b = CurveEngine(z, labels, method="exact"), CurveEngine(shifted, labels, method="exact")
     np.testing.assert_array_equal(a.accuracy(sig), b.accuracy(sig))
     for x, y in zip(a.corridor(sig), b.corridor(sig)):
         np.testing.assert_array_equal(x, y)
@@ -135,7 +135,7 @@ def test_agreement_probability_shapes():
 def test_invalid_sigma_is_rejected(sigma, match):
     with pytest.raises(ValueError, match=match):
         agreement_probability(np.eye(3), sigma)
-    curves = ExactCurves(np.eye(3), [0, 1, 0])  # one wrong row
+    curves = CurveEngine(np.eye(3), [0, 1, 0], method="exact")  # one wrong row
     for method in (curves.agreement, curves.accuracy, curves.corridor):
         with pytest.raises(ValueError, match=match):
             method(sigma)
@@ -143,7 +143,7 @@ def test_invalid_sigma_is_rejected(sigma, match):
 
 def test_exact_curves_for_a_perfect_model():
     z = np.array([[3.0, 0.0, 1.0], [0.0, 2.0, 1.0]])
-    curves = ExactCurves(z, [0, 1])
+    curves = CurveEngine(z, [0, 1], method="exact")
     sigma = np.array([0.0, 0.5, 2.0])
     # Every row is correct: accuracy is agreement, the corridor has zero width.
     np.testing.assert_allclose(curves.accuracy(sigma), curves.agreement(sigma), rtol=1e-15)
@@ -153,14 +153,14 @@ def test_exact_curves_for_a_perfect_model():
 
 
 def test_exact_curves_need_labels_for_accuracy_and_corridor():
-    curves = ExactCurves(np.eye(3))
+    curves = CurveEngine(np.eye(3), method="exact")
     assert curves.agreement(0.5).shape == (1,)
     with pytest.raises(ValueError, match=r"labels are required"):
         curves.accuracy(0.5)
     with pytest.raises(ValueError, match=r"labels are required"):
         curves.corridor(0.5)
     with pytest.raises(ValueError, match=r"inconsistent numbers of samples: logits 3, labels \(2,\)"):
-        ExactCurves(np.eye(3), [0, 1])
+        CurveEngine(np.eye(3), [0, 1], method="exact")
 
 
 def test_sorted_gaps_by_hand():
@@ -212,7 +212,7 @@ def test_exact_accuracy_matches_brute_force_monte_carlo(path):
     z, y = _digits(path)
     s = margin_scale(z)
     sigma = s * np.sqrt([0.3, 1.0, 3.0])  # before, in and after the transition
-    curves = ExactCurves(z, y)
+    curves = CurveEngine(z, y, method="exact")
     exact = curves.accuracy(sigma)
     r = 100
     acc, agr = argmax_monte_carlo(z, y, sigma, realizations=r, seed=7)
@@ -231,7 +231,7 @@ def test_exact_accuracy_matches_brute_force_monte_carlo(path):
 def test_exact_accuracy_is_a0_at_zero_noise_and_chance_at_infinite_noise():
     for path in DIGITS_FILES:
         z, y = _digits(path)
-        curves = ExactCurves(z, y)
+        curves = CurveEngine(z, y, method="exact")
         assert curves.accuracy(0.0)[0] == clean_accuracy(z, y)
         assert curves.agreement(0.0)[0] == 1.0
         # sigma = 1e5 S: gaps / sigma ~ 1e-5, so accuracy is 1/K to ~1e-4.
@@ -247,7 +247,7 @@ def test_exact_accuracy_is_a0_at_zero_noise_and_chance_at_infinite_noise():
 def test_corridor_contains_the_exact_accuracy_on_digits(path):
     z, y = _digits(path)
     a0 = clean_accuracy(z, y)
-    curves = ExactCurves(z, y)
+    curves = CurveEngine(z, y, method="exact")
     sigma = margin_scale(z) * np.sqrt(np.geomspace(1e-2, 1e2, 13))
     lower, upper = curves.corridor(sigma)
     acc = curves.accuracy(sigma)
@@ -269,7 +269,7 @@ def test_corridor_contains_the_exact_accuracy_on_digits(path):
 def test_corridor_floor_tends_to_a0_as_sigma_vanishes(path):
     z, y = _digits(path)
     a0 = clean_accuracy(z, y)
-    lower, upper = ExactCurves(z, y).corridor([0.0, 1e-9, 1e-6 * margin_scale(z)])
+    lower, upper = CurveEngine(z, y, method="exact").corridor([0.0, 1e-9, 1e-6 * margin_scale(z)])
     np.testing.assert_array_equal(lower, a0)
     np.testing.assert_allclose(upper, a0, atol=1e-12)
 
@@ -283,7 +283,7 @@ def test_corridor_contains_the_exact_accuracy_on_random_logits(z, data):
     assume(np.all(s[:, -1] > s[:, -2]))  # Corollary 1 assumes a unique maximizer
     # At least one wrong row: the all-correct case is a known bug (test_exact_curves_for_a_perfect_model).
     assume(np.any(np.argmax(z, axis=1) != labels))
-    curves = ExactCurves(z, labels)
+    curves = CurveEngine(z, labels, method="exact")
     lower, upper = curves.corridor(SIGMA_GRID)
     acc = curves.accuracy(SIGMA_GRID)
     assert np.all(lower <= acc + QUAD_TOL)
@@ -297,7 +297,7 @@ def test_corridor_contains_the_exact_accuracy_on_random_logits(z, data):
 @pytest.mark.parametrize("target", [0.95, 0.9, 0.75, 0.6, 0.3])
 def test_sigma_for_agreement_hits_the_target(path, target):
     z, _ = _digits(path)
-    curves = ExactCurves(z)
+    curves = CurveEngine(z, method="exact")
     s = margin_scale(z)
     # A deliberately poor guess (the scale S itself), no slope: the solver must still converge.
     sigma = sigma_for_agreement(curves, target, guess=s)
@@ -307,7 +307,7 @@ def test_sigma_for_agreement_hits_the_target(path, target):
 
 def test_sigma_for_agreement_is_monotone_in_the_target():
     z, _ = _digits(DIGITS_FILES[0])
-    curves = ExactCurves(z)
+    curves = CurveEngine(z, method="exact")
     s = margin_scale(z)
     sig = [sigma_for_agreement(curves, t, guess=s) for t in (0.95, 0.9, 0.8, 0.7, 0.6, 0.5)]
     assert np.all(np.diff(sig) > 0)
@@ -317,7 +317,7 @@ def test_sigma_for_agreement_is_monotone_in_the_target():
 def test_sigma_for_agreement_rejects_targets_outside_chance_and_one(target):
     z, _ = _digits(DIGITS_FILES[0])
     with pytest.raises(ValueError, match=r"strictly between 1/K=0.1 and 1"):
-        sigma_for_agreement(ExactCurves(z), target, guess=1.0)
+        sigma_for_agreement(CurveEngine(z, method="exact"), target, guess=1.0)
 
 
 def test_invert_decreasing_expands_its_bracket_and_reports_unreachable():

@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from caliber_core.calibration.survival import ExactCurves, agreement_probability, survival_probability
+from caliber_core.calibration.engine import CurveEngine
+from caliber_core.calibration.survival import agreement_probability, survival_probability
 
 REFERENCE = Path(__file__).parent / "reference" / "survival_reference.json"
 DATA = json.loads(REFERENCE.read_text())
@@ -154,7 +155,7 @@ def test_agreement_probability_from_logits_matches_mpmath(case):
 
 def test_exact_accuracy_is_the_mean_survival_of_the_label():
     # Rows built from K = 10 reference gaps, the label as the reference class:
-    # ExactCurves.accuracy must be the mean of the references at that sigma.
+    # the engine's exact accuracy must be the mean of the references at that sigma.
     sigma = 1.0
     rows = [c for c in CASES if len(c["gaps"]) == 9 and c["sigma"] == sigma]
     logits, labels = [], []
@@ -163,6 +164,6 @@ def test_exact_accuracy_is_the_mean_survival_of_the_label():
         z = np.insert(-np.array(c["gaps"]), label, 0.0)
         logits.append(z)
         labels.append(label)
-    curves = ExactCurves(np.array(logits), np.array(labels))
+    curves = CurveEngine(np.array(logits), np.array(labels), method="exact")
     expected = np.mean([float(c["value"]) for c in rows])
     assert curves.accuracy(sigma)[0] == pytest.approx(expected, rel=1e-12, abs=1e-14)

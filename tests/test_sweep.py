@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from caliber_core.calibration import sweep as sweep_mod
+from caliber_core.calibration import draws as draws_mod
 from caliber_core.calibration.margins import clean_accuracy, margin_scale, normalized_utility
-from caliber_core.calibration.survival import ExactCurves
+from caliber_core.calibration.engine import CurveEngine
+from caliber_core.calibration.draws import POOL_MIN_CLASSES
 from caliber_core.calibration.sweep import (
-    POOL_MIN_CLASSES,
     default_realizations,
     default_v_grid,
     survival_intervals,
@@ -83,7 +83,7 @@ def test_sweep_matches_the_exact_quadrature_curves(name):
     s = margin_scale(z)
     iv = survival_intervals(z, y, realizations=32, seed=3)
     sigma = s * np.sqrt(V_POINTS)
-    exact = ExactCurves(z, y)
+    exact = CurveEngine(z, y, method="exact")
     assert np.all(np.abs(iv.agreement(sigma) - exact.agreement(sigma)) <= N_SE * iv.agreement_stderr(sigma))
     assert np.all(np.abs(iv.accuracy(sigma) - exact.accuracy(sigma)) <= N_SE * iv.accuracy_stderr(sigma))
 
@@ -115,10 +115,10 @@ def test_pooled_draws_do_not_inflate_the_error_at_the_largest_reuse(monkeypatch)
     # pool grows with N up to POOL_MAX_ELEMENTS). The same reuse at a test-sized
     # N: shrink the pool floor so that the reuse bound sets the pool's size.
     n, k, r = 400, 1000, 40
-    reuse = sweep_mod.POOL_MAX_REUSE
+    reuse = draws_mod.POOL_MAX_REUSE
     assert reuse == 16
     drawn = n * r // 2  # antithetic pairs: half the draws are generated
-    monkeypatch.setattr(sweep_mod, "POOL_ELEMENTS", (drawn // reuse) * k)
+    monkeypatch.setattr(draws_mod, "POOL_ELEMENTS", (drawn // reuse) * k)
     z, y = make_synthetic_logits(n, k, seed=5)
     sigma = margin_scale(z) * np.sqrt([0.3, 1.0, 3.0])
     acc_ratio, agr_ratio = _seed_spread(z, y, sigma, realizations=r)
@@ -149,7 +149,7 @@ def test_direct_draws_match_their_stderr():
 
 @pytest.mark.parametrize("k", [2, 3, 10, 100])
 def test_intervals_reproduce_the_noisy_argmax_draw_by_draw(k):
-    # The private helper with known draws: for every sigma, "lo < sigma < hi" must
+    # The interval rule with known draws: for every sigma, "lo < sigma < hi" must
     # be exactly "argmax(z + sigma xi) is the reference class" (away from the
     # endpoints, which are rounded in float32), for the draws and their
     # antithetic twins -xi alike.
@@ -158,12 +158,12 @@ def test_intervals_reproduce_the_noisy_argmax_draw_by_draw(k):
     z = rng.normal(0, 2, (n, k))
     labels = rng.integers(0, k, n)
     drawn = rng.standard_normal((n, half, k)).astype(np.float32)
-    xi = np.concatenate([drawn, -drawn], axis=1)  # the order _intervals returns them in
+    xi = np.concatenate([drawn, -drawn], axis=1)  # the order survival_bounds returns them in
     r = 2 * half
     pred = np.argmax(z, axis=1)
-    hi = sweep_mod._intervals(drawn, z, pred)[1]
+    hi = draws_mod.survival_bounds(drawn, z, pred)[1]
     wrong = np.nonzero(pred != labels)[0]
-    lo_w, hi_w = sweep_mod._intervals(drawn[wrong], z[wrong], labels[wrong])
+    lo_w, hi_w = draws_mod.survival_bounds(drawn[wrong], z[wrong], labels[wrong])
     acc_lo, acc_hi = np.zeros((n, r)), hi.copy()
     acc_lo[wrong], acc_hi[wrong] = lo_w, hi_w
     checked = 0
@@ -185,7 +185,7 @@ def test_label_tied_with_the_prediction():
     y = np.ones(200, dtype=np.int64)
     iv = survival_intervals(z, y, realizations=200, seed=0)
     sigma = np.array([0.1, 0.5, 1.0, 3.0])
-    exact = ExactCurves(z, y).accuracy(sigma)
+    exact = CurveEngine(z, y, method="exact").accuracy(sigma)
     np.testing.assert_allclose(exact[0], 0.5, atol=1e-3)
     assert np.all(np.abs(iv.accuracy(sigma) - exact) <= N_SE * iv.accuracy_stderr(sigma) + 1e-12)
 
@@ -195,7 +195,7 @@ def test_ties_with_the_clean_prediction_in_agreement():
     z = np.tile([1.0, 1.0, 0.0], (200, 1))
     iv = survival_intervals(z, realizations=200, seed=0)
     sigma = np.array([0.1, 0.5, 1.0, 3.0])
-    exact = ExactCurves(z).agreement(sigma)
+    exact = CurveEngine(z, method="exact").agreement(sigma)
     # At small sigma each antithetic pair splits the tie exactly (one of xi, -xi
     # keeps class 0): the estimate is exactly 1/2 with a zero stderr.
     assert np.all(np.abs(iv.agreement(sigma) - exact) <= N_SE * iv.agreement_stderr(sigma) + 1e-12)

@@ -10,12 +10,14 @@ Two inversions are kept side by side for every target:
   shapes; the curve has none, so the per-model default is the curve and the
   logistic stays for display, shared fits and transfer.
 
-Agreement targets invert the exact pi(sigma) by quadrature, or on a file too
-large for it (the same rule as accuracy targets) the sweep's Monte-Carlo
-agreement curve: quadrature costs seconds per sigma there. Every
-inversion goes through :mod:`caliber_core.calibration.inversion`; the result
-is a :class:`caliber_core.config.TargetRecord`. A target out of reach raises,
-or with ``saturate`` serves the largest sigma the sweep measured
+Which curve is "the measured curve" is the engine's one cost policy
+(:func:`.engine.choose_method`): the exact quadrature when the file is small
+enough, else the sweep's Monte-Carlo curve; agreement targets follow the same
+rule. The intervals, the corridor and the drift reference read the same
+engine (:attr:`Calibration.engine`). Every inversion goes through
+:mod:`caliber_core.calibration.inversion`; the result is a
+:class:`caliber_core.config.TargetRecord`. A target out of reach raises, or
+with ``saturate`` serves the largest sigma the sweep measured
 (:func:`saturated_sigma`), flagged ``saturated``.
 """
 
@@ -27,19 +29,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config import CALIBRATED_KINDS, TargetRecord
-from ..validation import as_labels, as_logits
 from . import margins
+from .engine import CurveEngine, choose_method
 from .fit import LogisticFit, fit_logistic
 from .inversion import first_crossing, logistic_sigma, sigma_for_agreement, solve_near
-from .survival import FEW_CLASSES, QUAD_STEP, QUAD_STEP_FEW, U_MAX, ExactCurves
+from .sample import LogitSample
 from .sweep import NoiseSweep, SurvivalIntervals, default_realizations, survival_intervals, sweep_from_intervals
 
 INVERSIONS = ("curve", "logistic")
 CURVE_METHODS = ("auto", "exact", "monte-carlo")
-# Quadrature budget (node x class x row evaluations) under which "auto" inverts
-# the exact accuracy curve; above it the Monte-Carlo curve is used. ~10 s here.
-EXACT_BUDGET = 4e8
-_EXACT_EVALS_PER_TARGET = 6
 
 
 @dataclass(kw_only=True)
@@ -62,9 +60,8 @@ class Calibration:
     fit_quantity: str
     curve_method: str
     seed: int | None
-    _logits: np.ndarray = field(repr=False)
-    _labels: np.ndarray | None = field(repr=False)
-    _exact: ExactCurves | None = field(default=None, repr=False)
+    sample: LogitSample = field(repr=False)
+    _engine: CurveEngine | None = field(default=None, repr=False)
 
     @property
     def chance(self) -> float:
@@ -72,24 +69,25 @@ class Calibration:
 
     @property
     def has_labels(self) -> bool:
-        return self._labels is not None
+        return self.sample.has_labels
 
     @property
     def logits(self) -> np.ndarray:
         """The validated float64 logits the calibration was run on (read-only use)."""
-        return self._logits
+        return self.sample.logits
 
     @property
     def labels(self) -> np.ndarray | None:
         """The validated int64 labels, or None."""
-        return self._labels
+        return self.sample.labels
 
     @property
-    def exact(self) -> ExactCurves:
-        """Exact quadrature curves, built on first use."""
-        if self._exact is None:
-            self._exact = ExactCurves(self._logits, self._labels)
-        return self._exact
+    def engine(self) -> CurveEngine:
+        """Per-row survival and curves on this sample, by ``curve_method``, over the sweep's draws."""
+        if self._engine is None or self._engine.method != self.curve_method:
+            self._engine = CurveEngine(self.sample, method=self.curve_method, draws=self.intervals,
+                                       seed=self.seed)
+        return self._engine
 
     def sigma_range(self) -> tuple[float, float]:
         return float(self.sweep.sigma[0]), float(self.sweep.sigma[-1])
@@ -110,38 +108,37 @@ def calibrate_model(
 
     Parameters
     ----------
-    logits : array_like of shape (n_samples, n_classes)
+    logits : LogitSample, or array_like of shape (n_samples, n_classes)
     labels : array_like of int, shape (n_samples,), optional
         Without labels only agreement targets are possible; the fit is then
-        to normalized agreement.
+        to normalized agreement. Only with raw logits (a sample carries its own).
     name : str
     statistic : {"median", "mean", "trimmed"}, default "median"
     realizations : int, optional
         Noise draws per input; default from N and K (:func:`default_realizations`).
     seed : int or None, default 0
     curve : {"auto", "exact", "monte-carlo"}, default "auto"
-        Which measured curve ``sigma_for_target`` inverts for accuracy targets.
+        Which measured curve every consumer reads (``sigma_for_target``, the
+        intervals, the corridor); "auto" is :func:`.engine.choose_method`.
     progress : callable, optional
         Called with the fraction done in [0, 1].
     """
-    z = as_logits(logits)
-    n, k = z.shape
+    sample = LogitSample.of(logits, labels)
+    n, k = sample.n_samples, sample.n_classes
     if curve not in CURVE_METHODS:
         raise ValueError(f"curve must be one of {CURVE_METHODS}, got {curve!r}")
-    m = margins.top_two_margins(z)
+    m = sample.margins
     scale = margins.scale_from_margins(m, statistic=statistic)
     scales = {s: (scale if s == statistic else _try_scale(m, s)) for s in margins.MARGIN_STATISTICS}
     a0 = None
-    y = None
-    if labels is not None:
-        y = as_labels(labels, n_samples=n, n_classes=k)
-        a0 = margins.clean_accuracy(z, y)
+    if sample.has_labels:
+        a0 = sample.clean_accuracy
         if not a0 > 1.0 / k:
             raise ValueError(
                 f"clean accuracy A0={a0:.4f} is not above chance 1/K={1 / k:.4f}: nothing to calibrate"
             )
     r = default_realizations(n, k) if realizations is None else realizations
-    intervals = survival_intervals(z, y, realizations=r, seed=seed, progress=progress)
+    intervals = survival_intervals(sample, realizations=r, seed=seed, progress=progress)
     sweep = sweep_from_intervals(intervals, scale=scale, clean_accuracy=a0)
     if sweep.utility is not None:
         fit = fit_logistic(sweep.v, sweep.utility)
@@ -150,13 +147,11 @@ def calibrate_model(
         fit = fit_logistic(sweep.v, (sweep.agreement - 1.0 / k) / (1.0 - 1.0 / k))
         quantity = "agreement"
     if curve == "auto":
-        nodes = 2 * U_MAX / (QUAD_STEP_FEW if k <= FEW_CLASSES else QUAD_STEP)
-        cost = n * (k - 1) * nodes * _EXACT_EVALS_PER_TARGET * 4
-        curve = "exact" if cost <= EXACT_BUDGET else "monte-carlo"
+        curve = choose_method(n, k)
     return Calibration(
         name=name, n_samples=n, n_classes=k, statistic=statistic, scale=scale, scales=scales,
         clean_accuracy=a0, intervals=intervals, sweep=sweep, fit=fit, fit_quantity=quantity,
-        curve_method=curve, seed=seed, _logits=z, _labels=y,
+        curve_method=curve, seed=seed, sample=sample,
     )
 
 
@@ -262,9 +257,9 @@ def sigma_for_target(
         return _unreachable(cal, kind, value, accuracy, saturate, result, "curve")
     if cal.curve_method == "monte-carlo":
         return result(s_mc, "monte-carlo-curve")
-    exact = cal.exact
+    engine = cal.engine
     try:
-        s = solve_near(lambda s: float(exact.accuracy(s)[0]), accuracy, guess=s_mc,
+        s = solve_near(lambda s: float(engine.accuracy(s)[0]), accuracy, guess=s_mc,
                        slope=_slope(mc, s_mc))
     except ValueError:
         return _unreachable(cal, kind, value, accuracy, saturate, result, "curve")
@@ -304,7 +299,7 @@ def _agreement_target(cal: Calibration, value: float, *, saturate: bool) -> Targ
     else:
         if cal.curve_method == "monte-carlo":
             return result(guess, "monte-carlo-agreement")
-    s = sigma_for_agreement(cal.exact, value, guess=guess, slope=_slope(cal.intervals.agreement, guess))
+    s = sigma_for_agreement(cal.engine, value, guess=guess, slope=_slope(cal.intervals.agreement, guess))
     return result(s, "exact-agreement")
 
 
@@ -315,7 +310,10 @@ def _slope(curve: Callable, sigma: float, rel: float = 0.05) -> float:
 
 
 def measured_accuracy(cal: Calibration, sigma) -> np.ndarray:
-    """The accuracy the chosen curve predicts at sigma (exact or Monte-Carlo)."""
-    if cal.curve_method == "exact":
-        return cal.exact.accuracy(sigma)
-    return cal.intervals.accuracy(sigma)
+    """The accuracy the calibration's curve predicts at sigma (exact or Monte-Carlo, by its policy)."""
+    return cal.engine.accuracy(sigma)
+
+
+def measured_agreement(cal: Calibration, sigma) -> np.ndarray:
+    """The agreement the calibration's curve predicts at sigma (exact or Monte-Carlo, by its policy)."""
+    return cal.engine.agreement(sigma)

@@ -30,10 +30,10 @@ import zlib
 import numpy as np
 
 from .. import __version__
-from ..validation import as_labels, as_logits
 from .calibrate import CURVE_METHODS, Calibration
 from .fit import LogisticFit
 from .margins import MARGIN_STATISTICS
+from .sample import LogitSample
 from .sweep import NoiseSweep, SurvivalIntervals
 
 FORMAT = "caliber.calibration-arrays/1"
@@ -77,6 +77,7 @@ def calibration_to_arrays(cal: Calibration) -> tuple[dict, dict[str, np.ndarray]
         "n_samples": int(cal.n_samples),
         "n_classes": int(cal.n_classes),
         "has_labels": iv.has_labels,
+        "pooled": iv.pool_rows is not None,
         "realizations": int(iv.realizations),
         "n_points": int(sw.sigma.size),
         "statistic": cal.statistic,
@@ -91,7 +92,7 @@ def calibration_to_arrays(cal: Calibration) -> tuple[dict, dict[str, np.ndarray]
         "sweep_scale": float(sw.scale),
     }
     arrays = {"agree_hi": iv.agree_hi, "acc_lo": iv.acc_lo, "acc_hi": iv.acc_hi,
-              "sigma": sw.sigma, "v": sw.v, "accuracy": sw.accuracy, "accuracy_se": sw.accuracy_se,
+              "pool_rows": iv.pool_rows, "sigma": sw.sigma, "v": sw.v, "accuracy": sw.accuracy, "accuracy_se": sw.accuracy_se,
               "agreement": sw.agreement, "agreement_se": sw.agreement_se, "utility": sw.utility}
     arrays = {k: np.ascontiguousarray(v, dtype=np.float64) for k, v in arrays.items() if v is not None}
     return header, arrays
@@ -210,32 +211,44 @@ def _expected_shapes(h: dict) -> dict[str, tuple]:
     if not h["has_labels"]:
         names -= set(_LABELLED_ONLY)
     rows, grid = (h["n_samples"], h["realizations"]), (h["n_points"],)
-    return {name: rows if name in INTERVAL_ARRAYS else grid for name in names}
+    shapes = {name: rows if name in INTERVAL_ARRAYS else grid for name in names}
+    if h["pooled"]:
+        shapes["pool_rows"] = (h["n_samples"], h["realizations"] // 2)
+    return shapes
 
 
 def calibration_from_arrays(header: dict, arrays: dict[str, np.ndarray], *, logits,
                             labels=None) -> Calibration:
     """Build the calibration from a checked header and arrays (see :func:`calibration_from_bytes`)."""
-    try:
-        z = as_logits(logits)
-    except ValueError as exc:
-        raise CalibrationArraysError(f"logits: {exc}") from None
+    if isinstance(logits, LogitSample):
+        sample = logits
+        if labels is not None:
+            raise CalibrationArraysError("labels come with the LogitSample; pass them when building it")
+    else:
+        try:
+            sample = LogitSample(logits)
+        except ValueError as exc:
+            raise CalibrationArraysError(f"logits: {exc}") from None
     n, k = header["n_samples"], header["n_classes"]
+    z = sample.logits
     if z.shape != (n, k):
         raise CalibrationArraysError(f"stored calibration is of {n} x {k} logits, got shape {z.shape}")
-    y = None
+    y = sample.labels if isinstance(logits, LogitSample) else labels
     if header["has_labels"]:
-        if labels is None:
+        if y is None:
             raise CalibrationArraysError("stored calibration was made with labels; none given")
-        try:
-            y = as_labels(labels, n_samples=n, n_classes=k)
-        except ValueError as exc:
-            raise CalibrationArraysError(f"labels: {exc}") from None
-    elif labels is not None:
+        if not sample.has_labels:
+            try:
+                sample = LogitSample(z, y)
+            except ValueError as exc:
+                raise CalibrationArraysError(f"labels: {exc}") from None
+    elif y is not None:
         raise CalibrationArraysError("stored calibration was made without labels; labels given")
     a = arrays.get
+    pool = a("pool_rows")
     intervals = SurvivalIntervals(agree_hi=a("agree_hi"), acc_lo=a("acc_lo"), acc_hi=a("acc_hi"),
-                                  n_classes=k, seed=header["seed"])
+                                  n_classes=k, seed=header["seed"],
+                                  pool_rows=None if pool is None else pool.astype(np.int64))
     sweep = NoiseSweep(sigma=a("sigma"), v=a("v"), accuracy=a("accuracy"), accuracy_se=a("accuracy_se"),
                        agreement=a("agreement"), agreement_se=a("agreement_se"), utility=a("utility"),
                        scale=header["sweep_scale"], clean_accuracy=header["clean_accuracy"], n_classes=k,
@@ -248,7 +261,7 @@ def calibration_from_arrays(header: dict, arrays: dict[str, np.ndarray], *, logi
         scale=header["scale"], scales={s: _none_to_nan(v) for s, v in header["scales"].items()},
         clean_accuracy=header["clean_accuracy"], intervals=intervals, sweep=sweep, fit=fit,
         fit_quantity=header["fit_quantity"], curve_method=header["curve_method"], seed=header["seed"],
-        _logits=z, _labels=y,
+        sample=sample,
     )
 
 
@@ -280,6 +293,7 @@ def _header(raw) -> dict:
         _need(h, key, _is_int(h.get(key)) and h[key] >= low, f"an integer >= {low}")
     _need(h, "realizations", h["realizations"] % 2 == 0, "even (antithetic pairs)")
     _need(h, "has_labels", isinstance(h.get("has_labels"), bool), "true or false")
+    _need(h, "pooled", isinstance(h.get("pooled"), bool), "true or false")
     _need(h, "statistic", h.get("statistic") in MARGIN_STATISTICS, f"one of {MARGIN_STATISTICS}")
     _need(h, "curve_method", h.get("curve_method") in CURVE_METHODS[1:], f"one of {CURVE_METHODS[1:]}")
     _need(h, "fit_quantity", h.get("fit_quantity") in _FIT_QUANTITIES, f"one of {_FIT_QUANTITIES}")
@@ -333,6 +347,10 @@ def _checked_arrays(h: dict, entries: dict[str, np.ndarray]) -> dict[str, np.nda
     if h["has_labels"]:
         _rule(e, "acc_lo", np.isfinite(e["acc_lo"]).all() and (e["acc_lo"] >= 0).all(), "finite ends >= 0")
         _rule(e, "acc_hi", (e["acc_hi"] >= e["acc_lo"]).all(), "ends >= acc_lo")
+    if "pool_rows" in e:
+        rows = e["pool_rows"]
+        _rule(e, "pool_rows", ((rows >= 0) & (rows < 2**31) & (rows == np.floor(rows))).all(),
+              "integers in [0, 2^31)")
     for name in ("sigma", "v"):
         arr = e[name]
         _rule(e, name, np.isfinite(arr).all() and arr[0] > 0 and (np.diff(arr) > 0).all(),

@@ -6,7 +6,9 @@ v_use takes M >= v / v_use queries per input (part i). With per-input
 deterministic seeding the M answers coincide and the average stays at v (part ii).
 
 For one calibrated model, :func:`query_bound` turns a usable level given as
-a retention into v_use (through the fitted law's inverse) and the bound on M,
+a retention into v_use and the bound on M; v_use comes from the same
+inversion as v* (the measured curve by default, as ``sigma_for_target``), so
+the ratio v* / v_use never mixes the curve with the law;
 and :func:`analytic_attack` gives the accuracy the attacker recovers with M
 fresh queries, on the measured curve and on the law.
 """
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .calibrate import Calibration, measured_accuracy
+from .calibrate import INVERSIONS, Calibration, measured_accuracy, sigma_for_target
 from .fit import LogisticFit
 from .margins import accuracy_from_normalized, normalized_noise, normalized_utility
 
@@ -99,10 +101,12 @@ class QueryBound:
     usable_retention, usable_accuracy, usable_utility : float
         The level the attacker calls usable, as retention, accuracy and A~.
     v_use : float
-        The normalized noise at which the fitted law gives that level
-        (0: only the clean model is that good; inf: the law never falls that low).
+        The normalized noise at which the curve (or the law) gives that level
+        (0: only the clean model is that good; inf: it never falls that low).
     queries : int or None
         The smallest M with v* / M <= v_use; None when no finite M reaches it.
+    inversion : {"curve", "logistic"}
+        Where v_use came from; v* must come from the same.
     """
 
     usable_retention: float
@@ -110,15 +114,38 @@ class QueryBound:
     usable_utility: float
     v_use: float
     queries: int | None
+    inversion: str = "curve"
 
 
-def query_bound(cal: Calibration, v_star: float, usable_retention: float) -> QueryBound:
-    """M >= v* / v_use for a usable level given as retention (v_use from the fit's inverse)."""
+def query_bound(cal: Calibration, v_star: float, usable_retention: float, *,
+                inversion: str = "curve") -> QueryBound:
+    """M >= v* / v_use for a usable level given as retention (Proposition 2(i)).
+
+    Parameters
+    ----------
+    cal : Calibration
+    v_star : float
+        The served v*, from ``sigma_for_target(..., inversion=inversion)``.
+    usable_retention : float
+        The level the attacker calls usable, as a fraction of A0.
+    inversion : {"curve", "logistic"}, default "curve"
+        How v_use is found: on the measured curve (the default of
+        ``sigma_for_target``) or through the fitted law's inverse. v* and v_use
+        must come from the same one.
+    """
     if not cal.has_labels:
         raise ValueError(f"model {cal.name!r} has no labels: a usable retention needs them")
+    if inversion not in INVERSIONS:
+        raise ValueError(f"inversion must be one of {INVERSIONS}, got {inversion!r}")
     acc = usable_retention * cal.clean_accuracy
     u = float(normalized_utility(acc, clean=cal.clean_accuracy, n_classes=cal.n_classes))
-    v_use = float(cal.fit.inverse(min(u, 1.0), saturate=True))
+    if inversion == "logistic":
+        v_use = float(cal.fit.inverse(min(u, 1.0), saturate=True))
+    else:
+        try:
+            v_use = sigma_for_target(cal, usable_retention, inversion="curve").v
+        except ValueError:
+            v_use = math.inf  # the curve never falls that low: one answer is already usable
     if v_use <= 0:
         queries = None  # the attacker needs the clean model exactly: no finite M
     elif not math.isfinite(v_use):
@@ -126,4 +153,4 @@ def query_bound(cal: Calibration, v_star: float, usable_retention: float) -> Que
     else:
         queries = queries_needed(v_star, v_use)
     return QueryBound(usable_retention=usable_retention, usable_accuracy=acc, usable_utility=u,
-                      v_use=v_use, queries=queries)
+                      v_use=v_use, queries=queries, inversion=inversion)

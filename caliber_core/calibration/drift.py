@@ -9,7 +9,7 @@ the new sample differs from the config's value only by the sampling error of
     q_new - q_cal  ~  N(0, sd_cal^2 / N_cal + sd_new^2 / N_new)
 
 where sd is the per-row standard deviation of the estimate's influence
-function (:func:`.row_probabilities.row_spread`; retention linearizes as
+function (:func:`.engine.row_spread`; retention linearizes as
 (a_i - R c_i) / A0). The config stores q_cal and sd_cal per target in its
 ``reference`` record (:func:`target_reference`); for a config without it,
 q_cal is the target's own value (point side) and sd_cal is estimated from the
@@ -40,11 +40,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy.special import ndtri
 
 from ..config import load_config
-from .margins import top_two_margins
-from .row_probabilities import RowProbabilities, row_spread, rows_for_sample, sample_estimates
+from .engine import CurveEngine, row_spread, sample_estimates
+from .sample import LogitSample
 
 REPORT_SCHEMA = "caliber.check/v1"
 _QUANTITIES = ("accuracy", "retention", "agreement")
@@ -112,7 +111,7 @@ class DriftReport:
                 "findings": [f.to_dict() for f in self.findings]}
 
 
-def target_reference(rows: RowProbabilities, sigma: float) -> dict:
+def target_reference(rows: CurveEngine, sigma: float) -> dict:
     """What a sigma delivers on the calibration sample, with the spreads :func:`check_drift` needs.
 
     Returns ``{"accuracy": q, "retention": q, "agreement": q, "row_sd": {...same keys...}}``,
@@ -185,7 +184,10 @@ def check_drift(config, logits, labels=None, *, confidence: float = 0.95,
         raise ValueError(f"the new sample must have the config's {k_cfg} classes, "
                          f"got logits of shape {z.shape}")
     n_cal = int(config["n_samples"])
-    rows = rows_for_sample(z, labels, seed=seed)
+    sample = LogitSample(z, labels, finite=True)
+    if sample.n_samples < 2:
+        raise ValueError(f"a drift check needs at least 2 rows, got n_samples={sample.n_samples}")
+    rows = CurveEngine(sample, seed=seed)  # the one cost policy: exact, or the sweep's draws
     n_new = rows.n_samples
     targets = [(i, t) for i, t in enumerate(config.get("targets", []))
                if isinstance(t.get("sigma"), (int, float)) and not isinstance(t.get("sigma"), bool)]
@@ -208,6 +210,8 @@ def check_drift(config, logits, labels=None, *, confidence: float = 0.95,
     m = len(plans) + int(check_a0) + int(s_cal is not None)
     if m == 0:
         raise ValueError("nothing to compare: the config has no target with a sigma and no median scale")
+    from scipy.special import ndtri
+
     zq = float(ndtri(1.0 - (1.0 - conf) / (2 * m)))
 
     findings = []
@@ -230,7 +234,7 @@ def check_drift(config, logits, labels=None, *, confidence: float = 0.95,
                f"expected {_pct(lo)}-{_pct(hi)} for N={n_new:,}; " + ("consistent" if ok else "recalibrate"))
         findings.append(Finding("clean_accuracy", None, None, a0_cal, a0_new, lo, hi, ok, msg))
     if s_cal is not None:
-        findings.append(_scale_finding(float(s_cal), top_two_margins(z), zq, n_cal, n_new))
+        findings.append(_scale_finding(float(s_cal), sample.margins, zq, n_cal, n_new))
     return DriftReport(tuple(findings), n_new, n_cal, conf, rows.method)
 
 

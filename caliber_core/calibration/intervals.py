@@ -5,7 +5,7 @@ accuracy, retention and agreement it reports at a sigma are sample means, and
 the population values they estimate (population: every input drawn from the
 distribution the file samples) differ from them by sampling error. The rows'
 survival probabilities a_i, g_i and correctness c_i come from
-:mod:`.row_probabilities` (exact quadrature, or the sweep's Monte-Carlo draws,
+:mod:`.engine` (exact quadrature, or the sweep's Monte-Carlo draws,
 whose noise the row bootstrap then carries: each resampled row brings its own
 Monte-Carlo error with it). Population accuracy is A = E[a], agreement
 G = E[g], retention R = E[a] / E[c].
@@ -30,7 +30,7 @@ API (build once per model; everything after is cheap)
 ``target_intervals.interval_estimator(cal, *, confidence=0.95, resamples=2000, seed=0)``
     the estimator of a :class:`.Calibration`, with the rows its sigma* was
     solved on (exact or Monte-Carlo); build it once per (model, level) and keep it.
-``RowProbabilities(logits, labels=None, *, method="exact"|"monte-carlo", draws=None)``
+``CurveEngine(sample, *, method="auto"|"exact"|"monte-carlo", draws=None)`` (:mod:`.engine`)
     per-row a, g at any sigma: ``.at(sigma) -> RowValues``.
 ``BootstrapIntervals(rows, *, confidence=0.95, resamples=2000, seed=0)``
     ``.at(sigma) -> IntervalSet`` (one sigma, cached per sigma; measured here
@@ -55,12 +55,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import ndtri
 
 from ..config import SIDES
 from ..validation import as_sigmas
 from .inversion import check_side, solve_near
-from .row_probabilities import RowProbabilities, RowValues, row_spread, sample_estimates
+from .engine import CurveEngine, RowValues, row_spread, sample_estimates
 
 QUANTITIES = ("accuracy", "retention", "agreement")
 DEFAULT_CONFIDENCE = 0.95
@@ -163,7 +162,8 @@ class BootstrapIntervals:
 
     Parameters
     ----------
-    rows : RowProbabilities
+    rows : CurveEngine
+        The per-row source (``Calibration.engine``).
     confidence : float, default 0.95
         Level of two-sided intervals and of one-sided bounds, in [0.5, 1).
     resamples : int, default 2000
@@ -172,10 +172,12 @@ class BootstrapIntervals:
         Fixes the count weights: same seed, same intervals.
     """
 
-    def __init__(self, rows: RowProbabilities, *, confidence: float = DEFAULT_CONFIDENCE,
+    def __init__(self, rows: CurveEngine, *, confidence: float = DEFAULT_CONFIDENCE,
                  resamples: int = DEFAULT_RESAMPLES, seed: int | None = 0):
         if isinstance(resamples, bool) or not isinstance(resamples, (int, np.integer)) or resamples < 100:
             raise ValueError(f"resamples must be an int >= 100, got {resamples!r}")
+        if rows.n_samples < 2:
+            raise ValueError(f"intervals need at least 2 rows, got n_samples={rows.n_samples}")
         self.rows = rows
         self.confidence = _check_confidence(confidence)
         self.resamples = int(resamples)
@@ -321,6 +323,8 @@ class BootstrapIntervals:
         rv = self.rows.at(s)
         est = {k: (None if v is None else float(v[0])) for k, v in sample_estimates(rv).items()}
         sd = row_spread(rv)[0]
+        from scipy.special import ndtri
+
         z = float(ndtri(0.5 + self.confidence / 2))
         n = self.rows.n_samples
         parts = {k: (None if est[k] is None else

@@ -9,8 +9,8 @@ as the noise grows, so a target value is met where the curve crosses it.
 * :func:`solve_near` refines on an expensive scalar curve (the exact
   quadrature) from a good guess by secant steps, falling back to
   :func:`invert_decreasing` (a growing bracket, then Brent).
-* :func:`logistic_sigma` is the closed form of the fitted law
-  (``fit.invert_logistic``, Eq. inverse-v) mapped to sigma.
+* :func:`invert_logistic` is the closed form of the fitted law (Eq.
+  inverse-v), :func:`logistic_sigma` the same mapped to sigma.
 
 Which side is returned (``side``), as the Opacus accountants do for their
 noise search:
@@ -30,7 +30,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from scipy import optimize
 
 from ..config import SIDES
 from .margins import sigma_from_v
@@ -139,7 +138,9 @@ def invert_decreasing(
     elif f_hi == 0:
         root = hi
     else:
-        root = float(optimize.brentq(lambda s: func(s) - target, lo, hi, rtol=rtol, xtol=1e-12))
+        from scipy.optimize import brentq  # only when a bracket is needed: a heavy import
+
+        root = float(brentq(lambda s: func(s) - target, lo, hi, rtol=rtol, xtol=1e-12))
     return settle(func, target, root, side=side, rtol=rtol)
 
 
@@ -207,6 +208,57 @@ def settle(func: Callable[[float], float], target: float, sigma: float, *, side:
     raise ValueError(f"no sigma near {sigma:g} satisfies the {side} side of target {target:g}")
 
 
+def check_law(*, v50, p, c) -> None:
+    """The logistic law's parameters: v50 > 0 and p > 0 finite, c in [0, 1) (Eq. logistic-decay)."""
+    for name, value in (("v50", v50), ("p", p)):
+        if not (isinstance(value, (int, float, np.floating, np.integer)) and np.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    if not (isinstance(c, (int, float, np.floating, np.integer)) and np.isfinite(c) and 0.0 <= c < 1.0):
+        raise ValueError(f"c must be a finite number in [0, 1), got {c!r}")
+
+
+def invert_logistic(utility, *, v50: float, p: float, c: float, saturate: bool = False):
+    """v* for a normalized target A~* (Eq. inverse-v).
+
+    Parameters
+    ----------
+    utility : float or array_like
+        Target normalized utility A~*.
+    v50, p, c : float
+        Fitted parameters.
+    saturate : bool, default False
+        For A~* <= c (at or below the floor the curve can reach) return inf
+        instead of raising.
+
+    Returns
+    -------
+    v : float or ndarray
+        0 where A~* >= 1 (no noise needed).
+
+    Raises
+    ------
+    ValueError
+        Parameters outside the law's domain (v50 and p finite and > 0, c in
+        [0, 1)), a NaN target, or A~* <= c without ``saturate``: the fitted
+        curve never gets that low.
+    """
+    check_law(v50=v50, p=p, c=c)
+    u = np.asarray(utility, dtype=np.float64)
+    if np.any(np.isnan(u)):
+        raise ValueError("target utility is NaN")
+    unreachable = u <= c
+    if np.any(unreachable) and not saturate:
+        worst = float(np.min(u[unreachable]))
+        raise ValueError(
+            f"normalized target {worst:.4f} is at or below the curve's floor c={c:.4f}: "
+            "no noise level reaches it (pass saturate=True to get sigma = inf)"
+        )
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        v = v50 * ((1.0 - u) / (u - c)) ** (1.0 / p)
+    v = np.where(u >= 1.0, 0.0, np.where(unreachable, np.inf, v))
+    return float(v) if v.ndim == 0 else v
+
+
 def logistic_sigma(fit, utility: float, *, scale: float, saturate: bool = False) -> float:
     """sigma* = S sqrt(v*) with v* the fitted law's closed-form inverse (Eq. inverse-v).
 
@@ -220,7 +272,8 @@ def sigma_for_agreement(curves, target: float, *, guess: float, slope: float | N
                         side: str = "point") -> float:
     """sigma at which the exact mean agreement equals ``target`` (in (1/K, 1)).
 
-    ``curves`` is an :class:`~caliber_core.calibration.survival.ExactCurves`.
+    ``curves`` has ``agreement(sigma)`` and ``n_classes`` (a
+    :class:`~caliber_core.calibration.engine.CurveEngine`).
     pi is strictly decreasing (Proposition 1), so the root is unique.
     """
     chance = 1.0 / curves.n_classes

@@ -2,6 +2,9 @@
 
 Both call :func:`calibrate_data` with the same defaults, so the same file and
 targets give the same sigma* in the CLI's JSON and the dashboard's download.
+The loaded file becomes one :class:`.sample.LogitSample` (the loader's checks
+and margins reused); the sweep, sigma*, the intervals and the drift reference
+all read that sample and the calibration's one engine.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from ..config import SIDES, TargetRecord, build_config
 from ..loading import LogitsData, require_labels
 from .calibrate import Calibration, calibrate_model, sigma_for_target
 from .intervals import DEFAULT_CONFIDENCE
+from .sample import LogitSample
 from .target_intervals import interval_estimator, with_interval
 
 DEFAULT_TARGETS = (("retention", 0.9), ("retention", 0.8), ("retention", 0.7), ("retention", 0.6))
@@ -27,7 +31,7 @@ def calibrate_data(
 ) -> Calibration:
     """Sweep and fit one loaded file (no targets yet)."""
     return calibrate_model(
-        data.logits, data.labels, name=data.name, statistic=statistic,
+        LogitSample.from_data(data), name=data.name, statistic=statistic,
         realizations=realizations, seed=seed, progress=progress,
     )
 

@@ -19,9 +19,8 @@ uniform grid converges geometrically; nodes on [-U_MAX, U_MAX] match mpmath to
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import ndtr
 
-from ..validation import as_labels, as_logits, as_sigmas
+from ..validation import as_logits, as_sigmas
 
 U_MAX = 8.0  # 2 (1 - Phi(8)) ~ 1e-15: the mass beyond cannot move P in float64
 # Trapezoid spacing in u. The integrand sharpens as K grows (it is the law of a
@@ -46,7 +45,7 @@ _RULE_FEW = _rule(QUAD_STEP_FEW)
 _RULE = _rule(QUAD_STEP)
 
 
-def sorted_gaps(logits, reference) -> np.ndarray:
+def sorted_gaps(logits, reference, *, validated: bool = False) -> np.ndarray:
     """Gaps z_c - z_j to every other class, sorted ascending per row.
 
     Parameters
@@ -54,12 +53,14 @@ def sorted_gaps(logits, reference) -> np.ndarray:
     logits : array_like of shape (n_samples, n_classes)
     reference : array_like of int, shape (n_samples,)
         The class c whose survival is asked for (argmax or true label).
+    validated : bool, default False
+        The logits are already validated float64 (a sample's): not checked again.
 
     Returns
     -------
     gaps : ndarray of shape (n_samples, n_classes - 1)
     """
-    z = as_logits(logits)
+    z = logits if validated else as_logits(logits)
     c = np.asarray(reference, dtype=np.int64)
     if c.shape != (z.shape[0],):
         raise ValueError(f"reference must have shape ({z.shape[0]},), got {c.shape}")
@@ -83,6 +84,8 @@ def survival_probability(gaps_sorted: np.ndarray, sigma: float) -> np.ndarray:
     -------
     prob : ndarray of shape (n_samples,)
     """
+    from scipy.special import ndtr  # on first quadrature only: the Monte-Carlo path never needs scipy
+
     sigma = float(as_sigmas(sigma)[0])
     g = gaps_sorted
     n = g.shape[0]
@@ -123,87 +126,3 @@ def agreement_probability(logits, sigma) -> np.ndarray:
     gaps = sorted_gaps(z, np.argmax(z, axis=1))
     res = np.stack([survival_probability(gaps, s) for s in sig])
     return res[0] if np.ndim(sigma) == 0 else res
-
-
-class ExactCurves:
-    """Exact mean agreement and expected accuracy of one model as functions of sigma.
-
-    Sorting the gaps once lets every sigma reuse them.
-
-    Parameters
-    ----------
-    logits : array_like of shape (n_samples, n_classes)
-    labels : array_like of int, shape (n_samples,), optional
-        Needed for accuracy and the corridor.
-    """
-
-    def __init__(self, logits, labels=None):
-        z = as_logits(logits)
-        self.n_samples, self.n_classes = z.shape
-        self.pred = np.argmax(z, axis=1)
-        self._agree_gaps = sorted_gaps(z, self.pred)
-        self.labels = None
-        if labels is not None:
-            y = as_labels(labels, n_samples=z.shape[0], n_classes=z.shape[1])
-            self.labels = y
-            self.correct = self.pred == y
-            self._correct_gaps = self._agree_gaps[self.correct]
-            wrong = ~self.correct
-            # Accuracy on a wrong row = survival of the true label, which trails.
-            self._wrong_label_gaps = (
-                sorted_gaps(z[wrong], y[wrong]) if wrong.any() else np.empty((0, z.shape[1] - 1))
-            )
-            rows = np.nonzero(wrong)[0]
-            self._deficit = z[rows, self.pred[wrong]] - z[rows, y[wrong]]  # h > 0
-
-    def _need_labels(self):
-        if self.labels is None:
-            raise ValueError("labels are required for accuracy and the corridor")
-
-    def agreement(self, sigma) -> np.ndarray:
-        """Mean pi(sigma) over all inputs, for each sigma."""
-        sig = as_sigmas(sigma)
-        return np.array([survival_probability(self._agree_gaps, s).mean() for s in sig])
-
-    # Per-sigma pieces. The correctly classified rows' sum of pi is shared by the
-    # expected accuracy and the corridor's floor: A0 * mean_correct(pi) = sum / N.
-    def _correct_sum(self, s: float) -> float:
-        return float(survival_probability(self._correct_gaps, s).sum())
-
-    def _wrong_sum(self, s: float) -> float:
-        return float(survival_probability(self._wrong_label_gaps, s).sum())
-
-    def _beta(self, s: float) -> float:
-        if self._deficit.size == 0 or s == 0:
-            return 0.0
-        return float(np.mean(ndtr(-self._deficit / (np.sqrt(2.0) * s))))
-
-    def accuracy(self, sigma) -> np.ndarray:
-        """Exact expected accuracy E[A(sigma)] over the noise, for each sigma."""
-        self._need_labels()
-        return np.array([(self._correct_sum(s) + self._wrong_sum(s)) / self.n_samples
-                         for s in as_sigmas(sigma)])
-
-    def corridor(self, sigma) -> tuple[np.ndarray, np.ndarray]:
-        """Lower and upper accuracy envelopes of Corollary 1 (Eq. corridor).
-
-        lower = A0 * mean_correct(pi), upper = lower + (1 - A0) * mean_wrong(Phi(-h / (sqrt(2) sigma))).
-        """
-        _, lower, upper = self._accuracy_corridor(sigma, with_accuracy=False)
-        return lower, upper
-
-    def accuracy_with_corridor(self, sigma) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(accuracy, lower, upper) at each sigma, the correct rows' pi computed once."""
-        return self._accuracy_corridor(sigma, with_accuracy=True)
-
-    def _accuracy_corridor(self, sigma, *, with_accuracy: bool):
-        self._need_labels()
-        a0 = float(np.mean(self.correct))
-        acc, lower, upper = [], [], []
-        for s in as_sigmas(sigma):
-            c = self._correct_sum(s)
-            lower.append(c / self.n_samples)
-            upper.append(lower[-1] + (1.0 - a0) * self._beta(s))
-            if with_accuracy:
-                acc.append((c + self._wrong_sum(s)) / self.n_samples)
-        return (np.array(acc) if with_accuracy else None), np.array(lower), np.array(upper)

@@ -37,16 +37,15 @@ from .intervals import (
     sample_size_advice,
 )
 from .margins import normalized_noise
-from .row_probabilities import RowProbabilities
 
 
 def interval_estimator(cal: Calibration, *, confidence: float = DEFAULT_CONFIDENCE,
                        resamples: int = DEFAULT_RESAMPLES, seed: int | None = 0) -> BootstrapIntervals:
     """The row bootstrap of one calibrated model.
 
-    Per-row probabilities are exact when the calibration inverts the exact
-    curve and the sweep's own draws otherwise, so the interval's estimate is
-    the value sigma* was solved on.
+    The rows are the calibration's own engine (exact or the sweep's draws by
+    its one cost policy), so the interval's estimate is the value sigma* was
+    solved on.
 
     Parameters
     ----------
@@ -56,9 +55,7 @@ def interval_estimator(cal: Calibration, *, confidence: float = DEFAULT_CONFIDEN
     seed : int or None, default 0
         Seed of the bootstrap weights.
     """
-    method = "exact" if cal.curve_method == "exact" else "monte-carlo"
-    rows = RowProbabilities(cal.logits, cal.labels, method=method, draws=cal.intervals)
-    return BootstrapIntervals(rows, confidence=confidence, resamples=resamples, seed=seed)
+    return BootstrapIntervals(cal.engine, confidence=confidence, resamples=resamples, seed=seed)
 
 
 def _quantity_target(record: TargetRecord) -> float:

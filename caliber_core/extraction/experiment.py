@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..calibration.calibrate import Calibration, calibrate_model, sigma_for_target
-from ..calibration.survival import ExactCurves
+from ..calibration.engine import CurveEngine
 from .answers import answer_queries
 from .archive import ExtractionArchive
 from .attacker import Outcome, Request, Thief, modal_choice, noise_group
@@ -271,7 +271,7 @@ def run_extraction(
     timer = _Phases()
     timer.start("calibration")
     cal = calibrate_model(pool.logits, pool.labels, name=archive.name)
-    exact = ExactCurves(ev.logits, ev.labels)
+    exact = CurveEngine(ev.logits, ev.labels)  # the one cost policy (quadrature on these sizes)
     own = thief is None
     if own:
         thief = Thief(pool.inputs, ev.inputs, ev.labels, np.argmax(ev.logits, axis=1),

@@ -1,0 +1,120 @@
+"""One sample of logits (and labels), validated once, with the arrays every curve is built from.
+
+A calibration file is read and checked once; everything downstream (the
+sweep, the exact curves, the corridor, the intervals, the drift reference)
+takes a :class:`LogitSample` and reads its derived arrays, each computed on
+first use and kept:
+
+* ``margins``: top-two margins (the margin scale S is a statistic of them);
+* ``pred``: the clean argmax (ties to the lowest index, as ``numpy.argmax``);
+* ``correct``: the mask pred == label, and A0 its mean;
+* ``agreement_gaps``: per row, z_pred - z_j sorted ascending (Eq. top1-exact
+  with the clean argmax as reference);
+* ``wrong_rows``, ``label_gaps``: the misclassified rows and, per such row,
+  z_label - z_j sorted (the label as reference: it trails, so some gaps are < 0);
+* ``deficits``: h = z_pred - z_label > 0 on the misclassified rows (Corollary 1).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import numpy as np
+
+from ..validation import as_labels, as_logits
+from .margins import top_two_margins
+from .survival import sorted_gaps
+
+
+class LogitSample:
+    """Validated logits and labels with their derived arrays (see the module docstring).
+
+    Parameters
+    ----------
+    logits : array_like of shape (n_samples, n_classes)
+        Real values; ``finite=True`` also refuses NaN and inf.
+    labels : array_like of int, shape (n_samples,), optional
+    margins : ndarray of shape (n_samples,), optional
+        Top-two margins already taken (the loader keeps them), used as given.
+    finite : bool, default False
+
+    Raises
+    ------
+    ValueError
+        Logits or labels that fail :mod:`caliber_core.validation`.
+    """
+
+    def __init__(self, logits, labels=None, *, margins=None, finite: bool = False):
+        z = as_logits(logits, finite=finite)
+        self.logits = z
+        self.n_samples, self.n_classes = z.shape
+        self.labels = None if labels is None else as_labels(labels, n_samples=self.n_samples,
+                                                            n_classes=self.n_classes)
+        if margins is not None:
+            m = np.asarray(margins, dtype=np.float64)
+            if m.shape != (self.n_samples,):
+                raise ValueError(f"margins must have shape ({self.n_samples},), got {m.shape}")
+            self.__dict__["margins"] = m
+
+    @classmethod
+    def of(cls, logits, labels=None) -> LogitSample:
+        """``logits`` itself when it is a sample already (labels must then be None), else a new one."""
+        if isinstance(logits, cls):
+            if labels is not None:
+                raise ValueError("labels come with the LogitSample; pass them when building it")
+            return logits
+        return cls(logits, labels)
+
+    @classmethod
+    def from_data(cls, data) -> LogitSample:
+        """The sample of a loaded file (:class:`caliber_core.loading.LogitsData`), its margins reused."""
+        return cls(data.logits, data.labels, margins=data.margins)
+
+    @property
+    def has_labels(self) -> bool:
+        return self.labels is not None
+
+    def need_labels(self, what: str = "accuracy and the corridor") -> np.ndarray:
+        if self.labels is None:
+            raise ValueError(f"labels are required for {what}; this sample has none")
+        return self.labels
+
+    @cached_property
+    def margins(self) -> np.ndarray:
+        return top_two_margins(self.logits, validated=True)
+
+    @cached_property
+    def pred(self) -> np.ndarray:
+        return np.argmax(self.logits, axis=1)
+
+    @cached_property
+    def correct(self) -> np.ndarray:
+        """Boolean mask of correctly classified rows."""
+        return self.pred == self.need_labels("the correct-row mask")
+
+    @cached_property
+    def clean_accuracy(self) -> float:
+        return float(np.mean(self.correct))
+
+    @cached_property
+    def agreement_gaps(self) -> np.ndarray:
+        """(n_samples, K - 1) gaps to the clean argmax, sorted ascending per row."""
+        return sorted_gaps(self.logits, self.pred, validated=True)
+
+    @cached_property
+    def wrong_rows(self) -> np.ndarray:
+        return np.nonzero(~self.correct)[0]
+
+    @cached_property
+    def label_gaps(self) -> np.ndarray:
+        """(n_misclassified, K - 1) gaps to the true label, sorted ascending per row."""
+        w = self.wrong_rows
+        if w.size == 0:
+            return np.empty((0, self.n_classes - 1))
+        return sorted_gaps(self.logits[w], self.labels[w], validated=True)
+
+    @cached_property
+    def deficits(self) -> np.ndarray:
+        """h = z_pred - z_label > 0 for every misclassified row (Corollary 1)."""
+        w = self.wrong_rows
+        return self.logits[w, self.pred[w]] - self.logits[w, self.labels[w]]
