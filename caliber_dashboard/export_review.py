@@ -1,8 +1,8 @@
 """Reviewing a saved config against a loaded model: each target recomputed, and the drift check's table.
 
-* :func:`review_table` -- every target of the config solved again on the
+* :func:`review_table` -- the core's review (every target solved again on the
   loaded model with the config's statistic, seed, draws, inversion and side,
-  beside what the model delivers at the file's sigma;
+  beside what the model delivers at the file's sigma), named and in percent;
 * :func:`drift_table` -- :func:`caliber_core.calibration.drift.check_drift`'s
   findings, each named by its target ("retention 80% (at least)"), in percent
   (S in logit units).
@@ -17,14 +17,11 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
-from caliber_core.calibration.calibrate import Calibration, measured_accuracy
+from caliber_core.calibration.calibrate import Calibration
 from caliber_core.calibration.drift import DriftReport
-from caliber_core.calibration.intervals import DEFAULT_CONFIDENCE
-from caliber_core.calibration.target_intervals import interval_estimator, side_sigma
-from caliber_core.config import CALIBRATED_KINDS, inversion_of_method
+from caliber_core.calibration.review import review_config
 from caliber_core.loading import LogitsData
 
-from . import cache
 from .readouts import SIDE_LABELS
 
 #: What a finding compares, as a person reads it.
@@ -45,43 +42,20 @@ def _percent(x) -> float | None:
 
 
 def review_table(saved: Mapping, model: LogitsData, cal: Calibration) -> pd.DataFrame:
-    """One row per target of ``saved``: sigma in the file, recomputed now, the change, predictions there.
+    """One row per target of ``saved`` (:func:`caliber_core.calibration.review.review_config`), for the page.
 
     ``cal`` is the model calibrated with the config's statistic, seed and
     draws. A target that cannot be recomputed (another kind, out of reach)
     gets a note instead of a sigma.
     """
     rows = []
-    estimators = {}  # one bootstrap per confidence level, for side targets
-    seed = (saved.get("sweep") or {}).get("seed", 0) or 0
-    for t in saved["targets"]:
-        kind, requested, sigma_file = t.get("kind"), t.get("requested"), t.get("sigma")
-        now = note = None
-        try:
-            if kind not in CALIBRATED_KINDS or requested is None:
-                raise ValueError(f"a {kind} target is not recomputed from logits here")
-            # The inversion the file used: its method names it ("saturated-logistic" is logistic).
-            record = cache.target(model, cal, kind, float(requested),
-                                  inversion=inversion_of_method(t.get("method", "")),
-                                  saturate=bool(t.get("saturated")))
-            now = record.sigma
-            if t.get("side", "point") != "point":  # the same side at the same level
-                level = (t.get("interval") or {}).get("level", DEFAULT_CONFIDENCE)
-                if level not in estimators:
-                    estimators[level] = interval_estimator(cal, confidence=level, seed=seed)
-                now = side_sigma(cal, record, estimators[level], side=t["side"],
-                                 saturate=bool(t.get("saturated")))[0]
-        except ValueError as exc:
-            note = str(exc)
+    for t, r in zip(saved["targets"], review_config(cal, saved)):
         rows.append({
-            "target": target_name(t), "σ in file": sigma_file, "σ recomputed now": now,
-            "Δσ %": None if now is None or not sigma_file else (now - sigma_file) / sigma_file * 100,
-            "accuracy in file %": _percent(t.get("accuracy")),
-            "predicted accuracy at file σ %": (_percent(measured_accuracy(cal, sigma_file)[0])
-                                               if cal.has_labels else None),
-            "predicted agreement at file σ %": (_percent(cal.exact.agreement(sigma_file)[0])
-                                                if kind == "agreement" else None),
-            "note": note or "",
+            "target": target_name(t), "σ in file": r["sigma_file"], "σ recomputed now": r["sigma_now"],
+            "Δσ %": r["delta_percent"], "accuracy in file %": _percent(r["accuracy_file"]),
+            "predicted accuracy at file σ %": _percent(r["accuracy_at_file_sigma"]),
+            "predicted agreement at file σ %": _percent(r["agreement_at_file_sigma"]),
+            "note": r["note"],
         })
     df = pd.DataFrame(rows).dropna(axis=1, how="all")
     return df if df["note"].any() else df.drop(columns="note")

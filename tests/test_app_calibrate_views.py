@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from caliber_core.calibration import pipeline
 from caliber_core.calibration.calibrate import sigma_for_target
-from caliber_core.calibration.corridor import choose_method
+from caliber_core.calibration.engine import choose_method
 from caliber_core.calibration.target_intervals import interval_estimator, side_sigma
 from caliber_core.simulation.synthetic import make_synthetic_logits
 from caliber_dashboard import readouts, state
@@ -183,8 +183,8 @@ def test_interval_band_toggle():
 
 
 def test_corridor_on_a_model_too_large_for_quadrature_is_shown_and_labelled():
-    n, k = 200, 200
-    assert choose_method(n, k, 60) == "monte-carlo"
+    n, k = 300, 1000
+    assert choose_method(n, k) == "monte-carlo"
     z, y = make_synthetic_logits(n, k, seed=5)
     buf = io.BytesIO()
     np.savez(buf, logits=z, labels=y, name=np.array("synthetic-big"))
