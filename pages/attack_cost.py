@@ -48,14 +48,14 @@ with c2:
         "Usable level for the attacker (retention, % of A0)", min_value=min(percent + 0.5, 99.5),
         max_value=99.5, value=min(99.5, max(percent + 0.5, 95.0)), step=0.5, format="%.1f%%",
         key=f"attack_usable_{data.sha256[:12]}",
-        help="The accuracy an attacker would call usable; through the fit inverse it gives v_use.")
+        help="The accuracy an attacker would call usable; read on the measured curve, as v* is, it gives v_use.")
 bound = query_bound(cal, v_star, percent_to_fraction(usable_pct))
 
 m = st.columns(5)
 m[0].metric("σ* served", fmt(sigma, ".5g"))
 m[1].metric("v* = σ*²/S²", fmt(v_star, ".4g"))
 m[2].metric("served accuracy", fmt(result.accuracy, ".4f"))
-m[3].metric("v_use (fit inverse)", fmt(bound.v_use, ".4g"))
+m[3].metric("v_use (measured curve)", fmt(bound.v_use, ".4g"))
 m[4].metric("M ≥ v*/v_use", "∞" if bound.queries is None else f"{bound.queries:,}")
 
 if bound.queries is None:
@@ -66,7 +66,7 @@ else:
         # The * of v* escaped: bare, it would close the bold early.
         f"Under fresh i.i.d. noise an attacker needs **M ≥ v\\*/v_use = {v_star:.4g}/{bound.v_use:.4g} → "
         f"{bound.queries:,} queries per input** to bring the effective intensity down to the level "
-        f"where the fitted law gives {usable_pct:.1f}% retention (accuracy {bound.usable_accuracy:.4f}). "
+        f"where the measured curve gives {usable_pct:.1f}% retention (accuracy {bound.usable_accuracy:.4f}). "
         "Under per-input deterministic seeding, repeats return identical logits and no M helps.")
 
 o1, o2, o3 = st.columns(3)

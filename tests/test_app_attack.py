@@ -40,8 +40,8 @@ def test_attack_page_curves_simulation_and_bound():
     cal = pipeline.calibrate_data(data)
     target = sigma_for_target(cal, 0.8)
     assert _metric(at, "σ* served") == f"{target.sigma:.5g}"
-    u_use = (0.95 * cal.clean_accuracy - cal.chance) / (cal.clean_accuracy - cal.chance)
-    v_use = cal.fit.inverse(u_use)
+    v_use = sigma_for_target(cal, 0.95).v  # the usable level on the same curve v* was read from
+    assert _metric(at, "v_use (measured curve)") == f"{v_use:.4g}"
     assert _metric(at, "M ≥ v*/v_use") == f"{queries_needed(target.v, v_use):,}"
     bound = [m.value for m in at.markdown if "queries per input" in m.value]
     assert len(bound) == 1 and "**M ≥ v\\*/v_use = " in bound[0]
