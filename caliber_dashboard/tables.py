@@ -53,6 +53,8 @@ def with_mean_row(rows: Sequence[dict], label_column: str, label: str = "mean", 
     mean = {c: df[c].mean() for c in df.columns
             if pd.api.types.is_numeric_dtype(df[c]) and c not in text_columns}
     mean[label_column] = label
+    if "scale" in mean:  # each model's own S: no meaningful mean
+        mean["scale"] = np.nan
     for c, spec in text_columns.items():
         if c in df.columns:
             df[c] = [format(float(x), spec) for x in df[c]]

@@ -113,7 +113,10 @@ def _load_one(upload, labels_upload) -> dict:
 def _added(data: LogitsData) -> list[Message]:
     if state.add_model(data):
         st.session_state[state.SELECTED] = data.sha256  # the pages open on the new model
-        return [("success", f"Loaded {describe(data)}.")] + [("warning", f"{data.name}: {w}") for w in data.warnings]
+        labels_from = ("" if data.labels_source in (None, data.source)
+                       else f" (from {PurePath(data.labels_source).name})")
+        return ([("success", f"Loaded {describe(data)}{labels_from}.")]
+                + [("warning", f"{data.name}: {w}") for w in data.warnings])
     return [("info", f"{state.model_label(data)} is already loaded (same sha256).")]
 
 
