@@ -17,54 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from app_state import IDLE  # noqa: F401, E402  (re-exported: benchmarks/bench_workspace.py imports it from here)
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("CALIBER_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
-
-
-# Counts the script runs the page starts from now on (the app's own state attribute, not a timer).
-_WATCH_RUNS = """() => {
-  const app = document.querySelector("[data-testid='stApp']");
-  if (window.__caliberWatch) window.__caliberWatch.disconnect();
-  window.__caliberRuns = 0;
-  window.__caliberWatch = new MutationObserver(() => {
-    const state = app.getAttribute("data-test-script-state");
-    if (state === "running" || state === "rerunRequested") window.__caliberRuns += 1;
-  });
-  window.__caliberWatch.observe(app, {attributes: true, attributeFilter: ["data-test-script-state"]});
-}"""
-_RUN_DONE = """() => window.__caliberRuns > 0 &&
-  document.querySelector("[data-testid='stApp']").getAttribute("data-test-script-state") === "notRunning"
-"""
-
-
-def settle_run(page, action=None, *, ready: str | None = None, timeout: float = 120_000) -> None:
-    """Do ``action`` (a callable) and wait until the script run it starts has finished.
-
-    The wait is on the app's own state: a run must have started after the action
-    (``data-test-script-state`` left "notRunning") and ended again. With ``ready``
-    (a selector), that element must also be on the page, for actions whose effect
-    arrives in a later run (an upload: the file is sent, then the run starts). With
-    no action: wait for the page's first run to end.
-    """
-    page.wait_for_selector("[data-testid='stApp']", timeout=timeout)
-    if action is None:
-        page.wait_for_selector(IDLE, timeout=timeout)
-    else:
-        page.evaluate(_WATCH_RUNS)
-        action()
-        page.wait_for_function(_RUN_DONE, timeout=timeout)
-    if ready is not None:
-        page.wait_for_selector(ready, timeout=timeout)
-        page.wait_for_selector(IDLE, timeout=timeout)
-
-
-@pytest.fixture(scope="session")
-def settle():
-    """:func:`settle_run`, for the test modules (this folder is not a package)."""
-    return settle_run
 
 
 def pytest_configure(config):

@@ -16,6 +16,8 @@ import pytest
 from caliber_core.calibration import pipeline
 from caliber_core.loading import load_logits
 
+from app_state import settle_run as settle, upload  # this folder is on sys.path (pytest's prepend import mode)
+
 pytestmark = pytest.mark.browser
 
 
@@ -36,29 +38,26 @@ def _metric(page, label: str) -> str:
     return metric.locator("[data-testid='stMetricValue']").inner_text().strip()
 
 
-def _goto(page, settle, title: str) -> None:
+def _goto(page, title: str) -> None:
     settle(page, lambda: page.locator("[data-testid='stSidebarNavLink']", has_text=title).first.click(),
            ready=f"h1:has-text('{title}')")
 
 
-def test_at_least_80_reads_as_a_guarantee_export_follows_and_fleet_pools_one_k(page, server, settle, tmp_path):
+def test_at_least_80_reads_as_a_guarantee_export_follows_and_fleet_pools_one_k(page, server, tmp_path):
     logits, labels = _answer_letters(tmp_path)
     page.goto(server)
     settle(page, ready="h1:has-text('Data')")
     page.wait_for_selector("text=models loaded")
 
-    uploaders = page.locator("[data-testid='stFileUploader'] input[type=file]")
-    settle(page, lambda: uploaders.nth(0).set_input_files(str(logits)),
-           ready="text=Loaded mmlu_letters: N=1500, K=4, labels no.")
+    upload(page, logits, ready="text=Loaded mmlu_letters: N=1500, K=4, labels no.")
     # The .npy is still in its uploader: it is read again with the labels that came after it.
-    settle(page, lambda: uploaders.nth(1).set_input_files(str(labels)),
-           ready="text=Loaded mmlu_letters: N=1500, K=4, labels yes (from mmlu_letters_labels.npy).")
+    upload(page, labels, nth=1, ready="text=Loaded mmlu_letters: N=1500, K=4, labels yes (from mmlu_letters_labels.npy).")
     page.wait_for_selector("text=with labels")
     assert "8 models loaded in this workspace (8 with labels)" in page.locator(
         "[data-testid='stSidebar']").inner_text()
 
     # Calibrate: 80% retention, side "at least".
-    _goto(page, settle, "Calibrate")
+    _goto(page, "Calibrate")
     assert page.get_by_role("combobox", name="Model").first.input_value().startswith("mmlu_letters · ")
     side = page.locator("[data-testid='stButtonGroup'] button", has_text=re.compile(r"^at least$"))
     settle(page, lambda: side.click(),
@@ -77,7 +76,7 @@ def test_at_least_80_reads_as_a_guarantee_export_follows_and_fleet_pools_one_k(p
     assert page.get_by_role("combobox", name="side (--side)").input_value() == "at least"
 
     # Fleet: the K=4 file is left out of the default pool, named, and adding it warns.
-    _goto(page, settle, "Fleet")
+    _goto(page, "Fleet")
     pool = page.get_by_role("combobox", name="Models to pool")
     assert page.get_by_text(re.compile(r"Left out by default: mmlu_letters .*K=4")).count() == 1
     assert page.get_by_text("mixes K").count() == 0
