@@ -58,6 +58,9 @@ def settle_run(page, action=None, *, ready: str | None = None, timeout: float = 
     if action is None:
         page.wait_for_selector(IDLE, timeout=timeout)
     else:
+        # Start from an idle app: a run already under way would swallow the action's run
+        # (the server restarts it with the new widget values), and no new start would show.
+        page.wait_for_selector(IDLE, timeout=timeout)
         page.evaluate(_WATCH_RUNS)
         action()
         try:
