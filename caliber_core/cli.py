@@ -210,17 +210,35 @@ def _target_table(config: dict) -> str:
             + f" logistic R2={config['fit']['r2']:.4f}")
     from .calibration.target_intervals import describe_interval
 
-    lines = [head, f"{'target':>22} {'side':>8} {'accuracy':>9} {'delivers on the sample (interval)':>36} "
-             f"{'v*':>10} {'sigma*':>10} {'logistic':>10}  method"]
+    lines = [head, f"{'target':>22} {'side':>8} {'accuracy':>9} {'guarantee, or delivers on the sample':>36} "
+             f"{'v':>10} {'sigma':>10} {'logistic':>10}  method"]
     for t in config["targets"]:
         label = f"{t['kind']} {t['requested']:g}"
         acc = "" if t["accuracy"] is None else f"{t['accuracy']:.4f}"
         slog = "" if t["sigma_logistic"] is None else f"{t['sigma_logistic']:.5g}"
-        spread = describe_interval(t) if "sigma_interval" not in t else \
-            "sigma in [{:.4g}, {:.4g}]".format(*t["sigma_interval"]["sigma"])
-        lines.append(f"{label:>22} {t.get('side', 'point'):>8} {acc:>9} {spread:>36} "
+        side = t.get("side", "point")
+        # One-sided: the guarantee first (the bound equals the target); the two-sided interval below it.
+        # A keyed (consistent) target states the spread of its sigma instead.
+        if "sigma_interval" in t:
+            first = "sigma in [{:.4g}, {:.4g}]".format(*t["sigma_interval"]["sigma"])
+        else:
+            first = describe_interval(t) if side == "point" else _guarantee(t)
+        lines.append(f"{label:>22} {side:>8} {acc:>9} {first:>36} "
                      f"{t['v']:>10.5g} {t['sigma']:>10.5g} {slog:>10}  {t['method']}")
+        if side != "point" and describe_interval(t):
+            lines.append(f"{'':>42} two-sided: {describe_interval(t)}")
+    lines.append("sigma: the sigma served (sigma* on the point side; one-sided, the sigma whose "
+                 "confidence bound equals the target)")
     return "\n".join(lines)
+
+
+def _guarantee(t: dict) -> str:
+    """'retention >= 80.0% (one-sided 95%)' for a one-sided target; '' when saturated (no guarantee)."""
+    level = (t.get("interval") or {}).get("level")
+    if t.get("saturated") or level is None or t["kind"] not in ("accuracy", "retention", "agreement"):
+        return "no guarantee (saturated)" if t.get("saturated") else ""
+    sign = ">=" if t["side"] == "at-least" else "<="
+    return f"{t['kind']} {sign} {100 * t['requested']:.1f}% (one-sided {level:.0%})"
 
 
 def _cmd_fleet(args) -> int:

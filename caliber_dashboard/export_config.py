@@ -1,9 +1,8 @@
 """The Export page's config: the CLI's pipeline with a side and a confidence, plus a σ aimed at the thief.
 
 * :func:`config` -- ``pipeline.config_for(side=, confidence=)``, the function
-  behind ``calibrate --side --confidence --out``, cached per file digest and
-  options (the default side and level go through :func:`caliber_dashboard.cache.config`,
-  shared with the rest of the dashboard);
+  behind ``calibrate --side --confidence --out``, checked here and cached in
+  :func:`caliber_dashboard.cache.config` per file digest and options;
 * :func:`surrogate_records` / :func:`with_surrogate` -- a ``surrogate-retention``
   target from a finished extraction run, made by
   :func:`caliber_core.extraction.targets.surrogate_records` (what ``extract
@@ -18,14 +17,11 @@ No page code; the table is a plain function tests call without Streamlit.
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
 import pandas as pd
-import streamlit as st
 
-from caliber_core.calibration import pipeline
 from caliber_core.calibration.calibrate import Calibration
 from caliber_core.calibration.intervals import DEFAULT_CONFIDENCE
 from caliber_core.config import SIDES, TargetRecord, build_config
@@ -34,19 +30,9 @@ from caliber_core.extraction import targets as extraction_targets
 from caliber_core.loading import LogitsData
 
 from . import cache
+from .readouts import SIDE_LABELS
 
 QUANTITIES = ("accuracy", "retention", "agreement")
-
-
-class _Slot:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.value = None
-
-
-@st.cache_resource(max_entries=16, show_spinner=False)
-def _config_slot(key: tuple) -> _Slot:
-    return _Slot()
 
 
 def config(data: LogitsData, targets: Sequence[tuple[str, float]], *, statistic: str = "median",
@@ -61,25 +47,8 @@ def config(data: LogitsData, targets: Sequence[tuple[str, float]], *, statistic:
         raise ValueError(f"side must be one of {SIDES}, got {side!r}")
     if not (isinstance(confidence, (int, float)) and 0.5 <= confidence < 1.0):
         raise ValueError(f"confidence must be a level in [0.5, 1), got {confidence!r}")
-    if side == "point" and confidence == DEFAULT_CONFIDENCE:
-        return cache.config(data, targets, statistic=statistic, inversion=inversion, saturate=saturate)
-    key = (cache.data_digest(data), tuple((k, float(v)) for k, v in targets), statistic, inversion,
-           bool(saturate), side, float(confidence))
-    slot = _config_slot(key)
-    if slot.value is not None:
-        return slot.value
-    with slot.lock:
-        if slot.value is None:
-            text = f"Building the {side} config for {data.name}…"
-            bar = st.progress(0.0, text=text)
-            try:
-                slot.value = pipeline.config_for(
-                    data, list(targets), statistic=statistic, inversion=inversion, saturate=saturate,
-                    side=side, confidence=float(confidence),
-                    progress=lambda f: bar.progress(min(1.0, f), text=f"{text} {f:.0%}"))
-            finally:
-                bar.empty()
-    return slot.value
+    return cache.config(data, targets, statistic=statistic, inversion=inversion, saturate=saturate,
+                        side=side, confidence=float(confidence))
 
 
 def surrogate_records(cal: Calibration, data: LogitsData, result: ExtractionResult,
@@ -110,7 +79,9 @@ def _bounds(interval: dict | None, quantity: str) -> str:
 
 
 def preview_table(records: Sequence[TargetRecord]) -> pd.DataFrame:
-    """One row per target: σ (with its standard error for a surrogate target), what it delivers, intervals.
+    """One row per target: σ served (with its standard error for a surrogate target), what it delivers, intervals.
+
+    Accuracy, retention and agreement are in percent, like the intervals beside them.
 
     Interval columns are named with their level (e.g. "retention 95% interval");
     a surrogate-retention row has none (its precision is σ's standard error and
@@ -124,9 +95,10 @@ def preview_table(records: Sequence[TargetRecord]) -> pd.DataFrame:
         kept = a.get("surrogate_retention") or {}
         se = a.get("sigma_se")
         rows.append({
-            "target": f"{r.kind} {r.requested:g}", "side": r.side, "σ*": r.sigma,
-            "σ s.e.": se if isinstance(se, (int, float)) and math.isfinite(se) else None, "v*": r.v,
-            "accuracy": r.accuracy, "retention": r.retention, "agreement": r.agreement,
+            "target": f"{r.kind} {100 * r.requested:g}%", "side": SIDE_LABELS.get(r.side, r.side),
+            "σ served": r.sigma,
+            "σ s.e.": se if isinstance(se, (int, float)) and math.isfinite(se) else None, "v = σ²/S²": r.v,
+            **{f"{q} %": None if getattr(r, q) is None else 100 * getattr(r, q) for q in QUANTITIES},
             **{f"{q}{named} interval": _bounds(r.interval, q) for q in QUANTITIES},
             "thief keeps": (f"{100 * kept['mean']:.1f} ± {100 * (kept.get('sd') or 0):.1f}%"
                             if kept.get("mean") is not None else None),

@@ -52,6 +52,13 @@ UTILITY_AXIS = "normalized accuracy Ã"
 AGREEMENT_AXIS = "normalized agreement"
 
 
+def distinct_colors(n: int) -> list[str]:
+    """``n`` colours, no two alike: the palette up to its 10, else hues spread evenly around the wheel."""
+    if n <= len(PALETTE):
+        return list(PALETTE[:n])
+    return [f"hsl({round(360 * i / n)}, {65 if i % 2 else 80}%, {38 if i % 2 else 52}%)" for i in range(n)]
+
+
 def chart_config(filename: str) -> dict:
     """Plotly config for ``st.plotly_chart``: PNG download named after the figure."""
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in filename) or "figure"
@@ -73,7 +80,10 @@ def _layout(fig: go.Figure, *, title: str | None, x_title: str, y_title: str,
     fig.update_layout(
         height=height,
         margin=dict(l=70, r=20, t=100 if title else 70, b=60),
-        xaxis=dict(title=dict(text=x_title), type="log" if x_log else "linear"),
+        # A log axis labels its 2s and 5s with the digit alone by default ("5 0.1 2 5 1"):
+        # every label written in full reads "0.05 0.1 0.2 0.5 1".
+        xaxis=dict(title=dict(text=x_title), type="log" if x_log else "linear",
+                   tickformat="~g" if x_log else None),
         yaxis=dict(title=dict(text=y_title)),
     )
     return fig
@@ -339,10 +349,11 @@ def fleet_figure(
     fig = go.Figure()
     symbols = ("circle", "square", "diamond", "triangle-up", "cross", "x", "triangle-down",
                "pentagon", "hexagon", "star-square")
+    colors = distinct_colors(len(points))
     for i, (name, (v, u)) in enumerate(points.items()):
         fig.add_trace(go.Scatter(
             x=_arr(v), y=_arr(u), mode="markers", name=name,
-            marker=dict(color=PALETTE[i % len(PALETTE)], size=6, symbol=symbols[i % len(symbols)],
+            marker=dict(color=colors[i], size=6, symbol=symbols[i % len(symbols)],
                         opacity=0.8),
             hovertemplate="v=%{x:.4g}<br>Ã=%{y:.4f}<extra>" + name + "</extra>",
         ))

@@ -8,6 +8,8 @@ of about 0.2 points), so no digit shown is noise.
 
 from __future__ import annotations
 
+import math
+
 from caliber_core.calibration.intervals import WIDE_HALF_WIDTH, Interval, IntervalSet, sample_size_advice
 
 QUANTITY_ORDER = ("retention", "accuracy", "agreement")
@@ -21,8 +23,46 @@ SIDE_HELP = {
 }
 
 
+#: The metric label of the sigma each side serves: sigma* only on the point.
+SIGMA_LABELS = {"point": "σ* (logit units)", "at-least": "σ served, at least (logit units)",
+                "at-most": "σ served, at most (logit units)"}
+V_LABELS = {"point": "v* = σ*²/S²", "at-least": "v = σ²/S² (σ served)", "at-most": "v = σ²/S² (σ served)"}
+
+
 def percent(x: float) -> str:
     return f"{100.0 * x:.1f}%"
+
+
+def _bound_percent(bound: float, side: str) -> str:
+    """The one-sided bound in percent, rounded towards the safe side (never overstated).
+
+    A 1e-9 slack keeps a bound solved to equal 0.8 reading 80.0%, not 79.9%.
+    """
+    tenths = 1000.0 * bound
+    tenths = math.floor(tenths + 1e-6) if side == "at-least" else math.ceil(tenths - 1e-6)
+    return f"{tenths / 10:.1f}%"
+
+
+def guarantee(kind: str, bound: float, *, side: str, level: float) -> str:
+    """"retention ≥ 80.0% (one-sided 95%)": what a one-sided target promises the population.
+
+    Parameters
+    ----------
+    kind : {"retention", "accuracy", "agreement"}
+    bound : float
+        The one-sided bound at the sigma served (lower for "at-least", upper for "at-most"), a fraction.
+    side : {"at-least", "at-most"}
+    level : float
+        Its confidence.
+    """
+    if side not in ("at-least", "at-most"):
+        raise ValueError(f"side must be 'at-least' or 'at-most', got {side!r}")
+    if kind not in QUANTITY_ORDER:
+        raise ValueError(f"kind must be one of {QUANTITY_ORDER}, got {kind!r}")
+    if not (math.isfinite(bound) and 0.0 <= bound <= 1.0 + 1e-9):
+        raise ValueError(f"bound must be a fraction in [0, 1], got {bound!r}")
+    sign = "≥" if side == "at-least" else "≤"
+    return f"{kind} {sign} {_bound_percent(bound, side)} (one-sided {level:.0%})"
 
 
 def with_interval(name: str, interval: Interval, level: float) -> str:

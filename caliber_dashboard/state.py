@@ -10,8 +10,9 @@ restores it, so a reload, a reconnect or a server restart loses nothing.
 * ``MODELS``: dict sha256 -> LogitsData, in load order (a file loaded twice is kept once);
 * ``PROCESSED``: upload keys already handled, so the uploader's persisted value
   does not re-add a removed model on every rerun;
-* ``UPLOAD_ERRORS``: upload key -> the one-line message, shown while that file
-  stays in the uploader;
+* ``UPLOAD_STATUS``: uploaded file id -> the messages about that file (loaded,
+  refused, already loaded), shown while that file stays in its uploader
+  (:mod:`caliber_dashboard.uploads`);
 * ``SELECTED``: sha256 of the model the pages last worked on;
 * ``TARGETS``: the last target chosen per kind (percent), shared by the pages;
 * ``OPTIONS``: sha256 -> that model's chosen options (margin statistic, target
@@ -26,27 +27,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import streamlit as st
 
 from caliber_core.calibration.margins import MARGIN_STATISTICS
-from caliber_core.loading import LogitsData, LogitsFileError, load_logits, load_logits_bytes
+from caliber_core.config import SIDES
+from caliber_core.loading import LogitsData, load_logits
 
 from .workspace import CapExceeded
 from .workspace import session as workspace
-from .workspace.store import blob_digest
 
 MODELS = "caliber_models"
 PROCESSED = "caliber_processed_uploads"
-UPLOAD_ERRORS = "caliber_upload_errors"
+UPLOAD_STATUS = "caliber_upload_status"
 SELECTED = "caliber_selected"
 TARGETS = "caliber_targets"
 OPTIONS = "caliber_model_options"
 WARNINGS = "caliber_workspace_warnings"
 VERIFY_COUNTER = "caliber_verify_counter"
-LAST_UPLOAD = "caliber_last_upload"
 _SAVED = "caliber_saved_choices"  # what the workspace holds now, to write only changes
 _SEEDED = "caliber_seeded_widgets"  # widget key -> the model its value was set for
 
@@ -62,8 +61,9 @@ KIND_KEY = "_kind"  # the entry of TARGETS holding the last chosen target kind
 MODEL_WIDGETS = {
     "calibrate_statistic": ("calibrate_model", "statistic"),
     "export_statistic": ("export_model", "statistic"),
+    "calibrate_side": ("calibrate_model", "side"),
 }
-_OPTION_VALUES = {"statistic": tuple(MARGIN_STATISTICS)}
+_OPTION_VALUES = {"statistic": tuple(MARGIN_STATISTICS), "side": tuple(SIDES)}
 
 
 @st.cache_resource(max_entries=1, show_spinner=False)
@@ -75,7 +75,7 @@ def demo_models() -> tuple[LogitsData, ...]:
 def init() -> None:
     """Create the plain keys; on a session's first run, restore its workspace."""
     ss = st.session_state
-    for key, empty in ((MODELS, dict), (PROCESSED, set), (UPLOAD_ERRORS, dict), (TARGETS, dict),
+    for key, empty in ((MODELS, dict), (PROCESSED, set), (UPLOAD_STATUS, dict), (TARGETS, dict),
                        (OPTIONS, dict), (WARNINGS, list), (_SAVED, dict), (_SEEDED, dict)):
         ss.setdefault(key, empty())
     ss.setdefault(VERIFY_COUNTER, 0)
@@ -159,13 +159,14 @@ def add_model(data: LogitsData) -> bool:
 
     A file first loaded without labels and now given labels replaces the old entry.
     """
-    if not _is_new(data):
+    if not is_new(data):
         return False
     models()[data.sha256] = data
     return True
 
 
-def _is_new(data: LogitsData) -> bool:
+def is_new(data: LogitsData) -> bool:
+    """Whether storing ``data`` would change the session: a new file, or labels for one without."""
     old = models().get(data.sha256)
     return old is None or (not old.has_labels and data.has_labels)
 
@@ -218,8 +219,12 @@ def set_model_option(sha256: str, name: str, value) -> None:
     _save(OPTIONS_KIND, sha256, options)
 
 
-def remember_target(kind: str, percent: float) -> None:
-    """The target just chosen: for every page, and for the selected model."""
+def remember_target(kind: str, percent: float, side: str | None = None) -> None:
+    """The target just chosen: for every page, and for the selected model.
+
+    With ``side`` (the Calibrate page), the (kind, percent, side) triple is also
+    the model's ``"calibrate"`` choice, which the Export page starts from.
+    """
     targets = st.session_state.setdefault(TARGETS, {})
     targets[kind] = float(percent)
     _save_setting("targets", targets)
@@ -228,6 +233,8 @@ def remember_target(kind: str, percent: float) -> None:
         options = st.session_state.setdefault(OPTIONS, {}).setdefault(sha, {})
         options["kind"] = kind
         options.setdefault("targets", {})[kind] = float(percent)
+        if side is not None:
+            options["calibrate"] = {"kind": kind, "percent": float(percent), "side": side}
         _save(OPTIONS_KIND, sha, options)
 
 
@@ -319,86 +326,8 @@ def _strings(value) -> list[str]:
     return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
-# ------------------------------------------------------------------------ uploads
-
-
-@dataclass
-class UploadOutcome:
-    added: list[LogitsData] = field(default_factory=list)
-    duplicates: list[LogitsData] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)  # for every file in the uploader now
-
-
-def _upload_key(upload, labels) -> str:
-    return f"{upload.file_id}|{labels.file_id if labels is not None else '-'}"
-
-
-def process_uploads(uploads: Iterable, labels_upload=None) -> UploadOutcome:
-    """Load the uploader's files that were not handled yet (by file_id), and store them.
-
-    A bad file, or one a workspace cap refuses, records its one-line message and
-    changes nothing else. The labels file, when given, is used for logits files
-    that carry no labels.
-    """
-    ss = st.session_state
-    processed: set = ss.setdefault(PROCESSED, set())
-    errors: dict = ss.setdefault(UPLOAD_ERRORS, {})
-    out = UploadOutcome()
-    for upload in uploads or ():
-        key = _upload_key(upload, labels_upload)
-        if key not in processed:
-            processed.add(key)
-            try:
-                content = upload.getvalue()  # a copy of the upload's bytes: taken once
-                data, labels = _load_upload(upload, content, labels_upload)
-                if _is_new(data):
-                    _store_upload(upload, content, labels, data)
-            except (LogitsFileError, CapExceeded) as exc:
-                errors[key] = str(exc)
-            else:
-                if add_model(data):
-                    out.added.append(data)
-                    ss[SELECTED] = data.sha256  # the pages open on the new model
-                else:
-                    out.duplicates.append(data)
-        if key in errors:
-            out.errors.append(errors[key])
-    return out
-
-
-def _load_upload(upload, content: bytes, labels_upload):
-    """The validated model, and the labels upload if it was used."""
-    data = load_logits_bytes(content, upload.name)
-    if labels_upload is not None and not data.has_labels:
-        data = load_logits_bytes(content, upload.name, labels_content=labels_upload.getvalue(),
-                                 labels_filename=labels_upload.name, sha256=data.sha256)
-        return data, labels_upload
-    return data, None
-
-
-def _store_upload(upload, content: bytes, labels_upload, data: LogitsData) -> None:
-    """Write a validated upload to the workspace; CapExceeded passes through."""
-    labels_content = labels_upload.getvalue() if labels_upload is not None else None
-    labels_name = labels_upload.name if labels_upload is not None else None
-    try:
-        stored = workspace.persist_upload(content, upload.name,
-                                          labels_content=labels_content,
-                                          labels_filename=labels_name)
-    except CapExceeded:
-        raise
-    except (*workspace.STORE_ERRORS, ValueError) as exc:
-        _guard_message(f"{upload.name} is loaded for this browser session only: "
-                       f"saving it failed ({exc}).")
-        return
-    if stored:
-        labels_blob = blob_digest(labels_content) if labels_content is not None else None
-        workspace.remember_parsed(data, filename=upload.name, labels_blob=labels_blob,
-                                  labels_filename=labels_name)
-
-
-def _guard_message(message: str) -> None:
+def add_warning(message: str) -> None:
+    """A sidebar warning for this session (shown once however often it is added)."""
     warnings = st.session_state.setdefault(WARNINGS, [])
     if message not in warnings:
         warnings.append(message)
-
-

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -38,16 +38,43 @@ def fleet_model_table(cals: Sequence[Calibration]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def with_mean_row(rows: Sequence[dict], label_column: str, label: str = "mean") -> pd.DataFrame:
-    """A table with a final row averaging every numeric column."""
+def with_mean_row(rows: Sequence[dict], label_column: str, label: str = "mean", *,
+                  text_columns: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """A table with a final row averaging every numeric column.
+
+    ``text_columns`` maps a column that has no meaningful mean (e.g. each model's
+    own S) to a format: the column is written as text and left blank on the mean
+    row, rather than shown as an empty number ("None").
+    """
     df = pd.DataFrame(list(rows))
     if df.empty:
         return df
-    mean = {c: df[c].mean() for c in df.columns if pd.api.types.is_numeric_dtype(df[c])}
+    text_columns = dict(text_columns or {})
+    mean = {c: df[c].mean() for c in df.columns
+            if pd.api.types.is_numeric_dtype(df[c]) and c not in text_columns}
     mean[label_column] = label
-    if "scale" in mean:
+    if "scale" in mean:  # each model's own S: no meaningful mean
         mean["scale"] = np.nan
+    for c, spec in text_columns.items():
+        if c in df.columns:
+            df[c] = [format(float(x), spec) for x in df[c]]
+            mean[c] = ""
     return pd.concat([df, pd.DataFrame([mean])], ignore_index=True)
+
+
+def shown_models(selected: Sequence[str] | None, seen: Sequence[str] | None, loaded: Sequence[str], *,
+                 first: int = 10) -> list[str]:
+    """The models a multi-model plot shows: the user's selection, plus every model loaded since.
+
+    ``selected`` is the last selection (None before the first), ``seen`` the
+    models loaded when it was made. A model loaded since joins the plot at once;
+    a removed one leaves it. The first time, the first ``first`` models.
+    """
+    if selected is None or seen is None:
+        return list(loaded[:first])
+    known = set(seen)
+    keep = set(selected)
+    return [sha for sha in loaded if sha in keep or sha not in known]
 
 
 # A histogram of every row of a 45,000-row file ships 45,000 numbers per model to

@@ -4,7 +4,7 @@ import streamlit as st
 
 from caliber_core.calibration.margins import MARGIN_STATISTICS
 from caliber_core.config import SIDES
-from caliber_dashboard import background, cache, calibrate_plots, figures, navigation, readouts, state, tables, ui
+from caliber_dashboard import background, cache, calibrate_plots, figures, navigation, readouts, state, tables, thief, ui
 from caliber_dashboard.targets import percent_to_fraction, slider_range
 from caliber_dashboard.ui import fmt
 from caliber_dashboard.verification import verify_realizations, verify_sigma
@@ -16,6 +16,7 @@ VERIFY_REQUEST = "caliber_verify_request"
 LAST_PERCENT = "caliber_calibrate_last_percent"
 CURRENT_TARGET = "caliber_calibrate_current_target"
 SESSION_FIGURE = "caliber_calibrate_figure"
+EXPORT_REQUEST = "caliber_calibrate_export_request"
 CAPTIONS = {
     "normalized": "Points: Monte-Carlo sweep with ±1 s.e. bars. Red: the logistic law fit to them. "
                   "Shaded green: the accuracy corridor of Corollary 1, normalized like Ã. Dashed: "
@@ -73,19 +74,33 @@ if not cal.has_labels:
             "targets are possible.")
 
 
+def _export_this(kind, percent, side):
+    # At once, not after the run: the Export page reads this choice on its next run.
+    state.remember_target(kind, percent, side)
+    st.session_state[EXPORT_REQUEST] = True
+
+
 def _request_verify():
     # The target is the fragment's latest (it may have moved since this button was drawn).
     st.session_state[VERIFY_REQUEST] = st.session_state.get(CURRENT_TARGET)
 
 
-def _readout(record, intervals, kind, side):
-    label = "σ* (logit units)" if side == "point" else f"σ, {readouts.SIDE_LABELS[side]} (logit units)"
+def _readout(record, intervals, kind, side, value):
     r = st.columns(3)
-    r[0].metric(label, fmt(record.sigma, ".5g"), help=readouts.SIDE_HELP[side])
-    r[1].metric("v* = σ*²/S²", fmt(record.v, ".5g"))
+    r[0].metric(readouts.SIGMA_LABELS[side], fmt(record.sigma, ".5g"), help=readouts.SIDE_HELP[side])
+    r[1].metric(readouts.V_LABELS[side], fmt(record.v, ".5g"))
     r[2].metric("logistic σ (closed form)", fmt(record.sigma_logistic, ".5g"),
-                help="Eq. inverse-v on the fitted law, for comparison; σ* inverts the curve.")
-    st.markdown(readouts.interval_line(intervals, first=kind))
+                help="Eq. inverse-v on the fitted law at the target itself (the point), for comparison; "
+                     "σ* inverts the curve.")
+    if side == "point":
+        st.markdown(readouts.interval_line(intervals, first=kind))
+    else:  # the guarantee first; the two-sided interval is secondary
+        bound = cache.side_bound(data, cal, kind, value, side=side)
+        st.markdown(f"**{readouts.guarantee(kind, bound, side=side, level=intervals.level)}**")
+        st.caption("Two-sided, at the σ served: " + readouts.interval_line(intervals, first=kind))
+    t1, t2 = st.columns([4, 1], vertical_alignment="center")
+    t1.markdown(thief.readout_line(data.sha256, record.sigma))
+    t2.page_link("pages/extraction.py", label="Extraction frontier", icon=":material/content_copy:")
     advice, wide = readouts.advice(intervals, kind=kind)
     method = (f"Method: {record.method}" + (" (saturated)" if record.saturated else "")
               + f" · side: {readouts.SIDE_LABELS[side]} · interval: {intervals.method}.")
@@ -163,7 +178,12 @@ def target_panel(kind, side, view, with_bands):
     except ValueError as exc:
         st.warning(ui.plain(str(exc)))
     if record is not None:
-        _readout(record, intervals, kind, side)
+        _readout(record, intervals, kind, side, value)
+        st.button("Export this σ", key="export_this_btn", icon=":material/download:",
+                  on_click=_export_this, args=(kind, percent, side),
+                  help="Opens Export with this target, kind and side.")
+    if st.session_state.pop(EXPORT_REQUEST, False):
+        st.switch_page("pages/export.py")
     _plot(record, intervals, view, with_bands)
     # The slider's neighbours, the next one in the direction of the last move first.
     rng = slider_range(kind, clean_accuracy=cal.clean_accuracy, n_classes=cal.n_classes)
@@ -174,14 +194,15 @@ def target_panel(kind, side, view, with_bands):
                    side=side)
     _verification(record, intervals, kind, side, key)
     # The workspace write (two database commits) need not hold up the readout and plot.
-    background.run_after(state.remember_target, kind, percent)
+    background.run_after(state.remember_target, kind, percent, side)
 
 
 st.subheader("Target → σ*")
 left, right = st.columns([3, 1])
 with right:
+    st.session_state.setdefault("calibrate_side", "point")  # or the model's stored side (state)
     side = st.segmented_control(
-        "Side", SIDES, format_func=readouts.SIDE_LABELS.get, default="point", required=True,
+        "Side", SIDES, format_func=readouts.SIDE_LABELS.get, required=True,
         key="calibrate_side", help=" ".join(f"{readouts.SIDE_LABELS[s]}: {readouts.SIDE_HELP[s]}"
                                             for s in SIDES))
     view = st.radio("View", calibrate_plots.VIEWS, format_func=calibrate_plots.VIEW_LABELS.get,
@@ -197,13 +218,14 @@ with left:
     target_panel(ui.target_kind(cal, key_prefix="calibrate"), side, view, with_bands)
 
 st.subheader("Fit quality")
-f = st.columns(6)
-f[0].metric("R²", fmt(cal.fit.r2, ".5f"))
+# Two rows of three: a coefficient such as c = 9.094e-05 needs the width.
+f = st.columns(3) + st.columns(3)
+f[0].metric("R²", fmt(cal.fit.r2, ".4f"))  # as in the header above
 f[1].metric("rmse", fmt(cal.fit.rmse, ".4f"))
-f[2].metric("v50", fmt(cal.fit.v50, ".4g"))
-f[3].metric("p", fmt(cal.fit.p, ".4g"))
-f[4].metric("c", fmt(cal.fit.c, ".4g"))
-f[5].metric("points", cal.fit.n_points)
+f[2].metric("points", cal.fit.n_points)
+f[3].metric("v50", fmt(cal.fit.v50, ".4g"))
+f[4].metric("p", fmt(cal.fit.p, ".4g"))
+f[5].metric("c", fmt(cal.fit.c, ".4g"))
 st.caption("The residuals are the third view of the plot above.")
 ui.csv_download(tables.sweep_table(cal), label="Sweep data (CSV)",
                 file_name=f"{data.name}.sweep.csv", key="sweep_csv")

@@ -1,15 +1,17 @@
 """Data: upload logits files (or use the demo set), see their margins, remove models."""
 
-import numpy as np
 import pandas as pd
 import streamlit as st
 
 from caliber_core.calibration import margins
-from caliber_core.loading import LABELS_EXTENSIONS, SUPPORTED_EXTENSIONS, describe
-from caliber_core.loading.checks import margins_in_chunks
-from caliber_dashboard import cache, figures, navigation, state, tables, ui
+from caliber_core.loading import LABELS_EXTENSIONS, SUPPORTED_EXTENSIONS
+from caliber_dashboard import cache, figures, navigation, state, tables, ui, uploads
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
+
+HIST_SHOWN, HIST_SEEN = "caliber_hist_shown", "caliber_hist_seen"  # plain keys: outlive a page switch
+_ICONS = {"success": ":material/check_circle:", "info": ":material/info:", "warning": ":material/warning:",
+          "error": ":material/block:"}
 
 st.title("Data")
 st.caption(
@@ -18,36 +20,17 @@ st.caption(
     "come back after a reload; files are validated before use and never unpickled."
 )
 
-# Per model, by content digest: a 45,000 x 1,000 file costs ~0.3 s per margin pass,
-# on every rerun of this page otherwise. One pass serves the table and the histogram.
-@st.cache_resource(max_entries=64, show_spinner=False)
-def _margins(key: str, _data) -> np.ndarray:
-    m = _data.margins  # taken by the loader's margin check
-    if m is None:
-        m = margins_in_chunks(_data.logits)
-        m.flags.writeable = False  # shared by every session
-    return m
-
-
-@st.cache_resource(max_entries=64, show_spinner=False)
-def _table_row(key: tuple, _data) -> pd.DataFrame:
-    return tables.model_table([_data], margins=[_margins(key[0], _data)])
-
-
-
-
 def _on_upload():
     # Runs before the script body, so every part of this run (the sidebar's model
     # count included) already sees the new models.
-    st.session_state[state.LAST_UPLOAD] = state.process_uploads(
-        st.session_state.get("upload_logits"), st.session_state.get("upload_labels"))
+    uploads.process(st.session_state.get("upload_logits"), st.session_state.get("upload_labels"))
 
 
 col_up, col_labels = st.columns([3, 2])
 with col_up:
     # No `type=`: Streamlit would raise on another extension; the core's reader
     # refuses it with a one-line message instead.
-    uploads = st.file_uploader(
+    logits_uploads = st.file_uploader(
         f"Logits files ({', '.join(SUPPORTED_EXTENSIONS)})",
         accept_multiple_files=True, key="upload_logits", on_change=_on_upload,
         help="npz with `logits` (N, K) and `labels` (N,), npy, pt (tensors), safetensors, "
@@ -60,24 +43,16 @@ with col_labels:
         key="upload_labels", on_change=_on_upload,
         help=f"({', '.join(LABELS_EXTENSIONS)}) A 1-D integer .npy, one integer per line "
              "(.csv/.txt), or an .npz with `labels`. "
-             "Used for uploaded logits that carry no labels of their own (e.g. a bare .npy).",
+             "Used for the logits files on the left that carry no labels of their own (e.g. a bare "
+             ".npy); with none there, it attaches to the loaded model without labels that has as "
+             "many rows (if several do, the one whose file name begins the labels file's name).",
     )
 
-outcome = state.process_uploads(uploads, labels_upload)  # a no-op after the callback
-earlier = st.session_state.pop(state.LAST_UPLOAD, None)
-if earlier is not None:
-    outcome.added[:0] = earlier.added
-    outcome.duplicates[:0] = earlier.duplicates
 with messages:
-    # File names and messages come from uploads: shown verbatim, never as Markdown.
-    for message in outcome.errors:
-        st.error(ui.plain(message), icon=":material/block:")
-    for data in outcome.added:
-        st.success(ui.plain(f"Loaded {describe(data)}."), icon=":material/check_circle:")
-        for warning in data.warnings:
-            st.warning(ui.plain(f"{data.name}: {warning}"))
-    for data in outcome.duplicates:
-        st.info(ui.plain(f"{state.model_label(data)} is already loaded (same sha256)."))
+    # One set of messages per file in the uploaders, gone with the file. File names and
+    # messages come from uploads: shown verbatim, never as Markdown.
+    for level, text in uploads.process(logits_uploads, labels_upload):  # a no-op after the callback
+        getattr(st, level)(ui.plain(text), icon=_ICONS[level])
 
 models = state.models()
 
@@ -101,8 +76,7 @@ st.subheader("Loaded models")
 if not models:
     st.info("No models loaded. Upload logits files above, or load the bundled demo set.")
 else:
-    table = pd.concat([_table_row((cache.data_digest(d), d.name, d.source), d) for d in models.values()],
-                      ignore_index=True)
+    table = pd.concat([cache.model_row(d) for d in models.values()], ignore_index=True)
     st.dataframe(
         table, hide_index=True, width="stretch",
         column_config={
@@ -137,13 +111,18 @@ if models:
     with h1:
         scale_mode = st.radio("Axis", ["logit units", "divided by S (median)"], key="hist_mode")
     with h2:
-        shown = st.multiselect("Models shown", list(models), default=list(models)[:10],
-                               key="hist_models", format_func=lambda s: models[s].name)
+        # Every upload joins the plot at once (the widget alone would keep its old selection).
+        st.session_state["hist_models"] = tables.shown_models(
+            st.session_state.get("hist_models", st.session_state.get(HIST_SHOWN)),
+            st.session_state.get(HIST_SEEN), list(models))
+        shown = st.multiselect("Models shown", list(models), key="hist_models",
+                               format_func=lambda s: models[s].name)
+        st.session_state[HIST_SHOWN], st.session_state[HIST_SEEN] = list(shown), list(models)
     normalized = scale_mode != "logit units"
     hist_data = {}
     sampled = []
     for sha in shown:
-        m = _margins(cache.data_digest(models[sha]), models[sha])
+        m = cache.margins(models[sha])
         x = tables.histogram_rows(m)
         if x.size < m.size:
             sampled.append(f"{models[sha].name} ({x.size:,} of {m.size:,} rows)")

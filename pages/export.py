@@ -2,17 +2,14 @@
 
 import re
 
-import pandas as pd
 import streamlit as st
 
-from caliber_core.calibration.calibrate import measured_accuracy, measured_agreement
 from caliber_core.calibration.drift import check_drift
 from caliber_core.calibration.intervals import DEFAULT_CONFIDENCE
-from caliber_core.calibration.target_intervals import interval_estimator, side_sigma
-from caliber_core.config import CALIBRATED_KINDS, SIDES, ConfigError, config_to_json, inversion_of_method, load_config
+from caliber_core.config import SIDES, ConfigError, config_to_json, load_config
 from caliber_core.calibration.margins import MARGIN_STATISTICS
 from caliber_core.extraction.experiment import plan_runs
-from caliber_dashboard import cache, export_config, navigation, state, ui
+from caliber_dashboard import cache, export_config, export_inputs, export_review, navigation, state, ui
 from caliber_dashboard import extraction_runs as runs
 from caliber_dashboard import extraction_view as view
 from caliber_dashboard.extraction_codec import run_key
@@ -35,12 +32,12 @@ if data is None:
     st.stop()
 
 st.subheader("Targets")
+export_inputs.seed(data.sha256, has_labels=data.has_labels)  # Calibrate's choice, or this page's saved inputs
 t1, t2, t3 = st.columns(3)
-retention_text = t1.text_input("Retention targets (% of A0)", value="90, 80, 70, 60" if data.has_labels else "",
-                               key="export_retention", help="Comma-separated percentages.")
-accuracy_text = t2.text_input("Absolute accuracy targets (%)", value="", key="export_accuracy")
-agreement_text = t3.text_input("Agreement targets (%)", value="" if data.has_labels else "90, 80, 70, 60",
-                               key="export_agreement")
+retention_text = t1.text_input("Retention targets (% of A0)", key="export_retention",
+                               help="Comma-separated percentages.")
+accuracy_text = t2.text_input("Absolute accuracy targets (%)", key="export_accuracy")
+agreement_text = t3.text_input("Agreement targets (%)", key="export_agreement")
 with st.expander("Options (the CLI's defaults)"):
     o1, o2, o3 = st.columns(3)
     statistic = o1.selectbox("margin statistic (--margin-stat)", MARGIN_STATISTICS, key="export_statistic")
@@ -52,8 +49,9 @@ s1, s2 = st.columns(2)
 side = s1.selectbox("side (--side)", SIDES, format_func=SIDE_LABELS.get, key="export_side",
                     help=" ".join(f"{SIDE_LABELS[k]}: {SIDE_HELP[k]}" for k in SIDES))
 confidence = s2.number_input("confidence level (--confidence)", min_value=0.5, max_value=0.995,
-                             value=DEFAULT_CONFIDENCE, step=0.005, format="%.3f", key="export_confidence",
+                             step=0.005, format="%.3f", key="export_confidence",
                              help="Level of every target's interval, and of the bound a one-sided target keeps.")
+export_inputs.remember(data.sha256)  # kept in the workspace: a reload brings them back
 
 try:
     targets = target_list(retention_text, accuracy_text, agreement_text)
@@ -140,7 +138,9 @@ for r in results:
                             "the largest σ the sweep measured, marked saturated."), icon=":material/warning:")
 st.dataframe(results_df, hide_index=True, width="stretch",
              column_config={c: st.column_config.NumberColumn(format="%.5g")
-                            for c in ("σ*", "v*", "accuracy", "retention", "agreement", "σ logistic")}
+                            for c in ("σ served", "v = σ²/S²", "σ logistic")}
+             | {c: st.column_config.NumberColumn(format="%.2f")
+                for c in ("accuracy %", "retention %", "agreement %")}
              | {"σ s.e.": st.column_config.NumberColumn(format="%.2g")})
 if any(r.interval for r in results):
     level = results[0].interval["level"] if results[0].interval else confidence
@@ -222,44 +222,11 @@ except ValueError as exc:
     st.error(ui.plain(f"{model.name}: {exc}"))
     st.stop()
 
-review = []
-estimators = {}  # one interval bootstrap per confidence level, for side targets
-for t in saved["targets"]:
-    kind, requested = t.get("kind"), t.get("requested")
-    sigma_file = t.get("sigma")
-    now = note = None
-    try:
-        if kind not in CALIBRATED_KINDS or requested is None:
-            raise ValueError(f"a {kind} target is not recomputed from logits here")
-        # The same inversion the file used: the method says which ("saturated-logistic" is logistic).
-        now_target = cache.target(model, cal, kind, float(requested),
-                                  inversion=inversion_of_method(t.get("method", "")),
-                                  saturate=bool(t.get("saturated")))
-        now = now_target.sigma
-        if t.get("side", "point") != "point":  # the same side of the same interval level
-            level = (t.get("interval") or {}).get("level", DEFAULT_CONFIDENCE)
-            if level not in estimators:
-                estimators[level] = interval_estimator(cal, confidence=level, seed=sweep.get("seed", 0) or 0)
-            now = side_sigma(cal, now_target, estimators[level], side=t["side"],
-                             saturate=bool(t.get("saturated")))[0]
-    except ValueError as exc:
-        note = str(exc)
-    pred_acc = float(measured_accuracy(cal, sigma_file)[0]) if cal.has_labels else None
-    pred_agr = float(measured_agreement(cal, sigma_file)[0]) if kind == "agreement" else None
-    rel = None if now is None or sigma_file == 0 else (now - sigma_file) / sigma_file * 100
-    review.append({
-        "target": f"{kind} {requested}", "σ in file": sigma_file, "σ recomputed now": now,
-        "Δσ %": rel, "accuracy in file": t.get("accuracy"),
-        "predicted accuracy at file σ": pred_acc, "predicted agreement at file σ": pred_agr,
-        "note": note or "",
-    })
-review_df = pd.DataFrame(review).dropna(axis=1, how="all")
-if not review_df["note"].any():
-    review_df = review_df.drop(columns="note")
+review_df = export_review.review_table(saved, model, cal)
 st.dataframe(review_df, hide_index=True, width="stretch",
-             column_config={c: st.column_config.NumberColumn(format="%.5g") for c in
-                            ("σ in file", "σ recomputed now", "accuracy in file",
-                             "predicted accuracy at file σ", "predicted agreement at file σ")}
+             column_config={c: st.column_config.NumberColumn(format="%.5g") for c in ("σ in file", "σ recomputed now")}
+             | {c: st.column_config.NumberColumn(format="%.2f") for c in
+                ("accuracy in file %", "predicted accuracy at file σ %", "predicted agreement at file σ %")}
              | {"Δσ %": st.column_config.NumberColumn(format="%+.3f")})
 st.caption("σ recomputed now: the same target on the loaded model with the config's statistic, seed "
            "and noise draws. Predicted accuracy: the loaded model's measured curve at the file's σ.")
@@ -276,9 +243,4 @@ if report.consistent:
                         f"N={report.n_calibration:,}."), icon=":material/check_circle:")
 else:
     st.error("  \n".join(ui.plain(f.message) for f in report.problems), icon=":material/sync_problem:")
-st.dataframe(pd.DataFrame([{"compared": f.quantity, "target": f.target, "σ": f.sigma, "config": f.expected,
-                            "this model": f.observed, "expected from": f.low, "expected to": f.high,
-                            "consistent": f.consistent} for f in report.findings]),
-             hide_index=True, width="stretch",
-             column_config={c: st.column_config.NumberColumn(format="%.4g")
-                            for c in ("σ", "config", "this model", "expected from", "expected to")})
+st.dataframe(export_review.drift_table(report, saved), hide_index=True, width="stretch")

@@ -1,12 +1,11 @@
 """Fleet: one shared logistic law over several models; calibrate a new model from S alone."""
 
-import numpy as np
 import pandas as pd
 import streamlit as st
 
 from caliber_core.calibration import fleet
 from caliber_core.calibration.margins import MARGIN_STATISTICS, normalized_utility
-from caliber_dashboard import cache, figures, navigation, state, tables, ui
+from caliber_dashboard import cache, figures, fleet_view, navigation, state, tables, ui
 from caliber_dashboard.targets import percent_to_fraction
 from caliber_dashboard.ui import fmt
 
@@ -18,6 +17,7 @@ st.caption(
     "a new model serving the task then needs only its margin scale S (no sweep of its own)."
 )
 
+models = state.models()
 labelled = state.labelled_models()
 if len(labelled) < 2:
     st.info(f"The fleet view needs at least 2 models with labels; {len(labelled)} "
@@ -25,10 +25,19 @@ if len(labelled) < 2:
             "(or load the demo set there).")
     st.stop()
 
-statistic = st.selectbox("Margin statistic for S", MARGIN_STATISTICS, key="fleet_statistic",
+default, left_out = fleet_view.default_pool(models)
+c1, c2 = st.columns([3, 1])
+chosen = c1.multiselect("Models to pool", list(labelled), default=default, key="fleet_pool",
+                        format_func=lambda s: state.model_label(labelled[s]),
+                        help="One shared law is meant for models serving one task: by default, the "
+                             "labelled models with the most common K.")
+statistic = c2.selectbox("Margin statistic for S", MARGIN_STATISTICS, key="fleet_statistic",
                          help="Which S normalizes v for the shared fit (the paper's ablation).")
+if left_out:
+    st.caption("Left out by default: " + ui.plain("; ".join(
+        f"{state.model_label(models[sha])} ({why})" for sha, why in left_out.items())) + ".")
 
-datas = list(labelled.values())
+datas = [labelled[sha] for sha in chosen if sha in labelled]
 usable, cals = [], []
 for d in datas:
     try:
@@ -38,11 +47,13 @@ for d in datas:
         st.warning(ui.plain(f"{d.name} left out: {exc}"))
 datas = usable
 if len(cals) < 2:
-    st.info("Fewer than 2 models could be calibrated: nothing to pool.")
+    st.info("Choose at least 2 models that can be calibrated: nothing to pool yet.")
     st.stop()
 
 report = cache.fleet_report(datas, cals, statistic=statistic)
 shared = report["shared_fit"]
+for warning in fleet_view.pool_warnings(cals, report["leave_one_out"]):
+    st.warning(ui.plain(warning), icon=":material/warning:")
 
 s = st.columns(5)
 s[0].metric("models pooled", len(cals))
@@ -51,9 +62,8 @@ s[2].metric("shared p", fmt(shared.p, ".4g"))
 s[3].metric("shared c", fmt(shared.c, ".4g"))
 s[4].metric("shared R²", fmt(shared.r2, ".4f"))
 
-points = {state.model_label(d): fleet.normalized_points(c, statistic) for d, c in zip(datas, cals)}
-v_all = np.concatenate([p[0] for p in points.values()])
-v_curve = np.geomspace(v_all.min(), v_all.max(), 200)
+points, v_curve = fleet_view.pooled_points({state.model_label(d): c for d, c in zip(datas, cals)},
+                                           statistic=statistic)
 st.plotly_chart(
     figures.fleet_figure(points, v_curve=v_curve, shared=shared.predict(v_curve), statistic=statistic),
     width="stretch", key="fig_fleet", config=figures.chart_config(f"caliber_fleet_{statistic}"))
@@ -70,13 +80,12 @@ st.caption(
     "retention targets 90/80/70/60%: in-sample (the law fit on every model) vs held out (fit "
     "without that model), as in the paper's appendix."
 )
-loo_df = tables.with_mean_row(report["leave_one_out"], "model")
+loo_df = tables.with_mean_row(report["leave_one_out"], "model", text_columns={"scale": ".4g"})
 st.dataframe(
     loo_df.rename(columns={"scale": f"S ({statistic})", "in_sample_error": "in-sample error %",
                            "held_out_error": "held-out error %"}),
     hide_index=True, width="stretch",
-    column_config={f"S ({statistic})": st.column_config.NumberColumn(format="%.4g"),
-                   "in-sample error %": st.column_config.NumberColumn(format="%.2f"),
+    column_config={"in-sample error %": st.column_config.NumberColumn(format="%.2f"),
                    "held-out error %": st.column_config.NumberColumn(format="%.2f")})
 ui.csv_download(loo_df, label="Leave-one-out table (CSV)", file_name=f"caliber_loo_{statistic}.csv",
                 key="loo_csv")
@@ -108,30 +117,39 @@ else:
               on_click=_request_ablation)
 
 st.subheader("Calibrate a model from its S alone")
-st.caption(f"Through the shared law above (S = {statistic} margin of the new model on a clean probe).")
-ref = cals[0]
+st.caption(f"Through the shared law above (S = {statistic} margin of the new model on a clean probe). "
+           "Enter the new model's own values.")
 i = st.columns(4)
-scale = i[0].number_input(f"S ({statistic} top-two margin)", min_value=1e-6, value=float(ref.scales[statistic]),
-                          format="%.4f", key="fleet_scale")
-a0 = i[1].number_input("clean accuracy A0", min_value=0.0, max_value=1.0, value=float(ref.clean_accuracy),
-                       step=0.001, format="%.4f", key="fleet_a0")
-k = i[2].number_input("classes K", min_value=2, value=int(ref.n_classes), step=1, key="fleet_k")
+scale = i[0].number_input(f"S ({statistic} top-two margin)", min_value=1e-6, value=None, format="%.4f",
+                          key="fleet_scale", placeholder="e.g. 2.5")
+a0 = i[1].number_input("clean accuracy A0", min_value=0.0, max_value=1.0, value=None, step=0.001,
+                       format="%.4f", key="fleet_a0", placeholder="e.g. 0.92")
+k = i[2].number_input("classes K", min_value=2, value=None, step=1, key="fleet_k", placeholder="e.g. 10")
 retention = i[3].slider("target retention (% of A0)", min_value=10.0, max_value=100.0,
                         value=state.remembered_target("retention", 80.0), step=0.5, format="%.1f%%",
                         key="fleet_retention")
+if scale is None or a0 is None or k is None:
+    st.info("Enter S, A0 and K of the new model to get its σ.")
+    st.stop()
+value = percent_to_fraction(retention)
 try:
     res = fleet.calibrate_from_scale(shared, scale=scale, clean_accuracy=a0, n_classes=int(k),
-                                     value=percent_to_fraction(retention), kind="retention",
-                                     saturate=True, v_max=float(v_all.max()))
+                                     value=value, kind="retention", saturate=True, v_max=float(v_curve[-1]))
 except ValueError as exc:
     st.warning(ui.plain(str(exc)))
-else:
-    o = st.columns(4)
-    o[0].metric("σ*", fmt(res.sigma, ".5g"))
-    o[1].metric("v*", fmt(res.v, ".5g"))
-    o[2].metric("target accuracy", fmt(res.accuracy, ".4f"))
-    o[3].metric("target Ã", fmt(normalized_utility(res.accuracy, clean=a0, n_classes=int(k)), ".4f"))
-    if res.saturated:
-        st.warning("The target is at or below the shared curve's floor c: no σ reaches it. σ* shown is "
-                   "the largest σ the pooled sweeps measured (v = the largest v above), served as "
-                   "a saturated target.")
+    st.stop()
+spread = cache.fleet_sigma_spread(datas, cals, statistic=statistic, value=value)
+found = fleet_view.from_scale(res.sigma, spread)
+o = st.columns(4)
+o[0].metric("σ (range from leave-one-out)", fleet_view.sigma_with_interval(found),
+            help="The range: σ times (1 + the smallest and the largest relative error of the σ a law fit "
+                 f"without a model gave that model, against its own σ*), over {found.models} pooled models.")
+o[1].metric("v = σ²/S²", fmt(res.v, ".2g"))
+o[2].metric("target accuracy", fmt(res.accuracy, ".4f"))
+o[3].metric("target Ã", fmt(normalized_utility(res.accuracy, clean=a0, n_classes=int(k)), ".4f"))
+if found.low is None:
+    st.caption(f"No range: fewer than 2 pooled models gave a held-out σ at {retention:g}% retention.")
+if res.saturated:
+    st.warning("The target is at or below the shared curve's floor c: no σ reaches it. σ shown is "
+               "the largest σ the pooled sweeps measured (v = the largest v above), served as "
+               "a saturated target.")

@@ -97,7 +97,7 @@ def test_first_visit_plots_and_readout():
     expected = sigma_for_target(cal, 0.8)
     assert _metric(at, "σ* (logit units)") == f"{expected.sigma:.5g}"
     assert _metric(at, "v* = σ*²/S²") == f"{expected.v:.5g}"
-    assert _metric(at, "R²") == f"{cal.fit.r2:.5f}"
+    assert _metric(at, "R²") == f"{cal.fit.r2:.4f}" == _metric(at, "logistic R² (accuracy)")
     assert _metric(at, "rmse") == f"{cal.fit.rmse:.4f}"
     assert len(at.get("download_button")) == 1
 

@@ -122,13 +122,54 @@ def test_side_selector_serves_the_bound():
     point = float(_metric(at, "σ* (logit units)"))
     at.segmented_control(key="calibrate_side").set_value("at-least").run()
     assert not at.exception
-    served = float(_metric(at, "σ, at least (logit units)"))
+    served = float(_metric(at, "σ served, at least (logit units)"))
+    assert not [m for m in at.metric if m.label.startswith(("σ*", "v*"))]  # σ* is not what is served
     est = interval_estimator(cal)
     want, _ = side_sigma(cal, sigma_for_target(cal, 0.8), est, side="at-least")
     assert served == pytest.approx(want, rel=1e-4)
     assert served < point  # a lower bound that keeps the target needs less noise
-    # There the one-sided lower bound of retention is the target.
-    assert float(est.bound(want, kind="retention", side="at-least")[0]) == pytest.approx(0.8, abs=2e-3)
+    # There the one-sided lower bound of retention is the target, and the readout says so first.
+    bound = float(est.bound(want, kind="retention", side="at-least")[0])
+    assert bound == pytest.approx(0.8, abs=2e-3) and bound >= 0.8 - 1e-9
+    bold = [m.value for m in at.markdown if m.value.startswith("**retention")]
+    assert bold == ["**retention ≥ 80.0% (one-sided 95%)**"]
+    two_sided = [c.value for c in at.caption if c.value.startswith("Two-sided, at the σ served: retention ")]
+    assert len(two_sided) == 1 and readouts.interval_line(est.at(want), first="retention") in two_sided[0]
+    at.segmented_control(key="calibrate_side").set_value("at-most").run()
+    bold = [m.value for m in at.markdown if m.value.startswith("**retention")]
+    assert bold == ["**retention ≤ 80.0% (one-sided 95%)**"]
+    assert float(_metric(at, "σ served, at most (logit units)")) > point
+
+
+def test_export_this_sigma_opens_export_on_that_target_and_side():
+    at = _app()
+    sha = _selected(at).sha256
+    at.slider(key=f"calibrate_retention_{sha[:12]}").set_value(75.0).run()
+    at.segmented_control(key="calibrate_side").set_value("at-least").run()
+    at.button(key="export_this_btn").click().run()
+    assert not at.exception
+    assert at.session_state[state.SELECTED] == sha
+    assert [t.value for t in at.title] == ["Export"]
+    assert at.text_input(key="export_retention").value == "75"
+    assert at.text_input(key="export_accuracy").value == at.text_input(key="export_agreement").value == ""
+    assert at.selectbox(key="export_side").value == "at-least"
+    config = json.loads(at.code[0].value)
+    assert [(t["kind"], t["requested"], t["side"]) for t in config["targets"]] == [("retention", 0.75, "at-least")]
+    # Export's own edit is kept; Calibrate unchanged does not overwrite it. (AppTest reruns the
+    # page it last switched to, not the one st.switch_page opened: name it.)
+    at.switch_page("pages/export.py").run()
+    assert at.text_input(key="export_retention").value == "75"
+    at.text_input(key="export_retention").set_value("70, 60").run()
+    at.switch_page("pages/calibrate.py").run()
+    at.switch_page("pages/export.py").run()
+    assert at.text_input(key="export_retention").value == "70, 60"
+    assert at.selectbox(key="export_side").value == "at-least"
+    # A new choice on Calibrate starts Export from it again.
+    at.switch_page("pages/calibrate.py").run()
+    at.segmented_control(key="calibrate_side").set_value("point").run()
+    at.switch_page("pages/export.py").run()
+    assert at.text_input(key="export_retention").value == "75"
+    assert at.selectbox(key="export_side").value == "point"
 
 
 def test_interval_band_toggle():

@@ -67,7 +67,10 @@ def test_custom_targets_and_other_model():
     _, _, config = pipeline.config_for(models[other], targets)
     assert _preview(at) == config_to_json(config)
     table = at.dataframe[0].value
-    assert list(table["target"]) == ["retention 0.85", "retention 0.65", "accuracy 0.5", "agreement 0.75"]
+    assert list(table["target"]) == ["retention 85%", "retention 65%", "accuracy 50%", "agreement 75%"]
+    # Percent where a person reads it: the delivered values beside their percent intervals.
+    assert list(table["retention %"][:2]) == pytest.approx([100 * t["retention"] for t in config["targets"][:2]])
+    assert "retention" not in table.columns and "σ served" in table.columns
 
 
 def test_export_matches_the_cli(tmp_path):
@@ -123,9 +126,10 @@ def test_import_review_matches_loaded_model():
     assert list(review["σ recomputed now"]) == [t["sigma"] for t in saved["targets"]]
     assert all(review["Δσ %"] == 0.0)
     cal = pipeline.calibrate_data(data)
-    for got, t in zip(review["predicted accuracy at file σ"], saved["targets"]):
-        assert got == pytest.approx(float(measured_accuracy(cal, t["sigma"])[0]))
-        assert got == pytest.approx(t["accuracy"], abs=1e-4)  # curve inversion lands on target
+    assert list(review["target"]) == ["retention 90%", "retention 80%", "retention 70%", "retention 60%"]
+    for got, t in zip(review["predicted accuracy at file σ %"], saved["targets"]):
+        assert got == pytest.approx(100 * float(measured_accuracy(cal, t["sigma"])[0]))
+        assert got == pytest.approx(100 * t["accuracy"], abs=1e-2)  # curve inversion lands on target
 
 
 def test_review_recomputes_a_saturated_logistic_target_with_the_logistic():

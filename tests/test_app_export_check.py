@@ -50,7 +50,16 @@ def test_review_of_the_same_model_is_consistent():
     table = at.dataframe[2].value
     report = check_drift(config, data.logits, data.labels)
     assert list(table["consistent"]) == [f.consistent for f in report.findings]
-    assert list(table["this model"]) == [f.observed for f in report.findings]
+    # Each finding named by its target, in percent (S in logit units).
+    shown = {f"{100 * t['requested']:g}%" for t in config["targets"]}
+    for target, observed, f in zip(table["target"], table["this model"], report.findings):
+        if f.target is None:
+            assert target == "—"
+        else:
+            assert target == f"{config['targets'][f.target]['kind']} {100 * config['targets'][f.target]['requested']:g}%"
+        assert observed == (f"{f.observed:.4g} (logit units)" if f.quantity == "scale" else f"{100 * f.observed:.2f}%")
+    assert {r.split()[1] for r in table["target"] if r != "—"} <= shown
+    assert "None" not in table.to_string()
 
 
 def test_review_against_another_model_says_recalibrate():

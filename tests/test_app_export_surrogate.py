@@ -18,7 +18,7 @@ from streamlit.testing.v1 import AppTest
 from caliber_core.calibration import pipeline
 from caliber_core.config import config_to_json, load_config, sigma_to_serve
 from caliber_core.serving.runtime import Perturber
-from caliber_dashboard import state
+from caliber_dashboard import readouts, state
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "app.py")
@@ -77,7 +77,7 @@ def test_side_and_confidence_give_config_for_s_config(downloads, side, confidenc
     for shown, t in zip(table[column], saved["targets"]):
         lo, hi = t["interval"]["retention"]
         assert shown == f"{100 * lo:.1f}–{100 * hi:.1f}%"
-    assert list(table["side"]) == [side, side]
+    assert list(table["side"]) == [readouts.SIDE_LABELS[side]] * 2
     command = [c.value for c in at.caption if "Equivalent command" in c.value][0]
     assert ("--side" in command) == (side != "point") and ("--confidence" in command) == (confidence != 0.95)
 
@@ -122,6 +122,20 @@ def test_surrogate_target_from_the_extraction_run_is_served(downloads):
     at.button(key="extraction_run").click().run()
     at.slider(key=f"extraction_surrogate_{sha[:12]}").set_value(85.0).run()
     assert not at.exception
+
+    # Calibrate shows the thief beside the sigma it serves, read off this run's frontier.
+    from caliber_dashboard import thief
+
+    at.switch_page("pages/calibrate.py").run()
+    at.selectbox(key="calibrate_model").set_value(sha).run()
+    assert not at.exception
+    sigma = float([m.value for m in at.metric if m.label == "σ* (logit units)"][0])
+    (latest,) = [r for k, (_, r) in at.session_state[runs.RUNS].items() if k.startswith(sha)]  # the one run
+    found = thief.surrogate_at(latest, sigma)
+    assert found is not None and found.bracket[0] <= sigma <= found.bracket[1]
+    lines = [m.value for m in at.markdown if m.value.startswith("Thief:")]
+    assert len(lines) == 1 and lines[0].startswith("Thief: the strongest surrogate")
+    assert f"keeps {100 * found.accuracy:.1f}" in lines[0]  # sigma is rounded to 5 digits on screen
 
     # Export offers it; the value starts at the Extraction slider's; a config needs the searched sigma.
     at.switch_page("pages/export.py").run()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,8 @@ from streamlit.testing.v1 import AppTest
 
 from caliber_core.calibration import fleet
 from caliber_core.calibration import pipeline
-from caliber_dashboard import state
+from caliber_core.simulation.synthetic import make_synthetic_logits
+from caliber_dashboard import fleet_view, state
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
@@ -70,8 +73,11 @@ def test_statistic_switch(demo_cals):
     assert "S (trimmed)" in at.dataframe[1].value.columns
 
 
-def test_calibrate_from_scale(demo_cals):
+def test_calibrate_from_scale_starts_empty_and_carries_a_leave_one_out_range(demo_cals):
     at = _app()
+    assert [at.number_input(key=k).value for k in ("fleet_scale", "fleet_a0", "fleet_k")] == [None] * 3
+    assert any("Enter S, A0 and K" in i.value for i in at.info)
+    assert not [m for m in at.metric if m.label.startswith("σ")]
     at.number_input(key="fleet_scale").set_value(2.5).run()
     at.number_input(key="fleet_a0").set_value(0.9).run()
     at.number_input(key="fleet_k").set_value(10).run()
@@ -79,8 +85,75 @@ def test_calibrate_from_scale(demo_cals):
     assert not at.exception
     shared = fleet.shared_fit(demo_cals, statistic="median")
     want = fleet.calibrate_from_scale(shared, scale=2.5, clean_accuracy=0.9, n_classes=10, value=0.7)
-    assert _metric(at, "σ*") == f"{want.sigma:.5g}"
+    spread = fleet_view.sigma_spread(demo_cals, statistic="median", value=0.7)
+    assert spread.size == len(demo_cals)
+    found = fleet_view.from_scale(want.sigma, spread)
+    shown = _metric(at, "σ (range from leave-one-out)")
+    assert shown == fleet_view.sigma_with_interval(found)
+    sigma, low, high = map(float, re.fullmatch(r"([\d.]+) \(([\d.]+)–([\d.]+)\)", shown).groups())
+    assert low <= sigma <= high and sigma == pytest.approx(want.sigma, abs=0.5 * (high - low))
+    # No more digits than the range supports: the last digit shown is that of its half-width.
+    half = 0.5 * (found.high - found.low)
+    decimals = len(shown.split()[0].partition(".")[2])
+    assert 10 ** -decimals <= half < 10 ** (1 - decimals) or decimals == 0
     assert _metric(at, "target accuracy") == f"{0.63:.4f}"
+
+
+def test_mean_row_and_s_column_read_as_text(demo_cals):
+    at = _app()
+    loo = at.dataframe[1].value
+    assert loo["S (median)"].iloc[-1] == "" and "None" not in loo.to_string()
+    expected = fleet.leave_one_out(demo_cals, statistic="median")
+    assert list(loo["S (median)"][:-1]) == [f"{r['scale']:.4g}" for r in expected]
+
+
+def test_default_pool_takes_the_most_common_k_and_warns_on_a_mixed_pool():
+    at = AppTest.from_file(APP, default_timeout=90)
+    at.run()
+    z, y = make_synthetic_logits(300, 4, seed=3)
+    buf = io.BytesIO()
+    np.savez(buf, logits=z, labels=y, name=np.array("answer-letters"))
+    at.file_uploader(key="upload_logits").set_value(("k4.npz", buf.getvalue(), "application/octet-stream")).run()
+    models = at.session_state[state.MODELS]
+    k4 = next(sha for sha, d in models.items() if d.name == "answer-letters")
+    at.switch_page("pages/fleet.py").run()
+    assert not at.exception
+    pool = at.multiselect(key="fleet_pool")
+    assert k4 not in pool.value and len(pool.value) == len(models) - 1
+    shown = [re.sub(r"\\(.)", r"\1", c.value) for c in at.caption]
+    assert any("answer-letters" in c and "(K=4; the pool's most common K is 10" in c for c in shown), shown
+    assert not [w for w in at.warning if "mixes K" in w.value]
+    pool.set_value(pool.value + [k4]).run()
+    assert not at.exception
+    assert _metric(at, "models pooled") == str(len(models))
+    warned = [w.value for w in at.warning]
+    assert any("mixes K = 4, 10" in w for w in warned), warned
+
+
+def test_pool_warning_when_held_out_error_is_large():
+    rows = [{"model": "a", "held_out_error": 4.0}, {"model": "b", "held_out_error": 23.5}]
+    lines = fleet_view.pool_warnings([], rows)
+    assert len(lines) == 1 and "exceeds 10% for 1 of 2 models (worst b: 23.5%)" in lines[0]
+    assert fleet_view.pool_warnings([], [{"model": "a", "held_out_error": 9.9}]) == []
+
+
+def test_fleet_colours_stay_distinct_past_ten_models():
+    from caliber_dashboard.figures import distinct_colors, fleet_figure
+
+    assert len(set(distinct_colors(23))) == 23 and distinct_colors(3) == list(distinct_colors(10)[:3])
+    points = {f"m{i}": ([0.1, 1.0], [0.9, 0.5]) for i in range(14)}
+    fig = fleet_figure(points, v_curve=[0.1, 1.0], shared=[0.9, 0.5])
+    styles = {(t.marker.color, t.marker.symbol) for t in fig.data if t.mode == "markers"}
+    assert len(styles) == 14
+
+
+def test_sigma_with_interval_rounding():
+    found = fleet_view.SigmaFromScale(1.2345, 0.9, 1.6, 5)
+    assert fleet_view.sigma_with_interval(found) == "1.2 (0.9–1.6)"
+    assert fleet_view.sigma_with_interval(fleet_view.SigmaFromScale(12.345, 11.0, 14.0, 5)) == "12 (11–14)"
+    assert fleet_view.sigma_with_interval(fleet_view.SigmaFromScale(1.2345, None, None, 1)) == "1.2"
+    with pytest.raises(ValueError, match="at least 2 models"):
+        fleet_view.sigma_spread([], statistic="median", value=0.8)
 
 
 def test_needs_two_labelled_models():

@@ -94,6 +94,29 @@ def test_upload_and_options_survive_a_new_session_on_the_same_url():
     assert _token(again) == token
 
 
+def test_export_inputs_and_calibrate_side_survive_a_reload():
+    at = _open()
+    token = _token(at)
+    at.switch_page("pages/calibrate.py").run()
+    at.segmented_control(key="calibrate_side").set_value("at-most").run()
+    at.switch_page("pages/export.py").run()
+    assert at.text_input(key="export_retention").value == "80"  # Calibrate's default target, its side
+    assert at.selectbox(key="export_side").value == "at-most"
+    at.text_input(key="export_retention").set_value("85, 70").run()
+    at.text_input(key="export_agreement").set_value("60").run()
+    at.number_input(key="export_confidence").set_value(0.9).run()
+    assert not at.exception
+
+    again = _open(token, "pages/export.py")  # a reload: a new session, same URL
+    assert not again.exception
+    assert again.text_input(key="export_retention").value == "85, 70"
+    assert again.text_input(key="export_agreement").value == "60"
+    assert again.selectbox(key="export_side").value == "at-most"
+    assert again.number_input(key="export_confidence").value == 0.9
+    again.switch_page("pages/calibrate.py").run()
+    assert again.segmented_control(key="calibrate_side").value == "at-most"
+
+
 def test_unknown_token_gets_a_fresh_workspace_and_a_new_token():
     owner = _open()
     _upload(owner, "private.npz", _npz(2))

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from app_state import IDLE  # noqa: F401, E402  (re-exported: benchmarks/bench_workspace.py imports it from here)
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("CALIBER_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
 
 
 def pytest_configure(config):

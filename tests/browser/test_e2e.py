@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +19,9 @@ from caliber_core.calibration import pipeline
 from caliber_core.calibration.calibrate import sigma_for_target
 from caliber_core.loading import LogitsFileError, load_logits
 
+from app_state import IDLE, settle_run, upload  # this folder is on sys.path (pytest's prepend import mode)
+
 ROOT = Path(__file__).resolve().parents[2]
-IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
 
 pytestmark = pytest.mark.browser
 
@@ -32,10 +32,10 @@ PAGES = {"Data": "Data", "Calibrate": "Calibrate", "Fleet": "Fleet", "Attack cos
 NAV_TITLES = ["Data", "Calibrate", "Fleet", "Attack cost", "Extraction", "Export", "Policy"]
 
 
-def _idle(page) -> None:
-    """Wait until the script run that the last action started has finished."""
-    time.sleep(0.4)  # let the rerun begin before looking for the idle state
-    page.wait_for_selector(IDLE, timeout=90_000)
+def _open(page, url: str) -> None:
+    """Open the app and wait for its first run: the Data page drawn, the sidebar's model count there."""
+    page.goto(url)
+    settle_run(page, ready="text=models loaded")
 
 
 def _no_exception(page) -> None:
@@ -44,9 +44,8 @@ def _no_exception(page) -> None:
 
 
 def _goto_page(page, title: str) -> None:
-    page.locator("[data-testid='stSidebarNavLink']", has_text=title).first.click()
-    page.wait_for_selector(f"h1:has-text('{title}')")
-    _idle(page)
+    settle_run(page, lambda: page.locator("[data-testid='stSidebarNavLink']", has_text=title).first.click(),
+               ready=f"h1:has-text('{title}')")
 
 
 def _metric(page, label: str) -> str:
@@ -78,14 +77,13 @@ def _blob_logits(path: Path, *, n: int = 400, k: int = 5, seed: int = 11) -> Pat
     return path
 
 
-def _upload(page, path: Path) -> None:
-    page.locator("[data-testid='stFileUploader'] input[type=file]").first.set_input_files(str(path))
-    _idle(page)
+def _upload(page, path: Path, *, ready: str) -> None:
+    """Upload and wait until the file is read and ``ready`` (its message) is shown."""
+    upload(page, path, ready=ready)
 
 
 def test_new_user_sees_demo_and_every_page_renders(page, server):
-    page.goto(server)
-    _idle(page)
+    _open(page, server)
     page.wait_for_selector("h1:has-text('Data')")
     assert _models_loaded(page) == N_DEMO
     page.wait_for_selector("[data-testid='stPlotlyChart']")
@@ -105,9 +103,8 @@ def test_new_user_sees_demo_and_every_page_renders(page, server):
 def test_deep_link_on_a_fresh_server(page, fresh_server):
     """The first request a server ever gets is a page URL: app.py must still run first."""
     page.goto(f"{fresh_server}/calibrate")
-    page.wait_for_selector("h1:has-text('Calibrate')")
-    page.wait_for_selector("[data-testid='stMetric']")
-    _idle(page)
+    settle_run(page, ready="h1:has-text('Calibrate')")
+    settle_run(page, ready="[data-testid='stMetric']")
     _no_exception(page)
     assert _models_loaded(page) == N_DEMO  # the session was set up: demo loaded
     nav = page.locator("[data-testid='stSidebarNavLink']").all_inner_texts()
@@ -120,10 +117,8 @@ def test_upload_calibrate_slide_download_equals_cli(page, server, tmp_path):
     data = load_logits(path)
     cal = pipeline.calibrate_data(data)
 
-    page.goto(server)
-    _idle(page)
-    _upload(page, path)
-    page.wait_for_selector("text=Loaded e2e-blobs")
+    _open(page, server)
+    _upload(page, path, ready="text=Loaded e2e-blobs")
     assert _models_loaded(page) == N_DEMO + 1
     _no_exception(page)
 
@@ -141,7 +136,7 @@ def test_upload_calibrate_slide_download_equals_cli(page, server, tmp_path):
         """([label, want]) => [...document.querySelectorAll("[data-testid='stMetric']")]
              .some(m => m.innerText.includes(label) && m.innerText.includes(want))""",
         arg=["σ* (logit units)", expected], timeout=60_000)
-    _idle(page)
+    page.wait_for_selector(IDLE)
     assert thumb.input_value() == "75"
     assert _metric(page, "σ* (logit units)") == expected
     _no_exception(page)
@@ -150,9 +145,7 @@ def test_upload_calibrate_slide_download_equals_cli(page, server, tmp_path):
     assert _selected_model(page).startswith("e2e-blobs · ")
     box = page.get_by_role("textbox", name="Retention targets (% of A0)")
     box.fill("80")
-    box.press("Enter")
-    _idle(page)
-    page.wait_for_selector("text=--retention 0.8 --out")
+    settle_run(page, lambda: box.press("Enter"), ready="text=--retention 0.8 --out")
     with page.expect_download() as info:
         page.get_by_role("button", name="Download config JSON").click()
     download = info.value
@@ -188,15 +181,12 @@ def test_hostile_file_is_refused_and_models_kept(page, server, tmp_path, make):
         z[5, 1] = np.nan
         np.savez(bad, logits=z, labels=np.zeros(300, dtype=np.int64))
 
-    page.goto(server)
-    _idle(page)
-    _upload(page, good)
-    page.wait_for_selector("text=Loaded e2e-blobs")
+    _open(page, server)
+    _upload(page, good, ready="text=Loaded e2e-blobs")
     assert _models_loaded(page) == N_DEMO + 1
 
-    _upload(page, bad)
+    _upload(page, bad, ready=f"[data-testid='stAlertContentError']:has-text('{bad.name}')")
     alert = page.locator("[data-testid='stAlertContentError']", has_text=bad.name)
-    alert.wait_for()
     with pytest.raises(LogitsFileError) as refused:
         load_logits(bad)
     shown = alert.locator("[data-testid='stMarkdownContainer']").inner_text().strip()

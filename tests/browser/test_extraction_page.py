@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
-IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
+from app_state import settle_run  # this folder is on sys.path (pytest's prepend import mode)
 
 pytestmark = pytest.mark.browser
+RESULTS = "text=Table 3 analogue"  # drawn once a run's results are on the page
 
 
-def _idle(page, timeout_ms: int = 120_000) -> None:
-    time.sleep(0.4)  # let the rerun begin before looking for the idle state
-    page.wait_for_selector(IDLE, timeout=timeout_ms)
+def _open_extraction(page, url: str) -> None:
+    page.goto(url)
+    settle_run(page, ready="text=models loaded")
+    settle_run(page, lambda: page.locator("[data-testid='stSidebarNavLink']", has_text="Extraction").first.click(),
+               ready="h1:has-text('Extraction')")
+
+
+def _run_with_one_seed(page) -> None:
+    seeds = page.get_by_role("spinbutton", name="Seeds")
+    seeds.fill("1")
+    settle_run(page, lambda: seeds.press("Enter"))
+    settle_run(page, lambda: page.get_by_role("button", name="Run the extraction").click(), ready=RESULTS,
+               timeout=300_000)
 
 
 def _metric(page, label: str) -> str:
@@ -23,17 +33,9 @@ def _metric(page, label: str) -> str:
 
 
 def test_run_extraction_slide_the_surrogate_target_and_download(page, server, tmp_path):
-    page.goto(server)
-    _idle(page)
-    page.locator("[data-testid='stSidebarNavLink']", has_text="Extraction").first.click()
-    _idle(page)
+    _open_extraction(page, server)
     assert page.get_by_role("heading", name="Extraction").count() == 1
-    seeds = page.get_by_role("spinbutton", name="Seeds")
-    seeds.fill("1")
-    seeds.press("Enter")
-    _idle(page)
-    page.get_by_role("button", name="Run the extraction").click()
-    _idle(page, timeout_ms=180_000)
+    _run_with_one_seed(page)
     assert page.locator("[data-testid='stException']").count() == 0
     assert page.get_by_text("Defense frontier").count() >= 1
     assert page.get_by_text("Table 3 analogue").count() >= 1
@@ -41,9 +43,9 @@ def test_run_extraction_slide_the_surrogate_target_and_download(page, server, tm
     before = _metric(page, "σ (read off the frontier)")
     slider = page.get_by_role("slider").first
     slider.focus()
-    for _ in range(20):  # 20 steps of 0.5 point: 90% -> 80%
+    for _ in range(19):  # 20 steps of 0.5 point: 90% -> 80%
         slider.press("ArrowLeft")
-    _idle(page)
+    settle_run(page, lambda: slider.press("ArrowLeft"))  # the run after the last step has the last value
     after = _metric(page, "σ (read off the frontier)")
     assert float(after) > float(before)  # a lower surrogate target needs more noise
     with page.expect_download() as download:
@@ -64,23 +66,15 @@ def test_a_finished_run_survives_a_reload_and_a_server_restart(browser, restarta
     context.set_default_timeout(60_000)
     page = context.new_page()
     try:
-        page.goto(restartable_server.url)
-        _idle(page)
-        page.locator("[data-testid='stSidebarNavLink']", has_text="Extraction").first.click()
-        _idle(page)
-        seeds = page.get_by_role("spinbutton", name="Seeds")
-        seeds.fill("1")
-        seeds.press("Enter")
-        _idle(page)
-        page.get_by_role("button", name="Run the extraction").click()
-        _idle(page, timeout_ms=180_000)
+        _open_extraction(page, restartable_server.url)
+        _run_with_one_seed(page)
         assert page.get_by_text("Table 3 analogue").count() >= 1
         sigma = _metric(page, "σ (read off the frontier)")
         url = page.url
         assert "ws=" in url
 
         page.reload()
-        _idle(page)
+        settle_run(page, ready=RESULTS)
         assert page.get_by_role("button", name="Run the extraction").count() == 0
         assert page.get_by_text("Table 3 analogue").count() >= 1
         assert _metric(page, "σ (read off the frontier)") == sigma
@@ -88,7 +82,7 @@ def test_a_finished_run_survives_a_reload_and_a_server_restart(browser, restarta
 
         restartable_server.restart()  # nothing in memory: only the workspace on disk
         page.goto(url)
-        _idle(page, timeout_ms=120_000)
+        settle_run(page, ready=RESULTS)
         assert page.locator("[data-testid='stException']").count() == 0
         assert page.get_by_role("button", name="Run the extraction").count() == 0
         assert _metric(page, "σ (read off the frontier)") == sigma

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -10,24 +11,37 @@ from urllib.parse import parse_qs, urlparse
 import numpy as np
 import pytest
 
+from caliber_core.calibration import pipeline
+from caliber_core.calibration.calibrate import sigma_for_target
+from caliber_core.loading import load_logits
 from caliber_dashboard.workspace import SQLiteStore
 
+from app_state import IDLE, settle_run, upload  # this folder is on sys.path (pytest's prepend import mode)
+
 ROOT = Path(__file__).resolve().parents[2]
-IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
 N_DEMO = len(list((ROOT / "data").glob("digits_*.npz")))
 
 pytestmark = pytest.mark.browser
 
 
-def _idle(page) -> None:
-    time.sleep(0.4)  # let the rerun begin before looking for the idle state
-    page.wait_for_selector(IDLE, timeout=90_000)
-
-
-def _open(page, url: str) -> None:
+def _open(page, url: str, *, ready: str = "text=models loaded") -> None:
+    """Open (or reopen) a URL and wait for its first run to end with ``ready`` on the page."""
     page.goto(url)
-    page.wait_for_selector("h1")
-    _idle(page)
+    settle_run(page, ready=ready)
+
+
+def _stored_targets(data_dir: Path, token: str) -> dict:
+    """The targets the workspace holds (the app's own record), read from its store."""
+    raw = SQLiteStore(data_dir).load_result(token, "settings", "targets")
+    return {} if raw is None else json.loads(raw[1:])
+
+
+def _wait_stored(data_dir: Path, token: str, kind: str, percent: float, timeout: float = 60.0) -> None:
+    """Until the workspace has the target written (the page writes it after its run)."""
+    deadline = time.monotonic() + timeout
+    while _stored_targets(data_dir, token).get(kind) != percent:
+        assert time.monotonic() < deadline, f"{kind} {percent} never stored: {_stored_targets(data_dir, token)}"
+        time.sleep(0.1)  # polling the store's state, not a fixed wait
 
 
 def _no_exception(page) -> None:
@@ -46,14 +60,13 @@ def _token(page) -> str:
 
 
 def _goto_page(page, title: str) -> None:
-    page.locator("[data-testid='stSidebarNavLink']", has_text=title).first.click()
-    page.wait_for_selector(f"h1:has-text('{title}')")
-    _idle(page)
+    settle_run(page, lambda: page.locator("[data-testid='stSidebarNavLink']", has_text=title).first.click(),
+               ready=f"h1:has-text('{title}')")
 
 
-def _upload(page, path: Path) -> None:
-    page.locator("[data-testid='stFileUploader'] input[type=file]").first.set_input_files(str(path))
-    _idle(page)
+def _upload(page, path: Path, *, ready: str) -> None:
+    """Upload and wait until the file is read and ``ready`` (its message) is shown."""
+    upload(page, path, ready=ready)
 
 
 def _blobs(path: Path, *, seed: int, name: str, n: int = 400, k: int = 5) -> Path:
@@ -71,8 +84,7 @@ def _combobox(page, label: str):
 
 def _choose(page, label: str, option: str) -> None:
     _combobox(page, label).click()
-    page.get_by_role("option", name=option, exact=True).click()
-    _idle(page)
+    settle_run(page, lambda: page.get_by_role("option", name=option, exact=True).click())
 
 
 def _calibrate_state(page) -> tuple[str, str, str]:
@@ -105,8 +117,8 @@ def test_upload_survives_reload_and_restart_with_its_options(restartable_server,
     assert len(token) >= 43
     assert "sharing the URL shares the workspace" in page.locator(
         "[data-testid='stSidebar']").inner_text()
-    _upload(page, _blobs(tmp_path / "kept.npz", seed=1, name="ws-kept"))
-    page.wait_for_selector("text=Loaded ws-kept")
+    kept = _blobs(tmp_path / "kept.npz", seed=1, name="ws-kept")
+    _upload(page, kept, ready="text=Loaded ws-kept")
     assert _models_loaded(page) == N_DEMO + 1
 
     _goto_page(page, "Calibrate")
@@ -117,26 +129,29 @@ def test_upload_survives_reload_and_restart_with_its_options(restartable_server,
     thumb.focus()
     for _ in range(10):
         thumb.press("ArrowLeft")
-    page.wait_for_function("() => document.querySelector(\"[data-testid='stSlider'] "
-                           "input[type=range]\").value === '75'")
-    _idle(page)
+    # The readout shows the 75% target's sigma*, and the workspace has stored the choice.
+    want = f"{sigma_for_target(pipeline.calibrate_data(load_logits(kept), statistic='mean'), 0.75).sigma:.5g}"
+    page.wait_for_function(
+        """([label, want]) => [...document.querySelectorAll("[data-testid='stMetric']")]
+             .some(m => m.innerText.includes(label) && m.innerText.includes(want))""",
+        arg=["σ* (logit units)", want], timeout=120_000)
+    page.wait_for_selector(IDLE)
+    _wait_stored(server.data_dir, token, "retention", 75.0)
     _no_exception(page)
     chosen = _calibrate_state(page)
     assert chosen[0].startswith("ws-kept · ") and chosen[1:] == ("mean", "75")
 
     page.reload()
-    page.wait_for_selector("h1:has-text('Calibrate')")
-    _idle(page)
-    page.wait_for_selector("[data-testid='stSlider']")
+    settle_run(page, ready="h1:has-text('Calibrate')")
+    settle_run(page, ready="[data-testid='stSlider']")
     assert _token(page) == token and _models_loaded(page) == N_DEMO + 1
     assert _calibrate_state(page) == chosen
     _no_exception(page)
 
     server.restart()
     page.goto(page.url)
-    page.wait_for_selector("h1:has-text('Calibrate')")
-    _idle(page)
-    page.wait_for_selector("[data-testid='stSlider']")
+    settle_run(page, ready="h1:has-text('Calibrate')")
+    settle_run(page, ready="[data-testid='stSlider']")
     assert _token(page) == token and _models_loaded(page) == N_DEMO + 1
     assert _calibrate_state(page) == chosen
     _no_exception(page)
@@ -178,20 +193,18 @@ def test_hostile_upload_after_a_good_one_loses_nothing(restartable_server, conte
     page = context_factory()
     _open(page, server.url)
     token = _token(page)
-    _upload(page, good)
-    page.wait_for_selector("text=Loaded ws-good")
+    _upload(page, good, ready="text=Loaded ws-good")
     stored_before = [r.filename for r in SQLiteStore(server.data_dir).uploads(token)]
     assert stored_before == ["good.npz"]
 
-    _upload(page, bad)
-    page.locator("[data-testid='stAlert']", has_text=bad.name).first.wait_for()
+    _upload(page, bad, ready=f"[data-testid='stAlert']:has-text('{bad.name}')")
     assert _models_loaded(page) == N_DEMO + 1
     _no_exception(page)
     assert [r.filename for r in SQLiteStore(server.data_dir).uploads(token)] == stored_before
 
     page.reload()
-    page.wait_for_selector("h1:has-text('Data')")
-    _idle(page)
+    settle_run(page, ready="h1:has-text('Data')")
+    settle_run(page, ready="text=models loaded")
     assert _token(page) == token and _models_loaded(page) == N_DEMO + 1
     assert page.locator("text=ws-good").count() >= 1
     _no_exception(page)

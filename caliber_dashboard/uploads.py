@@ -1,0 +1,183 @@
+"""Uploads on the Data page: validate, store, and one set of messages per uploaded file.
+
+Every file in an uploader has its own messages (loaded, already loaded,
+refused with the core's one line), kept under ``state.UPLOAD_STATUS`` by the
+file's id and shown for as long as that file stays in the uploader: removing
+a file removes its messages, and a message is never lost to a rerun.
+
+A labels file is used in one of two ways:
+
+* for the logits files in the uploader that carry no labels of their own;
+* otherwise it attaches to a model already loaded (uploaded earlier, or
+  restored after a reload). The rule: among the loaded models without labels,
+  those with as many rows as the file has labels; if that leaves several, those
+  whose file name (without extension) begins the labels file's name
+  (``answers.npy`` <- ``answers_labels.npy``). Exactly one must remain; otherwise
+  the message says which models tie, or that none fits, and what to do.
+
+Labels that fail because one equals K (classes numbered 1..K) get a hint.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import PurePath
+
+import streamlit as st
+
+from caliber_core.loading import DEFAULT_MAX_ELEMENTS, LogitsData, LogitsFileError, describe, load_logits_bytes
+from caliber_core.loading.labels_file import read_labels_file
+
+from . import state
+from .workspace import CapExceeded
+from .workspace import session as workspace
+from .workspace.store import blob_digest
+
+Message = tuple[str, str]  # (level: "success" | "info" | "warning" | "error", text)
+_OUT_OF_RANGE = re.compile(r"labels index \d+ is (-?\d+), outside \[0, (\d+)\)")
+
+
+def one_based_hint(message: str) -> str:
+    """The hint added to a labels error whose offending label equals K (classes numbered from 1)."""
+    found = _OUT_OF_RANGE.search(message)
+    if found is None or int(found.group(1)) != int(found.group(2)):
+        return ""
+    k = int(found.group(2))
+    return (f" These labels look 1-based (a label equals K={k}): class indices run 0..{k - 1} here, "
+            "so subtract 1 from every label and upload the file again.")
+
+
+def _refused(exc: Exception) -> Message:
+    text = str(exc)
+    return ("error", text + one_based_hint(text))
+
+
+def _status() -> dict:
+    return st.session_state.setdefault(state.UPLOAD_STATUS, {})
+
+
+def _key(upload, labels) -> str:
+    return f"{upload.file_id}|{labels.file_id if labels is not None else '-'}"
+
+
+def process(uploads: Iterable, labels_upload=None) -> list[Message]:
+    """Handle the files not handled yet; return the messages of every file in the uploaders now.
+
+    A bad file, or one a workspace cap refuses, gets its one-line message and
+    changes nothing else. Safe to call on every rerun (files are handled once,
+    by id).
+    """
+    ss = st.session_state
+    processed: set = ss.setdefault(state.PROCESSED, set())
+    status = _status()  # file id -> {"messages": [...], "used_labels": bool}
+    uploads = list(uploads or ())
+    for upload in uploads:
+        key = _key(upload, labels_upload)
+        if key not in processed:
+            processed.add(key)
+            status[upload.file_id] = _load_one(upload, labels_upload)
+    if labels_upload is not None:
+        key = f"labels|{labels_upload.file_id}"
+        # Not read with a logits file in the uploader: attach it to a model already loaded.
+        if any(status.get(u.file_id, {}).get("used_labels") for u in uploads):
+            processed.add(key)
+            status.pop(labels_upload.file_id, None)  # its messages are those of the logits files
+        elif key not in processed:
+            processed.add(key)
+            status[labels_upload.file_id] = {"messages": attach_labels(labels_upload)}
+    shown = [u.file_id for u in uploads] + ([labels_upload.file_id] if labels_upload is not None else [])
+    for file_id in list(status):  # a file taken out of its uploader takes its messages along
+        if file_id not in shown:
+            del status[file_id]
+    return [m for file_id in shown for m in status.get(file_id, {}).get("messages", [])]
+
+
+def _load_one(upload, labels_upload) -> dict:
+    """{"messages": [...], "used_labels": whether the labels file was read with this file}."""
+    labels = None
+    try:
+        content = upload.getvalue()  # a copy of the upload's bytes: taken once
+        data = load_logits_bytes(content, upload.name)
+        if labels_upload is not None and not data.has_labels:
+            labels = labels_upload
+            data = load_logits_bytes(content, upload.name, labels_content=labels_upload.getvalue(),
+                                     labels_filename=labels_upload.name, sha256=data.sha256)
+        if state.is_new(data):
+            _store(upload.name, content, labels, data)
+    except (LogitsFileError, CapExceeded) as exc:
+        return {"messages": [_refused(exc)], "used_labels": labels is not None}
+    return {"messages": _added(data), "used_labels": labels is not None}
+
+
+def _added(data: LogitsData) -> list[Message]:
+    if state.add_model(data):
+        st.session_state[state.SELECTED] = data.sha256  # the pages open on the new model
+        labels_from = ("" if data.labels_source in (None, data.source)
+                       else f" (from {PurePath(data.labels_source).name})")
+        return ([("success", f"Loaded {describe(data)}{labels_from}.")]
+                + [("warning", f"{data.name}: {w}") for w in data.warnings])
+    return [("info", f"{state.model_label(data)} is already loaded (same sha256).")]
+
+
+def matching_models(labels_name: str, n_labels: int) -> list[LogitsData]:
+    """The loaded models a labels file may attach to (see the module docstring)."""
+    found = [d for d in state.models().values() if not d.has_labels and d.n_samples == n_labels]
+    if len(found) > 1:
+        stem = PurePath(labels_name).stem.lower()
+        named = [d for d in found if stem.startswith(PurePath(d.source).stem.lower())]
+        found = named or found
+    return found
+
+
+def attach_labels(labels_upload) -> list[Message]:
+    """Attach a labels file to the one loaded model it matches, or say why not and what to do."""
+    name = labels_upload.name
+    content = labels_upload.getvalue()
+    try:
+        y = read_labels_file(content, PurePath(name).suffix.lower(), name, max_elements=DEFAULT_MAX_ELEMENTS)
+    except LogitsFileError as exc:
+        return [_refused(exc)]
+    n = int(y.shape[0]) if y.ndim >= 1 else 1
+    found = matching_models(name, n)
+    if not found:
+        return [("error", f"{name}: {n:,} labels, but no loaded model without labels has {n:,} rows. "
+                          "Upload its logits file on the left while this labels file is here.")]
+    if len(found) > 1:
+        names = ", ".join(state.model_label(d) for d in found)
+        return [("error", f"{name}: {n:,} labels fit {len(found)} loaded models without labels ({names}). "
+                          "Name the labels file after its logits file (e.g. answers_labels.npy for "
+                          "answers.npy), or upload the logits file again with it.")]
+    data = found[0]
+    try:
+        logits_content = workspace.store().read_blob(data.sha256)
+    except Exception:  # noqa: BLE001  (no stored copy: storage off, or another workspace's demo)
+        return [("error", f"{name}: the logits of {state.model_label(data)} are not stored in this workspace; "
+                          "upload its logits file again on the left while this labels file is here.")]
+    try:
+        labelled = load_logits_bytes(logits_content, data.source, labels_content=content,
+                                     labels_filename=name, sha256=data.sha256)
+        _store(data.source, logits_content, labels_upload, labelled)
+    except (LogitsFileError, CapExceeded) as exc:
+        return [_refused(exc)]
+    state.add_model(labelled)  # replaces the entry without labels
+    st.session_state[state.SELECTED] = labelled.sha256
+    return [("success", f"Labels from {name} attached to {state.model_label(labelled)}: the loaded model "
+                        f"without labels that has {n:,} rows.")]
+
+
+def _store(filename: str, content: bytes, labels_upload, data: LogitsData) -> None:
+    """Write a validated upload to the workspace; CapExceeded passes through."""
+    labels_content = labels_upload.getvalue() if labels_upload is not None else None
+    labels_name = labels_upload.name if labels_upload is not None else None
+    try:
+        stored = workspace.persist_upload(content, filename, labels_content=labels_content,
+                                          labels_filename=labels_name)
+    except CapExceeded:
+        raise
+    except (*workspace.STORE_ERRORS, ValueError) as exc:
+        state.add_warning(f"{filename} is loaded for this browser session only: saving it failed ({exc}).")
+        return
+    if stored:
+        labels_blob = blob_digest(labels_content) if labels_content is not None else None
+        workspace.remember_parsed(data, filename=filename, labels_blob=labels_blob, labels_filename=labels_name)
