@@ -32,7 +32,7 @@ import numpy as np
 
 from ..calibration.calibrate import calibrate_model, sigma_for_target
 from ..calibration.keyed_curve import keyed_accuracy, solve_keyed
-from ..calibration.survival import ExactCurves
+from ..calibration.engine import CurveEngine
 from ..serving.consistent_noise import DEFAULT_FEATURES, DEFAULT_LENGTH_SCALE, ConsistentNoise, noise_binding
 from .answers import Answers, answer_queries, per_input_key
 from .archive import ExtractionArchive
@@ -118,7 +118,7 @@ def compare_seedings(archive: ExtractionArchive, *, levels: Sequence[float] = DE
     z, y, ze, ye = pool.logits, pool.labels, ev.logits, ev.labels
     cal = calibrate_model(z, y, name=archive.name)
     scale, a0, a0_eval = float(cal.scale), float(cal.clean_accuracy), float(np.mean(ze.argmax(1) == ye))
-    exact = ExactCurves(ze, ye)
+    exact = CurveEngine(ze, ye, method="exact")
     key_list = [key] if key is not None else [per_input_key(seed * 1000 + k) for k in range(keys)]
     own = thief is None
     if own:
