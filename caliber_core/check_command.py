@@ -50,6 +50,12 @@ def run(args) -> int:
     from .loading import DEFAULT_MAX_ELEMENTS, load_logits
 
     config = load_config(args.config)
+    if (config.get("noise") or {}).get("seeding") == "consistent":
+        # Its sigma comes from one key's realized curve; re-measuring with independent
+        # noise would judge a different defence and could call it consistent.
+        raise ValueError(f"{args.config} is calibrated for consistent seeding with one key; check measures "
+                         "per-input noise and cannot judge it: recalibrate on the new sample with "
+                         "calibrate --seeding consistent --key-file KEYFILE and compare the sigmas")
     limit = DEFAULT_MAX_ELEMENTS if args.max_elements is None else args.max_elements
     data = load_logits(args.file, labels_path=args.labels, max_elements=limit)
     for warning in data.warnings:

@@ -235,3 +235,12 @@ def test_cli_refuses_options_that_do_not_apply_to_consistent_seeding(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "caliber_core", "calibrate", str(ROOT / "data" / "digits_mlp-wide.npz"),
                            "--length-scale", "2", "--quiet"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and "--seeding consistent" in proc.stderr
+
+
+def test_check_refuses_a_consistent_config_instead_of_judging_per_input_noise(tmp_path):
+    proc, out, _ = _calibrate(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    check = subprocess.run([sys.executable, "-m", "caliber_core", "check", str(out),
+                            str(ROOT / "data" / "digits_mlp-wide.npz")], cwd=ROOT, capture_output=True, text=True)
+    assert check.returncode == 2 and "consistent seeding" in check.stderr
+    assert len(check.stderr.strip().splitlines()) == 1
