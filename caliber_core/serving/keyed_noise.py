@@ -46,7 +46,7 @@ from ..validation import check_key
 from . import normal_table
 
 __all__ = ["DOMAIN", "MAX_ABS_NORMAL", "encode_ids", "row_digests", "row_seeds", "normals_from_seeds",
-           "normals_from_words", "add_keyed_noise", "blocks",
+           "normals_from_words", "add_keyed_noise", "blocks", "table", "gather_table",
            "unit_normals", "unit_normals_torch"]
 
 #: Domain separation and version of the whole derivation (v1 was the SFC64 stream of earlier releases).
@@ -60,7 +60,10 @@ _T_BITS = 52 - normal_table.SUB_BITS
 _MASK_T = (1 << _T_BITS) - 1
 _FIRST_PIECE = 1023 << normal_table.SUB_BITS  # biased exponent of 1.0, shifted like the piece index
 _N_PIECES = normal_table.N_EXPONENTS << normal_table.SUB_BITS
-_CHUNK = 1 << 14  # elements per block: the block's buffers stay in cache
+_SIGN_INDEX = 1 << (63 - _T_BITS)  # where a float's sign bit lands in the gather index
+# Elements per block: each block costs some 35 numpy calls of about 1 us each, and at K = 1,000
+# one block of 64 rows ran faster than blocks of 16 or 32 (2^16 floats: 512 KB a buffer, in L2/L3).
+_CHUNK = 1 << 16
 
 
 def _load_table() -> np.ndarray:
@@ -74,6 +77,33 @@ def _load_table() -> np.ndarray:
 _TABLE = _load_table()
 _TABLE.flags.writeable = False
 
+
+def gather_table() -> np.ndarray:
+    """The coefficients laid out for the gather index of a / 2, a fresh writable array (DEGREE + 1, N).
+
+    The index is sign bit << 17 | biased exponent << 6 | top bits of a / 2's
+    float64, read straight from its bits: no subtraction of the first piece and
+    no arithmetic for the sign's half. a / 2 has a's mantissa and an exponent
+    one lower, so its first piece sits 64 entries before a's. The unused
+    stretches are zero pages never touched (2 x 27 KB per power are).
+    """
+    first = _FIRST_PIECE - (1 << normal_table.SUB_BITS)
+    out = np.zeros((_TABLE.shape[0], _SIGN_INDEX + first + _N_PIECES))
+    out[:, first:first + _N_PIECES] = _TABLE[:, :_N_PIECES]
+    out[:, _SIGN_INDEX + first:] = _TABLE[:, _N_PIECES:]
+    return out
+
+
+_GATHER = gather_table()
+_GATHER.flags.writeable = False
+_GATHER_ROWS = tuple(_GATHER)
+# uint64 operands made once (a Python int in a uint64 ufunc is checked on every call).
+_MIX_STEPS = ((np.uint64(30), np.uint64(_M1)), (np.uint64(27), np.uint64(_M2)))
+_U_LAST_SHIFT = np.uint64(31)
+_U_MASK52, _U_MASK_T = np.uint64(_MASK52), np.uint64(_MASK_T)
+_U_SIGN, _U_T_BITS = np.uint64(1 << 63), np.uint64(_T_BITS)
+_U_BITS_OF_2_52, _U_BITS_OF_64 = np.float64(2.0 ** 52).view(np.uint64), np.float64(64.0).view(np.uint64)
+
 #: Largest |normal| the transform can return (q = 2^-53, the smallest tail probability).
 MAX_ABS_NORMAL = float(np.polynomial.polynomial.polyval(0.0, _TABLE[:, 0]))
 
@@ -82,7 +112,9 @@ def encode_ids(ids) -> list[bytes]:
     """Ids as bytes: str is UTF-8 encoded, so ``"a"`` and ``b"a"`` are one id."""
     out = []
     for position, one_id in enumerate(ids):
-        if isinstance(one_id, str):
+        if type(one_id) is bytes:  # already encoded (the serving path passes these): no copy
+            out.append(one_id)
+        elif isinstance(one_id, str):
             out.append(one_id.encode("utf-8"))
         elif isinstance(one_id, (bytes, bytearray, memoryview)):
             out.append(bytes(one_id))
@@ -95,7 +127,8 @@ def encode_ids(ids) -> list[bytes]:
 def row_digests(ids) -> np.ndarray:
     """SHA-256 of each id (str or bytes), shape (n_rows, 32) uint8: what the device side never needs."""
     encoded = encode_ids(ids)
-    joined = b"".join(hashlib.sha256(one).digest() for one in encoded)
+    sha256 = hashlib.sha256
+    joined = b"".join([sha256(one).digest() for one in encoded])
     return np.frombuffer(joined, dtype=np.uint8).reshape(len(encoded), 32)
 
 
@@ -119,10 +152,13 @@ def row_seeds(key: bytes, binding: bytes, level: int, digests, n_classes: int) -
     message = (DOMAIN + len(binding).to_bytes(8, "big") + bytes(binding)
                + int(level).to_bytes(8, "big") + int(n_classes).to_bytes(8, "big"))
     stream_key = hmac.new(key, message, hashlib.sha256).digest()
-    raw, blake2b = digests.tobytes(), hashlib.blake2b
-    seeds = b"".join([blake2b(raw[start:start + 32], key=stream_key, digest_size=8).digest()
-                      for start in range(0, len(raw), 32)])
-    return np.frombuffer(seeds, dtype="<u8").astype(np.uint64)
+    keyed = hashlib.blake2b(key=stream_key, digest_size=8)  # copied per row: no key setup per row
+    raw, seeds = digests.tobytes(), []
+    for start in range(0, len(raw), 32):
+        row = keyed.copy()
+        row.update(raw[start:start + 32])
+        seeds.append(row.digest())
+    return np.frombuffer(b"".join(seeds), dtype="<u8").astype(np.uint64)
 
 
 @lru_cache(maxsize=8)
@@ -209,19 +245,19 @@ def add_keyed_noise(logits: np.ndarray, level_seeds, increments) -> np.ndarray:
             target *= increment
             if i:
                 noise += draw
-        noise += logits[rows, cols]  # the mixed-dtype add upcasts the logits exactly
-        out[rows, cols] = noise
+        # float64 + the logits' dtype (an exact upcast), rounded once into the output: one pass.
+        np.add(noise, logits[rows, cols], out=out[rows, cols], casting="unsafe")
     return out
 
 
 def _transform_block(seeds: np.ndarray, counters: np.ndarray, out: np.ndarray, work: _Workspace) -> None:
     w, tmp = work.view("words", out.shape), work.view("scratch", out.shape)
     np.add(seeds[:, None], counters[None, :], out=w)
-    for shift, multiplier in ((30, _M1), (27, _M2)):
-        np.right_shift(w, np.uint64(shift), out=tmp)
+    for shift, multiplier in _MIX_STEPS:
+        np.right_shift(w, shift, out=tmp)
         w ^= tmp
-        w *= np.uint64(multiplier)
-    np.right_shift(w, np.uint64(31), out=tmp)
+        w *= multiplier
+    np.right_shift(w, _U_LAST_SHIFT, out=tmp)
     w ^= tmp
     _words_to_normals(w, tmp, out, work.view("real", out.shape), work.view("coefficient", out.shape))
 
@@ -239,26 +275,25 @@ def normals_from_words(words) -> np.ndarray:
 def _words_to_normals(w: np.ndarray, tmp: np.ndarray, out: np.ndarray, a_float: np.ndarray,
                       coefficient: np.ndarray) -> None:
     """Overwrites ``w`` and ``tmp`` (uint64) and ``a_float``, ``coefficient`` (float64); fills ``out``."""
-    # a = 2v + 1 < 2^53 converts to float64 exactly; its exponent and top bits name the piece.
-    np.bitwise_and(w, np.uint64(_MASK52), out=tmp)
-    tmp <<= np.uint64(1)
-    tmp |= np.uint64(1)
-    np.copyto(a_float, tmp.view(np.int64), casting="unsafe")
-    a_bits = a_float.view(np.uint64)
-    signed = w.view(np.int64)
-    signed >>= 63  # arithmetic: -1 for a set sign bit, else 0 ...
-    signed &= _N_PIECES  # ... so this is the offset of the negated half of the table
-    piece = np.right_shift(a_bits, np.uint64(_T_BITS), out=tmp).view(np.int64)
-    piece -= _FIRST_PIECE
-    piece += signed
-    t_bits = np.bitwise_and(a_bits, np.uint64(_MASK_T), out=w).view(np.int64)
-    t = a_float  # a's bits are read; its buffer holds t from here on
-    np.copyto(t, t_bits, casting="unsafe")  # exact: fewer than 53 bits
-    t *= 2.0 ** -_T_BITS
-    np.take(_TABLE[-1], piece, out=out, mode="clip")
+    # v under 2^52's exponent reads 2^52 + v; minus (2^52 - 1/2) that is v + 1/2 = a / 2, exactly
+    # (a / 2 < 2^52 has 53 significant bits at most). It has a's mantissa, so its exponent and top
+    # bits name the piece, and no int-to-float conversion is needed (numpy's is unvectorized).
+    np.bitwise_and(w, _U_MASK52, out=tmp)
+    tmp |= _U_BITS_OF_2_52
+    half_a = np.subtract(tmp.view(np.float64), 2.0 ** 52 - 0.5, out=a_float)
+    half_a_bits = half_a.view(np.uint64)
+    # The word's sign bit set on it: (sign, exponent, top bits) >> T_BITS is the gather index.
+    w &= _U_SIGN
+    half_a_bits |= w
+    piece = np.right_shift(half_a_bits, _U_T_BITS, out=tmp).view(np.int64)
+    # The low T_BITS of the mantissa under 64.0's exponent read 64 + t exactly.
+    t_bits = np.bitwise_and(half_a_bits, _U_MASK_T, out=w)
+    t_bits |= _U_BITS_OF_64
+    t = np.subtract(t_bits.view(np.float64), 64.0, out=a_float)  # exact: t has at most T_BITS bits
+    _GATHER_ROWS[-1].take(piece, out=out, mode="clip")  # the method: np.take adds a Python call
     for power in range(normal_table.DEGREE - 1, -1, -1):
         out *= t
-        np.take(_TABLE[power], piece, out=coefficient, mode="clip")
+        _GATHER_ROWS[power].take(piece, out=coefficient, mode="clip")
         out += coefficient
 
 
@@ -297,5 +332,5 @@ def unit_normals_torch(key: bytes, binding: bytes, level: int, digests, n_classe
 
 
 def table() -> np.ndarray:
-    """The transform's coefficients (read-only), shape (DEGREE + 1, 2 * pieces): the torch twin uploads it."""
+    """The transform's coefficients (read-only), shape (DEGREE + 1, 2 * pieces): [P, 2P) the negated half."""
     return _TABLE
