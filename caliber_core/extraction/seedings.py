@@ -146,7 +146,7 @@ def compare_seedings(archive: ExtractionArchive, *, levels: Sequence[float] = DE
     try:
         clean, clean_who = strongest(z, "clean")
         noises = [consistent_noise_for(z, k, scale=scale, length_scale=length_scale, noise_id=f"extract-{i}",
-                                       data_sha256=archive.name) for i, k in enumerate(key_list)]
+                                       data_sha256=archive.sha256) for i, k in enumerate(key_list)]
         g_pool = [n(z) for n in noises]
         g_eval = [n(ze) for n in noises]
         points = []

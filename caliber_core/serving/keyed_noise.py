@@ -46,7 +46,7 @@ from ..validation import check_key
 from . import normal_table
 
 __all__ = ["DOMAIN", "MAX_ABS_NORMAL", "encode_ids", "row_digests", "row_seeds", "normals_from_seeds",
-           "normals_from_words", "add_keyed_noise", "blocks",
+           "normals_from_words", "add_keyed_noise", "blocks", "table", "gather_table",
            "unit_normals", "unit_normals_torch"]
 
 #: Domain separation and version of the whole derivation (v1 was the SFC64 stream of earlier releases).
@@ -78,23 +78,25 @@ _TABLE = _load_table()
 _TABLE.flags.writeable = False
 
 
-def _gather_table(table: np.ndarray) -> np.ndarray:
-    """The table laid out for the gather index of a / 2: sign bit << 17 | biased exponent << 6 | top bits.
+def gather_table() -> np.ndarray:
+    """The coefficients laid out for the gather index of a / 2, a fresh writable array (DEGREE + 1, N).
 
-    a / 2 has a's mantissa and an exponent one lower, so its first piece sits
-    one exponent (64 entries) before a's. Indexing by those float bits directly
-    saves the subtraction of the first piece and the sign's offset arithmetic.
-    The unused stretches are zero pages never touched: 2 x 27 KB per power are.
+    The index is sign bit << 17 | biased exponent << 6 | top bits of a / 2's
+    float64, read straight from its bits: no subtraction of the first piece and
+    no arithmetic for the sign's half. a / 2 has a's mantissa and an exponent
+    one lower, so its first piece sits 64 entries before a's. The unused
+    stretches are zero pages never touched (2 x 27 KB per power are).
     """
     first = _FIRST_PIECE - (1 << normal_table.SUB_BITS)
-    out = np.zeros((table.shape[0], _SIGN_INDEX + first + _N_PIECES))
-    out[:, first:first + _N_PIECES] = table[:, :_N_PIECES]
-    out[:, _SIGN_INDEX + first:] = table[:, _N_PIECES:]
-    out.flags.writeable = False
+    out = np.zeros((_TABLE.shape[0], _SIGN_INDEX + first + _N_PIECES))
+    out[:, first:first + _N_PIECES] = _TABLE[:, :_N_PIECES]
+    out[:, _SIGN_INDEX + first:] = _TABLE[:, _N_PIECES:]
     return out
 
 
-_GATHER_ROWS = tuple(_gather_table(_TABLE))
+_GATHER = gather_table()
+_GATHER.flags.writeable = False
+_GATHER_ROWS = tuple(_GATHER)
 # uint64 operands made once (a Python int in a uint64 ufunc is checked on every call).
 _MIX_STEPS = ((np.uint64(30), np.uint64(_M1)), (np.uint64(27), np.uint64(_M2)))
 _U_LAST_SHIFT = np.uint64(31)
@@ -330,5 +332,5 @@ def unit_normals_torch(key: bytes, binding: bytes, level: int, digests, n_classe
 
 
 def table() -> np.ndarray:
-    """The transform's coefficients (read-only), shape (DEGREE + 1, 2 * pieces): the torch twin uploads it."""
+    """The transform's coefficients (read-only), shape (DEGREE + 1, 2 * pieces): [P, 2P) the negated half."""
     return _TABLE

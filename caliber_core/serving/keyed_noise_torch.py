@@ -18,9 +18,10 @@ import torch
 from . import keyed_noise, normal_table
 
 _T_BITS = 52 - normal_table.SUB_BITS
-_FIRST_PIECE = 1023 << normal_table.SUB_BITS
-_N_PIECES = normal_table.N_EXPONENTS << normal_table.SUB_BITS
-_CHUNK = 1 << 15  # elements per block on the CPU: fewer op dispatches than numpy's blocks need
+_SIGN_INDEX = 1 << (63 - _T_BITS)  # the gather index of a set sign bit (keyed_noise.gather_table)
+# Elements per block on the CPU: some 38 ops a block at several microseconds of dispatch each,
+# so one block of 64 rows at K = 1,000 beat two or four.
+_CHUNK = 1 << 16
 
 
 def _signed(word: int) -> int:
@@ -33,6 +34,8 @@ _M1 = _signed(0xBF58476D1CE4E5B9)
 _M2 = _signed(0x94D049BB133111EB)
 _MASK52 = (1 << 52) - 1
 _MASK_T = (1 << _T_BITS) - 1
+_BITS_OF_2_52 = int(np.float64(2.0 ** 52).view(np.int64))
+_BITS_OF_64 = int(np.float64(64.0).view(np.int64))
 
 _cache: dict = {}
 _cache_lock = threading.Lock()
@@ -47,8 +50,9 @@ def _on_device(name: str, device, make):
     return value
 
 
-def _table(device) -> torch.Tensor:
-    return _on_device("table", device, lambda: torch.from_numpy(np.array(keyed_noise.table())).to(device))
+def _table(device) -> tuple:
+    """The gather table's rows on ``device`` (on the CPU they share numpy's untouched zero pages)."""
+    return _on_device("table", device, lambda: tuple(torch.from_numpy(keyed_noise.gather_table()).to(device)))
 
 
 def _counters(n_classes: int, device) -> torch.Tensor:
@@ -136,7 +140,7 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments) -> torch.Tens
     return out
 
 
-def _transform_block(seeds: torch.Tensor, counters: torch.Tensor, table: torch.Tensor, out: torch.Tensor,
+def _transform_block(seeds: torch.Tensor, counters: torch.Tensor, table: tuple, out: torch.Tensor,
                      work: _Workspace) -> None:
     w, tmp = work.view("words", out.shape), work.view("scratch", out.shape)
     torch.add(seeds[:, None], counters[None, :], out=w)
@@ -159,23 +163,25 @@ def normals_from_words(words: torch.Tensor) -> torch.Tensor:
     return out.view(words.shape)
 
 
-def _words_to_normals(w: torch.Tensor, tmp: torch.Tensor, table: torch.Tensor, out: torch.Tensor,
+def _words_to_normals(w: torch.Tensor, tmp: torch.Tensor, table: tuple, out: torch.Tensor,
                       a_float: torch.Tensor, coefficient: torch.Tensor) -> None:
-    """Overwrites ``w``, ``tmp`` (int64), ``a_float`` and ``coefficient`` (float64); fills ``out``."""
+    """Overwrites ``w``, ``tmp`` (int64), ``a_float`` and ``coefficient`` (float64); fills ``out``.
+
+    The steps of keyed_noise._words_to_normals; an arithmetic shift keeps the
+    sign's offset as an addition here (three ops, as the numpy version's two plus a mask).
+    """
     torch.bitwise_and(w, _MASK52, out=tmp)
-    tmp <<= 1
-    tmp |= 1
-    a_float.copy_(tmp)  # exact: a < 2^53
-    a_bits = a_float.view(torch.int64)  # positive, so an arithmetic shift is a logical one
+    tmp |= _BITS_OF_2_52  # 2^52 + v as float64 bits
+    half_a = torch.sub(tmp.view(torch.float64), 2.0 ** 52 - 0.5, out=a_float)  # a / 2, exactly
+    half_a_bits = half_a.view(torch.int64)  # positive, so an arithmetic shift is a logical one
+    piece = torch.bitwise_right_shift(half_a_bits, _T_BITS, out=tmp)
     w >>= 63  # -1 for a set sign bit, else 0 ...
-    w &= _N_PIECES  # ... so this is the offset of the negated half of the table
-    piece = torch.bitwise_right_shift(a_bits, _T_BITS, out=tmp)
-    piece -= _FIRST_PIECE
+    w &= _SIGN_INDEX  # ... so this is the offset of the negated half of the table
     piece += w
     piece = piece.view(-1)
-    t_bits = torch.bitwise_and(a_bits, _MASK_T, out=w)
-    t = a_float.copy_(t_bits).view(-1)  # a's bits are read; exact: fewer than 53 bits
-    t *= 2.0 ** -_T_BITS
+    t_bits = torch.bitwise_and(half_a_bits, _MASK_T, out=w)
+    t_bits |= _BITS_OF_64  # 64 + t as float64 bits
+    t = torch.sub(t_bits.view(torch.float64), 64.0, out=a_float).view(-1)  # exact: t has at most T_BITS bits
     flat_out, coefficient = out.view(-1), coefficient.view(-1)
     torch.index_select(table[-1], 0, piece, out=flat_out)
     for power in range(normal_table.DEGREE - 1, -1, -1):
