@@ -249,7 +249,18 @@ class CurveEngine:
         sig = as_sigmas(sigma)
         if self.method == "monte-carlo":
             return np.where(sig == 0.0, self.sample.clean_accuracy, self.draws.accuracy(sig))
-        return np.array([self._rows_at(float(s))[1].mean() for s in sig])
+        smp = self.sample
+        out = np.empty(sig.shape)
+        for j, s in enumerate(sig):
+            if s == 0.0:
+                out[j] = smp.clean_accuracy
+                continue
+            # Correct rows survive with the argmax, wrong ones need their label to win.
+            total = survival_probability(smp.correct_gaps, s).sum()
+            if smp.wrong_rows.size:
+                total += survival_probability(smp.label_gaps, s).sum()
+            out[j] = total / self.n_samples
+        return out
 
     def agreement_stderr(self, sigma) -> np.ndarray | None:
         """Monte-Carlo standard error of :meth:`agreement` (None when exact)."""

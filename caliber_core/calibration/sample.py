@@ -102,6 +102,11 @@ class LogitSample:
         return sorted_gaps(self.logits, self.pred, validated=True)
 
     @cached_property
+    def correct_gaps(self) -> np.ndarray:
+        """``agreement_gaps`` of the correctly classified rows (there the label is the argmax)."""
+        return self.agreement_gaps[self.correct]
+
+    @cached_property
     def wrong_rows(self) -> np.ndarray:
         return np.nonzero(~self.correct)[0]
 

@@ -12,10 +12,12 @@ A(sigma) = mean 1[lo < sigma < hi] for any sigma, with common random numbers
 across the whole grid (a smooth, monotone-in-expectation curve). Agreement is
 the same with c = clean argmax (lo = 0).
 
-Draws for large K come from a pool of standard-normal rows read at random
-cyclic offsets: every vector is still i.i.d. N(0, 1) (a permutation of i.i.d.
+Draws for large K come from a pool of standard-normal rows
+(:class:`.draws.DrawSource`), each input's rows read at one random cyclic
+offset: every vector is still i.i.d. N(0, 1) (a permutation of i.i.d.
 normals), each input's draws use distinct pool rows, and generating normals
-is what dominates the cost otherwise. Different inputs do share pool rows
+is what dominates the cost otherwise. The pool is filled, and the inputs'
+chunks are run, on threads, with the same numbers for any number of them. Different inputs do share pool rows
 (up to ``POOL_MAX_REUSE`` times), and draws that share a row are correlated
 (a shifted vector has the same largest value, for one). The standard errors
 therefore treat each pool row as one independent block: given which rows and
@@ -24,7 +26,8 @@ so its variance is the sum of their variances, estimated from each row's
 residuals about its inputs' own means (:func:`block_stderr`).
 tests/test_sweep.py checks the result against the straightforward argmax
 Monte Carlo (:mod:`caliber_core.simulation.reference`) within its standard
-error, and the standard error against the spread over seeds at 2,000 x 1,000.
+error; tests/test_mc_stderr.py checks the standard error against the spread
+over seeds at 2,000 x 1,000.
 """
 
 from __future__ import annotations
@@ -243,14 +246,17 @@ def survival_intervals(
         if shifts is not None:  # pooled rows come unshifted: roll the classes instead
             zc, ref = roll_classes(zc, ref, shifts)
             lab = None if lab is None else (lab + shifts) % k
-        agree_hi[start:stop] = survival_bounds(xi, zc, ref)[1]
         if y is not None:
-            acc_hi[start:stop] = agree_hi[start:stop]
             w = np.nonzero(wrong[start:stop])[0]
-            if w.size:
-                lo, hi = survival_bounds(xi[w], zc[w], lab[w])
+            if w.size:  # before the agreement overwrites xi; xi[w] is a copy
+                lo, hi = survival_bounds(xi[w], zc[w], lab[w], overwrite=True)
                 acc_lo[start + w] = lo
                 acc_hi[start + w] = hi
+        agree_hi[start:stop] = survival_bounds(xi, zc, ref, overwrite=True)[1]
+        if y is not None:
+            right = np.ones(stop - start, dtype=bool)
+            right[w] = False
+            acc_hi[start:stop][right] = agree_hi[start:stop][right]
         return stop
 
     workers = _workers(len(starts)) if draws.pooled else 1
