@@ -81,9 +81,9 @@ def _layout(fig: go.Figure, *, title: str | None, x_title: str, y_title: str,
         height=height,
         margin=dict(l=70, r=20, t=100 if title else 70, b=60),
         # A log axis labels its 2s and 5s with the digit alone by default ("5 0.1 2 5 1"):
-        # every label written in full reads "0.05 0.1 0.2 0.5 1".
+        # 1, 2 and 5 of each decade, written in full, read "0.05 0.1 0.2 0.5 1".
         xaxis=dict(title=dict(text=x_title), type="log" if x_log else "linear",
-                   tickformat="~g" if x_log else None),
+                   tickformat="~g" if x_log else None, dtick="D2" if x_log else None),
         yaxis=dict(title=dict(text=y_title)),
     )
     return fig

@@ -91,6 +91,9 @@ def test_first_visit_plots_and_readout():
     raw = _figure(at, "fig_raw")
     assert raw["layout"]["xaxis"]["type"] == "log"
     assert "σ" in raw["layout"]["xaxis"]["title"]["text"]
+    # Every log-axis label written in full ("0.05 0.1 0.2"), not the bare digit of a 2 or a 5.
+    assert raw["layout"]["xaxis"]["tickformat"] == norm["layout"]["xaxis"]["tickformat"] == "~g"
+    assert raw["layout"]["xaxis"]["dtick"] == "D2"  # ticks at 1, 2 and 5 of each decade
     _view(at, "residuals")
     assert _figure(at, "fig_residuals")["data"]
     # Default target: 80% retention; the readout is the core's sigma*.
