@@ -3,7 +3,7 @@
 Imported only when a torch tensor is served (importing torch costs seconds).
 Same steps as the numpy version, in int64 arithmetic: multiplication wraps
 modulo 2^64 exactly as uint64 does, and a logical right shift is an arithmetic
-shift followed by a mask. Every float step is an exact conversion or one
+shift followed by a mask. Every float step is an exact subtraction or one
 correctly rounded multiply or add, so the float64 results equal numpy's bit
 for bit on any device with IEEE float64.
 """
