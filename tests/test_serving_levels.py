@@ -290,6 +290,23 @@ def test_the_fused_path_equals_the_level_by_level_sum():
     assert np.array_equal(p.perturb(torch.from_numpy(z), ids).numpy(), expected)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.longdouble])
+def test_the_fused_path_rounds_like_the_level_path_in_every_numpy_dtype(dtype):
+    # The fused add rounds float64 noise + logits once into the logits' dtype; logits wider
+    # than float64 (longdouble) are summed and rounded to float64 first, as level_noise's path does.
+    from caliber_core.serving import keyed_noise
+
+    p = Perturber.from_config(make_config(0.3, 0.9, n_classes=257), target=1, key=KEY)
+    ids = [f"d{i}" for i in range(5)]
+    z = (np.random.default_rng(3).normal(size=(5, 257)) * 7).astype(dtype)
+    noise = p.level_noise(keyed_noise.row_digests(ids), z, 257)
+    noise += z
+    expected = noise.astype(dtype)
+    got = p.perturb(z, ids)
+    assert got.dtype == dtype and np.array_equal(got, expected)
+    assert np.array_equal(np.signbit(got), np.signbit(expected))
+
+
 def test_nesting_up_to_the_limit_loads_and_one_more_level_is_refused():
     def nested(depth):  # a config (depth 1) whose "extra" field nests to ``depth`` in all
         return '{"extra": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"

@@ -234,6 +234,7 @@ def add_keyed_noise(logits: np.ndarray, level_seeds, increments) -> np.ndarray:
     """
     n_rows, n_classes = logits.shape
     out = np.empty(logits.shape, dtype=logits.dtype)
+    wider = np.result_type(np.float64, logits.dtype) != np.float64
     counters = _counters(int(n_classes))
     for rows, cols in blocks(n_rows, n_classes):
         shape = (rows.stop - rows.start, cols.stop - cols.start)
@@ -245,8 +246,11 @@ def add_keyed_noise(logits: np.ndarray, level_seeds, increments) -> np.ndarray:
             target *= increment
             if i:
                 noise += draw
-        # float64 + the logits' dtype (an exact upcast), rounded once into the output: one pass.
-        np.add(noise, logits[rows, cols], out=out[rows, cols], casting="unsafe")
+        if wider:  # longdouble logits: their sum rounded to float64 first, as the level path does
+            noise += logits[rows, cols]
+            out[rows, cols] = noise
+        else:  # float64 + the logits' dtype (an exact upcast), rounded once into the output: one pass
+            np.add(noise, logits[rows, cols], out=out[rows, cols], casting="unsafe")
     return out
 
 

@@ -3,7 +3,7 @@
 Imported only when a torch tensor is served (importing torch costs seconds).
 Same steps as the numpy version, in int64 arithmetic: multiplication wraps
 modulo 2^64 exactly as uint64 does, and a logical right shift is an arithmetic
-shift followed by a mask. Every float step is an exact conversion or one
+shift followed by a mask. Every float step is an exact subtraction or one
 correctly rounded multiply or add, so the float64 results equal numpy's bit
 for bit on any device with IEEE float64.
 """
@@ -55,6 +55,29 @@ def _table(device) -> tuple:
     return _on_device("table", device, lambda: tuple(torch.from_numpy(keyed_noise.gather_table()).to(device)))
 
 
+class _Constants:
+    """Every step's operands as 0-dim tensors on the device: a Python number is wrapped into
+    a tensor on every call, about a microsecond of each op's dispatch on the CPU."""
+
+    def __init__(self, device):
+        def int64(value: int) -> torch.Tensor:
+            return torch.tensor(value, dtype=torch.int64, device=device)
+
+        # SplitMix64's steps: (shift, mask making the arithmetic shift a logical one, multiplier).
+        self.mix = [(int64(shift), int64((1 << (64 - shift)) - 1), int64(multiplier))
+                    for shift, multiplier in ((30, _M1), (27, _M2))]
+        self.last_shift, self.last_mask = int64(31), int64((1 << 33) - 1)
+        self.mask52, self.bits_of_2_52, self.t_bits = int64(_MASK52), int64(_BITS_OF_2_52), int64(_T_BITS)
+        self.sign_shift, self.sign_index = int64(63), int64(_SIGN_INDEX)
+        self.mask_t, self.bits_of_64 = int64(_MASK_T), int64(_BITS_OF_64)
+        self.two_52_less_half = torch.tensor(2.0 ** 52 - 0.5, dtype=torch.float64, device=device)
+        self.sixty_four = torch.tensor(64.0, dtype=torch.float64, device=device)
+
+
+def _constants(device) -> _Constants:
+    return _on_device("constants", device, lambda: _Constants(device))
+
+
 def _counters(n_classes: int, device) -> torch.Tensor:
     # Wrapping int64 product: the same bits as numpy's uint64 j * GAMMA.
     return _on_device(f"counters{n_classes}", device,
@@ -81,13 +104,28 @@ class _Workspace:
 
     def __init__(self, size: int, device: torch.device):
         self.size, self.device = size, device
-        for name in self._INT:
-            setattr(self, name, torch.empty(size, dtype=torch.int64, device=device))
-        for name in self._REAL:
-            setattr(self, name, torch.empty(size, dtype=torch.float64, device=device))
+        self._buffers = {name: torch.empty(size, dtype=torch.int64, device=device) for name in self._INT}
+        self._buffers.update({name: torch.empty(size, dtype=torch.float64, device=device) for name in self._REAL})
+        self._blocks: dict = {}
 
-    def view(self, name: str, shape) -> torch.Tensor:
-        return getattr(self, name)[: shape[0] * shape[1]].view(shape)
+    def block(self, shape) -> "_Block":
+        """The buffers' views for a block of ``shape``, made once per shape (a view costs microseconds)."""
+        views = self._blocks.get(shape)
+        if views is None:
+            if len(self._blocks) >= 8:
+                self._blocks.clear()
+            views = self._blocks[shape] = _Block(self._buffers, shape)
+        return views
+
+
+class _Block:
+    """Flat views of a block's buffers for the elementwise steps, and shaped ones where rows matter."""
+
+    def __init__(self, buffers: dict, shape):
+        n = shape[0] * shape[1]
+        self.words, self.scratch, self.real, self.coefficient, self.noise, self.draw = (
+            buffers[name][:n] for name in ("words", "scratch", "real", "coefficient", "noise", "draw"))
+        self.words_2d, self.noise_2d = self.words.view(shape), self.noise.view(shape)
 
 
 _workspaces = threading.local()
@@ -108,13 +146,12 @@ def normals_from_seeds(seeds: np.ndarray, n_classes: int, *, device, dtype=None)
     dtype = torch.float64 if dtype is None else dtype
     seeds_t = _seeds_on(seeds, device)
     out = torch.empty((seeds_t.shape[0], n_classes), dtype=torch.float64, device=device)
-    counters, table = _counters(n_classes, device), _table(device)
+    counters, table, const = _counters(n_classes, device), _table(device), _constants(device)
     for rows, cols in _blocks(seeds_t.shape[0], n_classes, device):
         shape = (rows.stop - rows.start, cols.stop - cols.start)
-        work = _workspace(shape[0] * shape[1], device)
-        block = work.view("noise", shape)
-        _transform_block(seeds_t[rows], counters[cols], table, block, work)
-        out[rows, cols] = block
+        block = _workspace(shape[0] * shape[1], device).block(shape)
+        _transform_block(seeds_t[rows], counters[cols], table, const, block.noise, block)
+        out[rows, cols] = block.noise_2d
     return out if dtype == torch.float64 else out.to(dtype)
 
 
@@ -123,68 +160,68 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments) -> torch.Tens
     device = logits.device
     n_rows, n_classes = logits.shape
     out = torch.empty_like(logits)
-    counters, table = _counters(n_classes, device), _table(device)
+    counters, table, const = _counters(n_classes, device), _table(device), _constants(device)
     seeds = [_seeds_on(s, device) for s in level_seeds]
     for rows, cols in _blocks(n_rows, n_classes, device):
         shape = (rows.stop - rows.start, cols.stop - cols.start)
-        work = _workspace(shape[0] * shape[1], device)
-        noise, draw = work.view("noise", shape), work.view("draw", shape)
+        block = _workspace(shape[0] * shape[1], device).block(shape)
         for i, (level_seeds_t, increment) in enumerate(zip(seeds, increments)):
-            target = noise if i == 0 else draw
-            _transform_block(level_seeds_t[rows], counters[cols], table, target, work)
+            target = block.noise if i == 0 else block.draw
+            _transform_block(level_seeds_t[rows], counters[cols], table, const, target, block)
             target *= increment
             if i:
-                noise += draw
-        noise += logits[rows, cols]  # float64 + the logits' dtype: an exact upcast, as on numpy
-        out[rows, cols] = noise
+                block.noise += block.draw
+        noisy = block.noise_2d
+        noisy += logits[rows, cols]  # float64 + the logits' dtype: an exact upcast, as on numpy
+        out[rows, cols] = noisy
     return out
 
 
-def _transform_block(seeds: torch.Tensor, counters: torch.Tensor, table: tuple, out: torch.Tensor,
-                     work: _Workspace) -> None:
-    w, tmp = work.view("words", out.shape), work.view("scratch", out.shape)
-    torch.add(seeds[:, None], counters[None, :], out=w)
-    for shift, multiplier in ((30, _M1), (27, _M2)):
+def _transform_block(seeds: torch.Tensor, counters: torch.Tensor, table: tuple, const: _Constants,
+                     out: torch.Tensor, block: _Block) -> None:
+    """Fills ``out`` (a flat float64 view) with the normals of the block's words; SplitMix64 here."""
+    torch.add(seeds[:, None], counters[None, :], out=block.words_2d)
+    w, tmp = block.words, block.scratch
+    for shift, logical, multiplier in const.mix:
         torch.bitwise_right_shift(w, shift, out=tmp)
-        tmp &= (1 << (64 - shift)) - 1  # a logical shift
+        tmp &= logical
         w ^= tmp
         w *= multiplier
-    torch.bitwise_right_shift(w, 31, out=tmp)
-    tmp &= (1 << 33) - 1
+    torch.bitwise_right_shift(w, const.last_shift, out=tmp)
+    tmp &= const.last_mask
     w ^= tmp
-    _words_to_normals(w, tmp, table, out, work.view("real", out.shape), work.view("coefficient", out.shape))
+    _words_to_normals(w, tmp, table, const, out, block.real, block.coefficient)
 
 
 def normals_from_words(words: torch.Tensor) -> torch.Tensor:
     """Step 4 alone, for int64 words holding the uint64 bits: float64 normals of the same shape and device."""
-    w = words.to(torch.int64).reshape(1, -1).clone()
+    w = words.to(torch.int64).reshape(-1).clone()
     out = torch.empty(w.shape, dtype=torch.float64, device=w.device)
-    _words_to_normals(w, torch.empty_like(w), _table(w.device), out, torch.empty_like(out), torch.empty_like(out))
+    _words_to_normals(w, torch.empty_like(w), _table(w.device), _constants(w.device), out,
+                      torch.empty_like(out), torch.empty_like(out))
     return out.view(words.shape)
 
 
-def _words_to_normals(w: torch.Tensor, tmp: torch.Tensor, table: tuple, out: torch.Tensor,
+def _words_to_normals(w: torch.Tensor, tmp: torch.Tensor, table: tuple, const: _Constants, out: torch.Tensor,
                       a_float: torch.Tensor, coefficient: torch.Tensor) -> None:
-    """Overwrites ``w``, ``tmp`` (int64), ``a_float`` and ``coefficient`` (float64); fills ``out``.
+    """Overwrites ``w``, ``tmp`` (int64), ``a_float`` and ``coefficient`` (float64); fills ``out``; all flat.
 
-    The steps of keyed_noise._words_to_normals; an arithmetic shift keeps the
-    sign's offset as an addition here (three ops, as the numpy version's two plus a mask).
+    The steps of keyed_noise's transform; with only an arithmetic shift, the
+    sign's half of the table is an offset added to the index.
     """
-    torch.bitwise_and(w, _MASK52, out=tmp)
-    tmp |= _BITS_OF_2_52  # 2^52 + v as float64 bits
-    half_a = torch.sub(tmp.view(torch.float64), 2.0 ** 52 - 0.5, out=a_float)  # a / 2, exactly
+    torch.bitwise_and(w, const.mask52, out=tmp)
+    tmp |= const.bits_of_2_52  # 2^52 + v as float64 bits
+    half_a = torch.sub(tmp.view(torch.float64), const.two_52_less_half, out=a_float)  # a / 2, exactly
     half_a_bits = half_a.view(torch.int64)  # positive, so an arithmetic shift is a logical one
-    piece = torch.bitwise_right_shift(half_a_bits, _T_BITS, out=tmp)
-    w >>= 63  # -1 for a set sign bit, else 0 ...
-    w &= _SIGN_INDEX  # ... so this is the offset of the negated half of the table
+    piece = torch.bitwise_right_shift(half_a_bits, const.t_bits, out=tmp)
+    w >>= const.sign_shift  # -1 for a set sign bit, else 0 ...
+    w &= const.sign_index  # ... so this is the offset of the negated half of the table
     piece += w
-    piece = piece.view(-1)
-    t_bits = torch.bitwise_and(half_a_bits, _MASK_T, out=w)
-    t_bits |= _BITS_OF_64  # 64 + t as float64 bits
-    t = torch.sub(t_bits.view(torch.float64), 64.0, out=a_float).view(-1)  # exact: t has at most T_BITS bits
-    flat_out, coefficient = out.view(-1), coefficient.view(-1)
-    torch.index_select(table[-1], 0, piece, out=flat_out)
+    t_bits = torch.bitwise_and(half_a_bits, const.mask_t, out=w)
+    t_bits |= const.bits_of_64  # 64 + t as float64 bits
+    t = torch.sub(t_bits.view(torch.float64), const.sixty_four, out=a_float)  # exact: t has at most T_BITS bits
+    torch.index_select(table[-1], 0, piece, out=out)
     for power in range(normal_table.DEGREE - 1, -1, -1):
-        flat_out *= t
+        out *= t
         torch.index_select(table[power], 0, piece, out=coefficient)
-        flat_out += coefficient
+        out += coefficient
