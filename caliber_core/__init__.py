@@ -3,8 +3,14 @@
 The package, by purpose:
 
 * :mod:`caliber_core.config`       targets and the versioned config JSON (the shared contract)
-* :mod:`caliber_core.serving`      applying a config to served logits: ``runtime`` (Perturber,
-  per-input seeding) and ``responses`` (probabilities, top-k log-probabilities, HF processor)
+* :mod:`caliber_core.serving`      applying a config to served logits: ``runtime`` (Perturber:
+  nested levels bound to the config; per-input, fresh and consistent seeding), ``keyed_noise``,
+  ``keyed_noise_torch`` and ``normal_table`` (the one keyed generator, numpy and torch),
+  ``keys`` (key files, fingerprints), ``rows`` (row checks, ids), ``consistent_noise`` (the
+  keyed smooth function of the logits) and ``responses`` (probabilities, top-k
+  log-probabilities, HF processor)
+* :mod:`caliber_core.throttle`     serving a config to flagged accounts: the policy file, the
+  ledger and its SQLite and Redis stores, ``Throttle``, audit, simulation, metrics
 * :mod:`caliber_core.calibration`  the numerics, one concept per module:
 
   - ``sample``    one file's logits and labels validated once, with their derived arrays
@@ -25,13 +31,16 @@ The package, by purpose:
   - ``fleet``     the shared law over several models, leave-one-out, the margin ablation
   - ``pipeline``  file -> config, shared by the CLI and the dashboard
   - ``calibration_arrays`` a finished calibration as plain arrays and back
+  - ``keyed_curve``, ``keyed_config`` one key's realized curve (consistent seeding) and its config
 * :mod:`caliber_core.loading`      safe reading of every supported logits format
-* :mod:`caliber_core.simulation`   the averaging attack, the reference argmax Monte Carlo,
-  synthetic large-K logits
+* :mod:`caliber_core.simulation`   the averaging attack, the one majority-vote rule (``votes``),
+  the reference argmax Monte Carlo, synthetic large-K logits
 * :mod:`caliber_core.extraction`   the thief: surrogates distilled from noisy answers,
-  the defense frontier, the ``extract`` experiment
+  the defense frontier, the ``extract`` experiment, adaptive thieves (prior correction,
+  recalibration), per-input against consistent seeding, the tuned peer attacker
 * :mod:`caliber_core.validation`   input checks shared by all of the above
 * :mod:`caliber_core.cli`, :mod:`caliber_core.check_command`  the command line
+* :mod:`caliber_core.target_record`  the frozen record of one target (re-exported by ``config``)
 
 Importing the package loads only the serving path and the config contract
 (numpy and the standard library); every other name below is imported on first
