@@ -103,3 +103,34 @@ def check_values(logits, *, limit: float) -> None:
     row, col = np.argwhere(np.isfinite(rows) & (np.abs(rows) > limit))[0]
     raise ValueError(f"logits hold {float(rows[row, col])!r} at row {row}, class {col}: beyond {limit:.4g}, "
                      f"the largest magnitude whose noisy value stays finite in this dtype")
+
+
+def largest_value(dtype) -> float:
+    """The largest finite value of a numpy or torch floating dtype."""
+    if isinstance(dtype, np.dtype):
+        return float(np.finfo(dtype).max)
+    import torch
+
+    return float(torch.finfo(dtype).max)
+
+
+def check_request(logits, ids, *, n_classes: int | None, seeding: str, noise_bound: float, source: str):
+    """Every check of a request, before any draw; returns (n_rows, n_classes, single_row, encoded ids, is torch).
+
+    ``n_classes`` is the config's K (None: any); ``noise_bound`` the largest
+    noise the served levels can add, so that no finite logit turns infinite;
+    ``source`` names what sets that bound in the message.
+    """
+    n_rows, k, single_row = row_shape(logits)
+    if n_classes is not None and k != n_classes:
+        raise ValueError(f"logits have n_classes={k}, but the config was calibrated for n_classes={n_classes}")
+    if ids is None and seeding == "per-input":
+        raise ValueError("per-input seeding needs ids (one str/bytes per row), got ids=None")
+    encoded = None if ids is None else encode_row_ids(ids, n_rows, single_row=single_row)
+    torch_in = is_torch(logits)
+    largest = largest_value(logits.dtype if torch_in else np.asarray(logits).dtype)
+    if noise_bound >= largest / 2:
+        raise ValueError(f"{source} can add noise up to {noise_bound:.3g}, beyond "
+                         f"half the largest {logits.dtype} value ({largest:.3g})")
+    check_values(logits, limit=largest - noise_bound)
+    return n_rows, k, single_row, encoded, torch_in

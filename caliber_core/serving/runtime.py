@@ -37,9 +37,9 @@ import struct
 import numpy as np
 
 from ..config import config_digest, load_config, sigma_to_serve
-from ..validation import check_key, check_sigma, is_torch
+from ..validation import check_key, check_sigma
 from . import keyed_noise
-from .rows import check_values, encode_row_ids, row_shape
+from .rows import check_request, encode_row_ids
 
 SEEDINGS = ("per-input", "fresh", "consistent")
 
@@ -286,22 +286,9 @@ class Perturber:
             a value whose noisy version would overflow the dtype, missing ids or
             wrong count. Every check runs before any draw.
         """
-        n_rows, n_classes, single_row = row_shape(logits)
-        if self._n_classes is not None and n_classes != self._n_classes:
-            raise ValueError(f"logits have n_classes={n_classes}, but the config was calibrated for "
-                             f"n_classes={self._n_classes}")
-        if ids is None:
-            if self._seeding == "per-input":
-                raise ValueError("per-input seeding needs ids (one str/bytes per row), got ids=None")
-            encoded = None
-        else:
-            encoded = encode_row_ids(ids, n_rows, single_row=single_row)
-        torch_in = is_torch(logits)
-        largest = _largest_value(logits.dtype if torch_in else np.asarray(logits).dtype)
-        if self._noise_bound >= largest / 2:
-            raise ValueError(f"sigma={self._sigma!r} can add noise up to {self._noise_bound:.3g}, beyond "
-                             f"half the largest {logits.dtype} value ({largest:.3g})")
-        check_values(logits, limit=largest - self._noise_bound)
+        n_rows, n_classes, single_row, encoded, torch_in = check_request(
+            logits, ids, n_classes=self._n_classes, seeding=self._seeding, noise_bound=self._noise_bound,
+            source=f"sigma={self._sigma!r}")
         if self._sigma == 0.0:
             return logits.detach().clone() if torch_in else np.array(logits, copy=True)
         if self._seeding == "fresh":
@@ -390,11 +377,3 @@ class Perturber:
         noise += arr.reshape(n_rows, n_classes)
         return noise.reshape(arr.shape).astype(arr.dtype, copy=False)
 
-
-def _largest_value(dtype) -> float:
-    """The largest finite value of a numpy or torch floating dtype."""
-    if isinstance(dtype, np.dtype):
-        return float(np.finfo(dtype).max)
-    import torch
-
-    return float(torch.finfo(dtype).max)

@@ -23,17 +23,9 @@ import warnings
 import numpy as np
 
 from ..serving import keyed_noise
-from ..serving.rows import check_values, encode_row_ids, row_shape
+from ..serving.rows import check_request
 from ..serving.runtime import Perturber, level_increments
 from ..validation import check_key, is_torch
-
-
-def _largest(dtype) -> float:
-    if isinstance(dtype, np.dtype):
-        return float(np.finfo(dtype).max)
-    import torch
-
-    return float(torch.finfo(dtype).max)
 
 
 class LevelNoise:
@@ -74,19 +66,9 @@ class LevelNoise:
 
     def check(self, logits, ids):
         """Validate a request as ``Perturber.perturb`` does; returns what :meth:`prepare` needs."""
-        n_rows, n_classes, single_row = row_shape(logits)
-        if n_classes != self.n_classes:
-            raise ValueError(f"logits have n_classes={n_classes}, but the config was calibrated for "
-                             f"n_classes={self.n_classes}")
-        encoded = None if ids is None else encode_row_ids(ids, n_rows, single_row=single_row)
-        if encoded is None and self.seeding == "per-input":
-            raise ValueError("per-input seeding needs ids (one str/bytes per row), got ids=None")
-        torch_in = is_torch(logits)
-        largest = _largest(logits.dtype if torch_in else np.asarray(logits).dtype)
-        if self.noise_bound >= largest / 2:
-            raise ValueError(f"the policy's top sigma can add noise up to {self.noise_bound:.3g}, beyond "
-                             f"half the largest {logits.dtype} value ({largest:.3g})")
-        check_values(logits, limit=largest - self.noise_bound)
+        n_rows, n_classes, _, encoded, _ = check_request(
+            logits, ids, n_classes=self.n_classes, seeding=self.seeding, noise_bound=self.noise_bound,
+            source="the policy's top sigma")
         return (logits, encoded, n_rows, n_classes)
 
     def prepare(self, logits, ids, checked=None):
