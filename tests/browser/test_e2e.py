@@ -144,8 +144,8 @@ def test_upload_calibrate_slide_download_equals_cli(page, server, tmp_path):
     _goto_page(page, "Export")
     assert _selected_model(page).startswith("e2e-blobs · ")
     box = page.get_by_role("textbox", name="Retention targets (% of A0)")
-    box.fill("80")
-    settle_run(page, lambda: box.press("Enter"), ready="text=--retention 0.8 --out")
+    # fill and Enter in one action: whichever commits the value starts the run the wait counts
+    settle_run(page, lambda: (box.fill("80"), box.press("Enter")), ready="text=--retention 0.8 --out")
     with page.expect_download() as info:
         page.get_by_role("button", name="Download config JSON").click()
     download = info.value

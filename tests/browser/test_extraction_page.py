@@ -21,8 +21,8 @@ def _open_extraction(page, url: str) -> None:
 
 def _run_with_one_seed(page) -> None:
     seeds = page.get_by_role("spinbutton", name="Seeds")
-    seeds.fill("1")
-    settle_run(page, lambda: seeds.press("Enter"))
+    # fill and Enter in one action: whichever commits the value starts the run the wait counts
+    settle_run(page, lambda: (seeds.fill("1"), seeds.press("Enter")))
     settle_run(page, lambda: page.get_by_role("button", name="Run the extraction").click(), ready=RESULTS,
                timeout=300_000)
 
