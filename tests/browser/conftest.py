@@ -29,6 +29,17 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "browser: end-to-end tests in a real Chromium (Playwright)")
 
 
+def pytest_collection_modifyitems(items):
+    # Under CPU starvation (two busy loops on the 2-core machine) Streamlit 1.67 has been seen
+    # to leave a finished upload in the uploader with no script run for 240 s, or to run once
+    # without reading it. That stall is the framework's upload round trip, so a browser test
+    # that times out waiting on the app's run state gets one more try; any other failure,
+    # and a second timeout, fail as before.
+    for item in items:
+        if item.get_closest_marker("browser") is not None:
+            item.add_marker(pytest.mark.flaky(reruns=1, only_rerun=["TimeoutError", "no script run started"]))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
