@@ -118,6 +118,17 @@ def policy_dict(*, config_path: str, config_sha256: str, n_classes: int, targets
     }
 
 
+def _config_and_sigmas(source, targets) -> tuple[dict, list]:
+    """The config (a path or its JSON text) and the sigma each listed target serves, as PolicyError."""
+    try:
+        config = load_config(source)
+    except ConfigError as exc:
+        raise PolicyError(str(exc)) from None
+    if not isinstance(targets, (list, tuple)) or not targets:
+        raise PolicyError(f"a policy needs at least one level (a config target index), got {targets!r}")
+    return config, [_target_sigma(config, t, f"level {j}") for j, t in enumerate(targets, start=1)]
+
+
 def build_policy(config_path, *, targets, escalate_after: int, expire_after=None, shadow: bool = False,
                  seeding: str = "per-input", on_store_error: str = "last-known", out_path=None) -> dict:
     """A validated policy dict whose level j >= 1 serves ``config["targets"][targets[j-1]]``.
@@ -126,22 +137,13 @@ def build_policy(config_path, *, targets, escalate_after: int, expire_after=None
     (so the pair can move together), else as given.
     """
     config_path = os.fspath(config_path)
-    try:
-        config = load_config(config_path)
-    except ConfigError as exc:
-        raise PolicyError(str(exc)) from None
-    if not isinstance(targets, (list, tuple)) or not targets:
-        raise PolicyError(f"a policy needs at least one level (a config target index), got {targets!r}")
-    sigmas = [_target_sigma(config, t, f"level {j}") for j, t in enumerate(targets, start=1)]
-    written = config_path
-    if out_path is not None:
-        base = os.path.dirname(os.path.abspath(os.fspath(out_path)))
-        written = os.path.relpath(os.path.abspath(config_path), base)
+    config, sigmas = _config_and_sigmas(config_path, targets)
+    base_dir = None if out_path is None else os.path.dirname(os.path.abspath(os.fspath(out_path)))
+    written = config_path if base_dir is None else os.path.relpath(os.path.abspath(config_path), base_dir)
     doc = policy_dict(config_path=written, config_sha256=file_sha256(config_path),
                       n_classes=config["n_classes"], targets=list(targets), sigmas=sigmas,
                       escalate_after=escalate_after, expire_after=expire_after, shadow=shadow,
                       seeding=seeding, on_store_error=on_store_error)
-    base_dir = None if out_path is None else os.path.dirname(os.path.abspath(os.fspath(out_path)))
     parse_policy(doc, base_dir=base_dir)
     return doc
 
@@ -222,13 +224,7 @@ def policy_for_config_text(config_text: str, *, config_name: str, targets, escal
     The policy names the config as ``config_name`` with the sha256 of
     ``config_text``'s UTF-8 bytes: save that text under that name beside the policy.
     """
-    try:
-        config = load_config(config_text)
-    except ConfigError as exc:
-        raise PolicyError(str(exc)) from None
-    if not isinstance(targets, (list, tuple)) or not targets:
-        raise PolicyError(f"a policy needs at least one level (a config target index), got {targets!r}")
-    sigmas = [_target_sigma(config, t, f"level {j}") for j, t in enumerate(targets, start=1)]
+    config, sigmas = _config_and_sigmas(config_text, targets)
     doc = policy_dict(config_path=config_name, config_sha256=hashlib.sha256(config_text.encode()).hexdigest(),
                       n_classes=config["n_classes"], targets=list(targets), sigmas=sigmas,
                       escalate_after=escalate_after, expire_after=expire_after, shadow=shadow)
