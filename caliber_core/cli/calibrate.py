@@ -1,0 +1,158 @@
+"""``caliber calibrate FILE``: sweep, fit and solve each target; write the config JSON."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..target_record import CALIBRATED_KINDS, SIDES
+from .arguments import add_confidence, add_max_elements, fraction, load, progress
+
+# The option that asks for each kind of target calibrate solves.
+_TARGET_FLAGS = {
+    "retention": ("--retention", "fraction of the clean accuracy A0"),
+    "accuracy": ("--target-accuracy", "absolute accuracy"),
+    "agreement": ("--agreement", "agreement with the clean prediction"),
+}
+
+
+class _OrderedTarget(argparse.Action):
+    """Collect --target-accuracy/--retention/--agreement into one list, in command-line order."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        targets = getattr(namespace, "targets", None) or []
+        for value in values:
+            targets.append((self.const, value))
+        namespace.targets = targets
+
+
+def _add_seeding(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seeding", choices=("per-input", "consistent"), default="per-input",
+                        help="per-input: noise drawn per request id (default); consistent: a keyed smooth "
+                        "function of the logits, calibrated for the key in --key-file")
+    parser.add_argument("--key-file", help="the serving key (hex, one line); consistent seeding only")
+    parser.add_argument("--length-scale", type=float, default=None, metavar="L",
+                        help="consistent noise's correlation length in units of S (default 4)")
+    parser.add_argument("--noise-id", default=None, metavar="HEX",
+                        help="consistent seeding: reuse this noise identity (default: a new random one)")
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    """Register ``calibrate`` on an argparse subparsers object."""
+    cal = sub.add_parser("calibrate", help="calibrate one model file and write its config JSON")
+    cal.add_argument("file", help="logits file (.npz, .npy, .pt, .safetensors, .csv, .parquet)")
+    cal.add_argument("--labels", help="labels file for .npy logits")
+    for kind in CALIBRATED_KINDS:
+        flag, what = _TARGET_FLAGS[kind]
+        cal.add_argument(flag, nargs="+", type=fraction, action=_OrderedTarget, const=kind,
+                         dest="targets", metavar="X", help=f"target(s) as {what}")
+    cal.add_argument("--margin-stat", choices=("median", "mean", "trimmed"), default="median")
+    cal.add_argument("--seed", type=int, default=0)
+    cal.add_argument("--realizations", type=int, default=None,
+                     help="noise draws per input (default: chosen from N)")
+    cal.add_argument("--inversion", choices=("curve", "logistic"), default="curve",
+                     help="invert the measured curve (default) or the fitted logistic")
+    cal.add_argument("--side", choices=SIDES, default="point",
+                     help="point: sigma* itself (default); at-least / at-most: the sigma at which the "
+                     "lower / upper confidence bound of each target's quantity equals the target")
+    add_confidence(cal, "level of every target's interval and of the side's bound")
+    cal.add_argument("--saturate", action="store_true",
+                     help="an unreachable target serves the largest sigma the sweep measured "
+                     "(marked saturated, with a warning) instead of failing")
+    cal.add_argument("--out", help="write the config JSON here (default: print it)")
+    cal.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _add_seeding(cal)
+    add_max_elements(cal)
+    return cal
+
+
+def run(args) -> int:
+    """Run ``calibrate``; returns the exit status (errors propagate to the CLI's handler)."""
+    from ..calibration.pipeline import DEFAULT_TARGETS, config_for
+    from ..calibration.target_intervals import interval_notes
+    from ..config import config_to_json, saturation_message
+
+    data = load(args.file, args, labels_path=args.labels)
+    for warning in data.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    targets = getattr(args, "targets", None) or list(DEFAULT_TARGETS)
+    _, results, config = config_for(
+        data, targets, statistic=args.margin_stat, seed=args.seed,
+        realizations=args.realizations, inversion=args.inversion, saturate=args.saturate,
+        side=args.side, confidence=args.confidence, progress=progress(not args.quiet, "sweeping noise"),
+    )
+    if args.seeding == "consistent" or args.key_file or args.length_scale is not None or args.noise_id:
+        config = _consistent(config, data, args)
+    text = config_to_json(config)
+    for result in results:
+        if result.saturated:
+            print(f"warning: {saturation_message(result)}", file=sys.stderr)
+    advice, wide = interval_notes(config)
+    if wide:
+        print(f"warning: {wide}", file=sys.stderr)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        print(_target_table(config))
+        if advice:
+            print(f"interval half-width, widest target: {advice}")
+        print(f"config written to {args.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _consistent(config, data, args):
+    from ..calibration.keyed_config import consistent_config
+    from ..serving.consistent_noise import DEFAULT_LENGTH_SCALE
+    from ..serving.keys import read_key_file
+
+    if args.seeding != "consistent":
+        raise ValueError("--key-file, --length-scale and --noise-id apply to --seeding consistent only")
+    if not args.key_file:
+        raise ValueError("--seeding consistent needs --key-file KEYFILE (the key the config will serve)")
+    if args.side != "point" or args.saturate or args.inversion != "curve":
+        raise ValueError("--seeding consistent solves this key's exact curve: --side, --saturate and "
+                         "--inversion do not apply")
+    length = DEFAULT_LENGTH_SCALE if args.length_scale is None else args.length_scale
+    return consistent_config(config, data.logits, data.labels, read_key_file(args.key_file), length_scale=length,
+                             seed=args.seed, confidence=args.confidence, noise_id=args.noise_id)
+
+
+def _target_table(config: dict) -> str:
+    a0 = config["clean_accuracy"]
+    head = (f"{config['model']}: N={config['n_samples']} K={config['n_classes']} "
+            f"S({config['statistic']})={config['scale']:.4g}"
+            + (f" A0={a0:.4f}" if a0 is not None else "")
+            + f" logistic R2={config['fit']['r2']:.4f}")
+    from ..calibration.target_intervals import describe_interval
+
+    lines = [head, f"{'target':>22} {'side':>8} {'accuracy':>9} {'guarantee, or delivers on the sample':>36} "
+             f"{'v':>10} {'sigma':>10} {'logistic':>10}  method"]
+    for t in config["targets"]:
+        label = f"{t['kind']} {t['requested']:g}"
+        acc = "" if t["accuracy"] is None else f"{t['accuracy']:.4f}"
+        slog = "" if t["sigma_logistic"] is None else f"{t['sigma_logistic']:.5g}"
+        side = t.get("side", "point")
+        # One-sided: the guarantee first (the bound equals the target); the two-sided interval below it.
+        # A keyed (consistent) target states the spread of its sigma instead.
+        if "sigma_interval" in t:
+            first = "sigma in [{:.4g}, {:.4g}]".format(*t["sigma_interval"]["sigma"])
+        else:
+            first = describe_interval(t) if side == "point" else _guarantee(t)
+        lines.append(f"{label:>22} {side:>8} {acc:>9} {first:>36} "
+                     f"{t['v']:>10.5g} {t['sigma']:>10.5g} {slog:>10}  {t['method']}")
+        if side != "point" and describe_interval(t):
+            lines.append(f"{'':>42} two-sided: {describe_interval(t)}")
+    lines.append("sigma: the sigma served (sigma* on the point side; one-sided, the sigma whose "
+                 "confidence bound equals the target)")
+    return "\n".join(lines)
+
+
+def _guarantee(t: dict) -> str:
+    """'retention >= 80.0% (one-sided 95%)' for a one-sided target; '' when saturated (no guarantee)."""
+    level = (t.get("interval") or {}).get("level")
+    if t.get("saturated") or level is None or t["kind"] not in ("accuracy", "retention", "agreement"):
+        return "no guarantee (saturated)" if t.get("saturated") else ""
+    sign = ">=" if t["side"] == "at-least" else "<="
+    return f"{t['kind']} {sign} {100 * t['requested']:.1f}% (one-sided {level:.0%})"
