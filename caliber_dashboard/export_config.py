@@ -24,7 +24,8 @@ import pandas as pd
 
 from caliber_core.calibration.calibrate import Calibration
 from caliber_core.calibration.intervals import DEFAULT_CONFIDENCE
-from caliber_core.config import SIDES, TargetRecord, build_config
+from caliber_core.calibration.config_build import build_config
+from caliber_core.config import SIDES, TargetRecord
 from caliber_core.extraction.experiment import ExtractionResult
 from caliber_core.extraction import targets as extraction_targets
 from caliber_core.loading import LogitsData
