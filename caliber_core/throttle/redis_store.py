@@ -41,7 +41,7 @@ import secrets
 import time
 
 from .ledger import AccountState, Decision, Event
-from .stores import StoreUnavailable
+from .store_errors import StoreUnavailable
 
 PREFIX = "caliber:throttle:"
 #: Waits before each retry of a request whose reply was lost (same token, so never counted twice).
