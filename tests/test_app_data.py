@@ -16,7 +16,7 @@ from streamlit.testing.v1 import AppTest
 from caliber_core.loading import LogitsFileError, load_logits_bytes
 from caliber_dashboard import state
 
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
+APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 N_DEMO = len(list((Path(APP).parent / "data").glob("digits_*.npz")))
 
 

@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 from caliber_dashboard import state
 from caliber_dashboard.workspace import SQLiteStore, from_environment
 
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
+APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 N_DEMO = len(list((Path(APP).parent / "data").glob("digits_*.npz")))
 
 

@@ -14,7 +14,7 @@ import io
 import numpy as np
 
 from .columns import split_columns, stack_columns
-from .safety import Unvalidated, decode_text, fail, is_number, library_errors, rule
+from .safety import Unvalidated, decode_text, fail, is_number, library_errors, optional_library, rule
 
 
 def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
@@ -36,7 +36,7 @@ def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
     class_index_header = fields == [str(i) for i in range(len(fields))]
     headerless = all(map(is_number, fields)) and not class_index_header
 
-    import pandas as pd
+    pd = optional_library("pandas", extra="tables", src=src)
 
     # exact float64 values as written; the default from pandas 3 on
     exact = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}
