@@ -29,44 +29,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from caliber_core.extraction.noise_designs import DESIGNS  # noqa: E402
-from caliber_core.extraction.thief_frontier import DEFAULT_LEVELS, Frontier, measure_frontier  # noqa: E402
+from caliber_core.extraction.frontier_report import frontier_summary, frontier_table, frontier_to_json  # noqa: E402
+from caliber_core.extraction.thief_frontier import DEFAULT_LEVELS, measure_frontier  # noqa: E402
 
 QUICK_DESIGNS = ("per-input", "field-4", "field-2")
 DEMO = ROOT / "data" / "digits_mlp-wide.npz"
 SECOND = ROOT / "data" / "digits_cnn.npz"
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}"
-
-
-def table(frontier: Frontier) -> list[str]:
-    lines = [f"**{Path(frontier.archive).name}**: strongest thief on clean answers {_pct(frontier.clean_accuracy)}% "
-             f"({frontier.clean_attacker}); {frontier.keys} keys x {frontier.seeds} training seeds per point.", "",
-             "| design | target | σ/S | user keeps (x) | thief keeps (y) [95% CI] | y − x | strongest thief | "
-             "near-dups gain |",
-             "|---|---|---|---|---|---|---|---|"]
-    for name in dict.fromkeys(p.design for p in frontier.points):
-        for p in frontier.of(name):
-            lines.append(f"| {name} | {p.level:.2f} | {p.sigma_over_s.mean:.2f} | {_pct(p.teacher.mean)}% "
-                         f"[{_pct(p.teacher.lo)}, {_pct(p.teacher.hi)}] | **{_pct(p.thief.mean)}%** "
-                         f"[{_pct(p.thief.lo)}, {_pct(p.thief.hi)}] | {100 * (p.thief.mean - p.teacher.mean):+.1f} pt "
-                         f"| {p.attacker} | {p.near_gain:+.1f} pt |")
-    return lines
-
-
-def summary(frontiers: list[Frontier]) -> list[str]:
-    names = list(dict.fromkeys(p.design for f in frontiers for p in f.points))
-    head = "| design | " + " | ".join(Path(f.archive).name for f in frontiers) + " |"
-    lines = ["Thief's retention where the flagged user keeps 0.75 (linear between measured points; ± half the "
-             "95% interval):", "", head, "|---|" + "---|" * len(frontiers)]
-    for name in names:
-        cells = []
-        for f in frontiers:
-            at = f.at(name, 0.75)
-            cells.append("–" if at is None else f"{_pct(at[0])}% ± {100 * at[1]:.1f}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return lines
 
 
 def main(argv=None) -> int:
@@ -110,17 +78,14 @@ def main(argv=None) -> int:
              f"{platform.platform()} ({os.cpu_count()} cores, {args.processes} processes, "
              f"{time.time() - start:.0f} s). Command: `{command.strip()}`", ""]
     for f in frontiers:
-        lines += table(f) + [""]
-    lines += summary(frontiers)
+        lines += frontier_table(f) + [""]
+    lines += frontier_summary(frontiers)
     text = "\n".join(lines) + "\n"
     print(text)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
     if args.json:
-        Path(args.json).write_text(json.dumps([{"archive": f.archive, "clean_accuracy": f.clean_accuracy,
-                                                "clean_attacker": f.clean_attacker,
-                                                "points": [p.to_dict() for p in f.points]} for f in frontiers],
-                                              indent=1))
+        Path(args.json).write_text(frontier_to_json(frontiers))
     return 0
 
 

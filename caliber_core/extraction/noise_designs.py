@@ -64,9 +64,9 @@ class Design:
         if self.family in ("cycle-mix", "cycle-push", "random-mix"):
             return _ClassMix(z, key, self.family, scale=scale, balanced=self.iid_share)
         if self.family == "cycle-field":
-            return _Mixed(_ClassMix(z, key, "cycle-push", scale=scale), _Composed(field, None, z), 0.5)
+            return _Mixed(_ClassMix(z, key, "cycle-push", scale=scale), _Composed(field, None, z), 0.5, z)
         if self.family == "mixed":
-            return _Mixed(_Composed(field, None, z), _PerInput(key + b"iid"), self.iid_share)
+            return _Mixed(_Composed(field, None, z), _PerInput(key + b"iid"), self.iid_share, z)
         raise ValueError(f"unknown noise family {self.family!r}")
 
 
@@ -92,6 +92,10 @@ DESIGNS = {d.name: d for d in (
     Design("cycle-push-bal", "cycle-push", iid_share=0.25),
     Design("cycle-field-4", "cycle-field", 4.0),
 )}
+
+
+#: The design ``--seeding consistent`` serves (:mod:`caliber_core.serving.consistent_noise`).
+SERVED_DESIGN = "field-4"
 
 
 def design(name: str) -> Design:
@@ -193,11 +197,16 @@ class _PerInput:
 
 
 class _Mixed:
-    def __init__(self, smooth, iid, share: float):
-        self.smooth, self.iid, self.share = smooth, iid, float(share)
+    """sqrt(1 - share) a + sqrt(share) b, rescaled to unit RMS on the calibration rows."""
+
+    def __init__(self, first, second, share: float, z):
+        self.first, self.second, self.share = first, second, float(share)
+        self.gain = 1.0
+        self.gain = _rms(self(z, [f"calibration-{i}" for i in range(len(z))]))
 
     def __call__(self, z, rows=None):
-        return math.sqrt(1 - self.share) * self.smooth(z, rows) + math.sqrt(self.share) * self.iid(z, rows)
+        mix = math.sqrt(1 - self.share) * self.first(z, rows) + math.sqrt(self.share) * self.second(z, rows)
+        return mix / self.gain
 
 
 def keyed_cycle(key: bytes, n_classes: int) -> np.ndarray:
