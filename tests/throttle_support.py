@@ -11,8 +11,6 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-
 from caliber_core.throttle.policy import build_policy, save_policy
 
 KEY = bytes(range(32))
@@ -64,6 +62,8 @@ class RedisServer:
         exe = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server")
                                                else None)
         if exe is None:
+            import pytest  # here: vLLM's virtualenv imports this module for write_config, without pytest
+
             pytest.skip("redis-server is not installed (./scripts/test.sh installs Debian's redis-server "
                         "when it runs as root)")
         self.exe, self.folder, self.port, self.proc = exe, folder, free_port(), None
