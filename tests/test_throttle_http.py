@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def served(tmp_path):
     policy = write_policy(tmp_path, escalate_after=1000)
     (tmp_path / "caliber.key").write_text(KEY.hex() + "\n")
+    (tmp_path / "caliber.key").chmod(0o600)  # a key readable by others is refused
     port, metrics_port = free_port(), free_port()
     env = os.environ | {"CALIBER_POLICY": str(policy), "CALIBER_KEY_FILE": str(tmp_path / "caliber.key"),
                         "CALIBER_STORE": f"sqlite:///{tmp_path / 'ledger.db'}", "CALIBER_FEATURES": "8",
