@@ -46,7 +46,7 @@ from caliber_core.config import TargetRecord
 from caliber_core.loading import LogitsData
 from caliber_core.loading.checks import margins_in_chunks
 
-from . import calibrate_plots, tables
+from . import calibrate_plots, readouts, tables
 from .curves import sigma_grid
 
 _EMPTY = object()
@@ -263,6 +263,26 @@ def served(data: LogitsData, cal: Calibration, kind: str, value: float, *,
     return _fill(_served_slot(model + (kind, float(value), side)), compute)
 
 
+def sigma_range(data: LogitsData, cal: Calibration, kind: str, value: float, *,
+                side: str = "point") -> tuple[float, float] | None:
+    """The σ range of the σ served: where the measured curve crosses the ends of the
+    quantity's interval at that σ (:func:`served`'s bootstrap). Cached.
+
+    Meaning: the σ values whose sample ``kind`` lies within the interval of what the
+    σ served delivers; it contains the σ served. None when an end is out of the
+    curve's reach (e.g. an interval end above the clean value).
+    """
+    record, intervals = served(data, cal, kind, value, side=side)
+    interval = intervals.get(kind)
+    if interval is None or not record.sigma > 0:
+        return None
+
+    def compute(_):
+        return readouts.sigma_range(cal, record.sigma, interval, kind)
+
+    return _fill(_served_slot(_model_key(data, cal) + (kind, float(value), side, "sigma-range")), compute)
+
+
 def side_bound(data: LogitsData, cal: Calibration, kind: str, value: float, *, side: str) -> float:
     """The one-sided bound of ``kind`` at the sigma :func:`served` serves on ``side``. Cached.
 
@@ -343,19 +363,21 @@ def target(data: LogitsData, cal: Calibration, kind: str, value: float, *,
 def config(data: LogitsData, targets: Sequence[tuple[str, float]], *, statistic: str = "median",
            seed: int = 0, realizations: int | None = None, inversion: str = "curve",
            saturate: bool = False, side: str = "point", confidence: float = DEFAULT_CONFIDENCE):
-    """``pipeline.config_for`` (the CLI's function), cached: (calibration, results, config)."""
-    key = (data_digest(data), tuple((k, float(v)) for k, v in targets), statistic, seed,
-           _realizations(realizations), inversion, bool(saturate), side, float(confidence))
-    extra = {} if side == "point" and confidence == DEFAULT_CONFIDENCE else {
-        "side": side, "confidence": float(confidence)}  # the defaults: the same call as the CLI's
-    return _fill(
-        _config_slot(key),
-        lambda progress: pipeline.config_for(
-            data, list(targets), statistic=statistic, seed=seed, realizations=realizations,
-            inversion=inversion, saturate=saturate, progress=progress, **extra),
-        progress_text=f"Building the {side} config for {data.name}…" if extra else
-        f"Building the config for {data.name}…",
-    )
+    """The CLI's config on the calibration :func:`calibration` holds, cached: (calibration, results, config).
+
+    The sweep is the Calibrate page's (its slot, else the workspace's copy, else
+    computed once into both): only ``pipeline.config_from_calibration`` runs here.
+    """
+    cal = calibration(data, statistic=statistic, seed=seed, realizations=realizations)
+    key = _model_key(data, cal) + (tuple((k, float(v)) for k, v in targets), inversion, bool(saturate),
+                                   side, float(confidence))
+
+    def compute(_):
+        results, built = pipeline.config_from_calibration(cal, data, list(targets), inversion=inversion,
+                                                          saturate=saturate, side=side, confidence=confidence)
+        return cal, results, built
+
+    return _fill(_config_slot(key), compute, spinner_text=f"Building the {side} config for {data.name}…")
 
 
 def margins(data: LogitsData) -> np.ndarray:

@@ -101,7 +101,7 @@ def test_config_for_validates_the_logits_once(monkeypatch):
         if hasattr(mod, "as_logits"):
             monkeypatch.setattr(mod, "as_logits", counting)
     cal, results, config = pipeline.config_for(data, [("retention", 0.9), ("agreement", 0.8)])
-    assert calls == {"as_logits": 1, "top_two": 0}  # the loader's margins are reused
+    assert calls == {"as_logits": 0, "top_two": 0}  # the loader's checks and margins are the sample's
     assert config["targets"][0]["reference"]["retention"] == pytest.approx(0.9, abs=1e-6)
 
 

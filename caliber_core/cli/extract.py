@@ -48,7 +48,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--key-file", help="with --seeding: calibrate and answer with this key only")
     p.add_argument("--length-scale", type=float, default=None, metavar="L",
                    help="with --seeding: consistent noise's length scale in units of S")
-    p.add_argument("--keys", type=positive_int, default=3, help="with --seeding: simulated keys (default 3)")
+    p.add_argument("--keys", type=positive_int, default=3, help="with --seeding or --frontier: simulated keys "
+                   "(default 3)")
+    p.add_argument("--frontier", nargs="*", metavar="DESIGN", default=None,
+                   help="the thief's frontier per noise design at the --retention levels: the flagged user's "
+                   "retention against the strongest thief's (KD at T=1..32, hard labels, prior correction, "
+                   "near-duplicates averaged); designs default to per-input and the consistent field")
     return p
 
 
@@ -66,6 +71,8 @@ def run(args) -> int:
 
     limit = DEFAULT_MAX_ELEMENTS if args.max_elements is None else args.max_elements
     archive = load_archive(args.file, eval_path=args.eval_file, max_elements=limit)
+    if args.frontier is not None:
+        return _run_frontier(args)
     if args.seeding is not None:
         return _run_seedings(archive, args)
     if args.key_file or args.length_scale is not None:
@@ -111,5 +118,32 @@ def _run_seedings(archive, args) -> int:
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as fh:
             fh.write(seedings_to_json(result))
+        print(f"report written to {args.json_out}")
+    return 0
+
+
+def _run_frontier(args) -> int:
+    from ..extraction.frontier_report import frontier_summary, frontier_table, frontier_to_json
+    from ..extraction.noise_designs import DESIGNS, SERVED_DESIGN
+    from ..extraction.thief_frontier import DEFAULT_LEVELS, measure_frontier
+
+    if args.seeding is not None or args.key_file or args.length_scale is not None:
+        raise ValueError("--frontier compares noise designs by name: --seeding, --key-file and --length-scale "
+                         "do not apply")
+    designs = args.frontier or ["per-input", SERVED_DESIGN]
+    unknown = [d for d in designs if d not in DESIGNS]
+    if unknown:
+        raise ValueError(f"--frontier: unknown design {unknown[0]!r}; choose from {', '.join(sorted(DESIGNS))}")
+    levels = DEFAULT_LEVELS if args.retention is None else tuple(args.retention)
+    tick = progress(not args.quiet, "frontier cells")
+    report = None if tick is None else (lambda done, total: tick(done / total))
+    frontier = measure_frontier(args.file, eval_path=args.eval_file, designs=designs, levels=levels,
+                                keys=args.keys, seeds=args.seeds, near_duplicates=max(args.m),
+                                processes=default_processes() if args.processes is None else args.processes,
+                                progress=report)
+    print("\n".join(frontier_table(frontier) + [""] + frontier_summary([frontier])))
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as fh:
+            fh.write(frontier_to_json([frontier]))
         print(f"report written to {args.json_out}")
     return 0
