@@ -163,6 +163,8 @@ def _cmd_calibrate(args) -> int:
 
     if str(args.file).lower().endswith((".jsonl", ".json")):
         return _cmd_calibrate_llm(args)
+    if _is_full_vocabulary(args.file):
+        return _cmd_calibrate_full_vocab(args)
     data = _load(args.file, args, labels_path=args.labels)
     for warning in data.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -219,6 +221,48 @@ def _cmd_calibrate_llm(args) -> int:
             widths = ", ".join(f"{w:.4f}" for w in bounds["widths"])
             print(f"certified agreement bounds (k={bounds['k']}, V={bounds['vocab_size']}): "
                   f"width at each target {widths}")
+        print(f"config written to {args.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _is_full_vocabulary(path) -> bool:
+    """A .npy/.safetensors/.pt matrix of at least STREAM_MIN_CLASSES classes: streamed, never loaded."""
+    from .calibration.full_vocab import STREAM_MIN_CLASSES
+    from .loading.row_stream import STREAM_EXTENSIONS, declared_shape
+
+    if not str(path).lower().endswith(STREAM_EXTENSIONS):
+        return False
+    shape = declared_shape(path)
+    return shape is not None and shape[1] >= STREAM_MIN_CLASSES
+
+
+def _cmd_calibrate_full_vocab(args) -> int:
+    from .calibration.full_vocab import config_for_vocab_file
+    from .calibration.pipeline import DEFAULT_TARGETS
+    from .config import config_to_json
+    from .loading import DEFAULT_MAX_ELEMENTS
+
+    if args.labels or args.seeding != "per-input" or args.key_file:
+        raise ValueError("a full-vocabulary dump calibrates agreement targets only: --labels and consistent "
+                         "seeding do not apply")
+    targets = getattr(args, "targets", None) or list(DEFAULT_TARGETS)
+    progress = None
+    if not args.quiet and sys.stderr.isatty():
+        def progress(fraction):
+            print(f"\rstreaming rows: {fraction:5.0%}", end="" if fraction < 1 else "\n", file=sys.stderr)
+    _, config = config_for_vocab_file(
+        args.file, targets, side=args.side, progress=progress,
+        max_elements=DEFAULT_MAX_ELEMENTS if args.max_elements is None else args.max_elements)
+    text = config_to_json(config)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        print(_target_table(config))
+        widths = ", ".join(f"{w:.2g}" for w in config["bounds"]["widths"])
+        print(f"full vocabulary streamed (V={config['n_classes']}, top {config['bounds']['k']} gaps exact, "
+              f"the rest binned): agreement bound width at each target {widths}")
         print(f"config written to {args.out}")
     else:
         sys.stdout.write(text)
