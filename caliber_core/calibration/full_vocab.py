@@ -71,15 +71,22 @@ def reduce_file(path, *, m: int = TOP_GAPS, max_elements: int = DEFAULT_MAX_ELEM
     with open(source.path, "rb") as fh:
         digest.update(fh.read(source.offset))
     for start, block in source.blocks():
-        digest.update(block.view(np.uint8)) if source.dtype == "float32" else None
+        if source.dtype == "float32":  # the bytes as read; other dtypes are hashed from the file
+            digest.update(block.view(np.uint8))
         try:
             g, c = reduce_block(block, m=m)
-        except ValueError as err:
-            raise fail(src, str(err).replace("row ", f"row {start} + ", 1)) from None
+        except ValueError:
+            row = start + int(np.argmax(~np.isfinite(block.max(axis=1))))  # the block is untouched then
+            raise fail(src, f"row {row} holds NaN or +inf (every logit must be finite or -inf)") from None
         top_gaps[start : start + g.shape[0]] = g
         counts[start : start + g.shape[0]] = c
         if progress is not None:
             progress((start + g.shape[0]) / source.n_rows)
+    if source.dtype == "float32":
+        with open(source.path, "rb") as fh:  # whatever follows the matrix (other tensors)
+            fh.seek(source.offset + source.n_rows * source.n_classes * source.itemsize)
+            for chunk in iter(lambda: fh.read(1 << 24), b""):
+                digest.update(chunk)
     sha = digest.hexdigest() if source.dtype == "float32" else _file_sha256(source.path)
     return ReducedRows(top_gaps, counts, source.n_classes), source, sha
 
