@@ -42,29 +42,31 @@ The package, by purpose:
 * :mod:`caliber_core.cli`, :mod:`caliber_core.check_command`  the command line
 * :mod:`caliber_core.target_record`  the frozen record of one target (re-exported by ``config``)
 
-Importing the package loads only the serving path and the config contract
-(numpy and the standard library); every other name below is imported on first
-use, so a serving process never loads scipy, pandas or torch.
+Importing the package loads nothing but its version; every name below is
+imported from its module on first use (:mod:`caliber_core.lazy_names`), so
+a serving process never loads scipy, pandas or torch, and no submodule
+imports back into a package that is still importing it.
 """
 
-__version__ = "0.1.0"
+from .lazy_names import lazy_names
+from .version import __version__
 
-from .config import (  # noqa: E402
-    SCHEMA,
-    TARGET_KINDS,
-    ConfigError,
-    SaturatedTargetWarning,
-    TargetRecord,
-    build_config,
-    load_config,
-    save_config,
-    sigma_to_serve,
-)
-from .serving.responses import LogitsProcessorAdapter, noisy_probabilities, noisy_top_logprobs  # noqa: E402
-from .serving.runtime import Perturber, per_input_noise  # noqa: E402
-
-# Public names imported on first use: name -> module (relative to this package).
+# Public names, each imported on first use: name -> module (relative to this package).
 _LAZY = {
+    "SCHEMA": "config",
+    "TARGET_KINDS": "config",
+    "ConfigError": "config",
+    "SaturatedTargetWarning": "config",
+    "TargetRecord": "config",
+    "load_config": "config",
+    "save_config": "config",
+    "sigma_to_serve": "config",
+    "build_config": "calibration.config_build",
+    "LogitsProcessorAdapter": "serving.responses",
+    "noisy_probabilities": "serving.responses",
+    "noisy_top_logprobs": "serving.responses",
+    "Perturber": "serving.runtime",
+    "per_input_noise": "serving.runtime",
     "Calibration": "calibration.calibrate",
     "calibrate_model": "calibration.calibrate",
     "sigma_for_target": "calibration.calibrate",
@@ -87,24 +89,5 @@ _LAZY = {
     "format_attack_table": "simulation.attack",
 }
 
-__all__ = sorted([
-    "SCHEMA", "TARGET_KINDS", "ConfigError", "SaturatedTargetWarning", "TargetRecord",
-    "build_config", "load_config", "save_config", "sigma_to_serve",
-    "LogitsProcessorAdapter", "noisy_probabilities", "noisy_top_logprobs",
-    "Perturber", "per_input_noise", *_LAZY,
-])
-
-
-def __getattr__(name):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'caliber_core' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__all__ = sorted(_LAZY)
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

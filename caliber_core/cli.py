@@ -83,7 +83,8 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     cal = sub.add_parser("calibrate", help="calibrate one model file and write its config JSON")
-    cal.add_argument("file", help="logits file (.npz, .npy, .pt, .safetensors, .csv, .parquet)")
+    cal.add_argument("file", help="logits file (.npz, .npy, .pt, .safetensors, .csv, .parquet), an lm-eval "
+                     "samples file or a top-k logprob log (.jsonl/.json)")
     cal.add_argument("--labels", help="labels file for .npy logits")
     for kind in CALIBRATED_KINDS:
         flag, what = _TARGET_FLAGS[kind]
@@ -107,6 +108,11 @@ def _build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--quiet", action="store_true", help="no progress on stderr")
     _add_seeding(cal)
     _add_max_elements(cal)
+    cal.add_argument("--vocab-size", type=int, default=None, metavar="V",
+                     help="top-k logprob logs: the model's vocabulary size (the unseen tail has V - k classes)")
+    cal.add_argument("--multi-token", action="store_true",
+                     help="lm-eval samples: accept choices of several tokens (their summed scores are not "
+                     "logits under the served noise; a warning says so)")
 
     fleet = sub.add_parser("fleet", help="shared fit and leave-one-out table over several models")
     fleet.add_argument("files", nargs="+")
@@ -155,6 +161,8 @@ def _cmd_calibrate(args) -> int:
     from .calibration.target_intervals import interval_notes
     from .config import config_to_json, saturation_message
 
+    if str(args.file).lower().endswith((".jsonl", ".json")):
+        return _cmd_calibrate_llm(args)
     data = _load(args.file, args, labels_path=args.labels)
     for warning in data.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -179,6 +187,38 @@ def _cmd_calibrate(args) -> int:
         print(_target_table(config))
         if advice:
             print(f"interval half-width, widest target: {advice}")
+        print(f"config written to {args.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _cmd_calibrate_llm(args) -> int:
+    """lm-eval samples or a top-k logprob log (``calibration.llm_inputs``)."""
+    from .calibration.llm_inputs import config_for_llm_file
+    from .calibration.pipeline import DEFAULT_TARGETS
+    from .calibration.llm_inputs import read_llm_file
+    from .config import config_to_json
+
+    if args.labels or args.seeding != "per-input" or args.key_file:
+        raise ValueError("--labels and consistent seeding do not apply to lm-eval samples or logprob logs")
+    content = read_llm_file(args.file, max_elements=args.max_elements)
+    targets = getattr(args, "targets", None) or list(DEFAULT_TARGETS)
+    result = config_for_llm_file(content, args.file, targets, vocab_size=args.vocab_size, side=args.side,
+                                 multi_token=args.multi_token, seed=args.seed, confidence=args.confidence,
+                                 progress=_progress(not args.quiet))
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    text = config_to_json(result.config)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        print(_target_table(result.config))
+        bounds = result.config.get("bounds")
+        if bounds:
+            widths = ", ".join(f"{w:.4f}" for w in bounds["widths"])
+            print(f"certified agreement bounds (k={bounds['k']}, V={bounds['vocab_size']}): "
+                  f"width at each target {widths}")
         print(f"config written to {args.out}")
     else:
         sys.stdout.write(text)

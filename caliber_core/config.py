@@ -31,14 +31,9 @@ import numbers
 import os
 import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
-from . import __version__
 from .target_record import (  # noqa: F401  (re-exported: the config's public names)
     CALIBRATED_KINDS, SIDES, TARGET_KINDS, TargetRecord, inversion_of_method, plain_values)
-
-if TYPE_CHECKING:  # annotations only: importing calibrate would load scipy
-    from .calibration.calibrate import Calibration
 
 SCHEMA = "caliber.config/v2"
 SCHEMA_V1 = "caliber.config/v1"
@@ -58,56 +53,6 @@ class ConfigError(ValueError):
 
 class SaturatedTargetWarning(UserWarning):
     """A saturated target is served: its sigma is the largest the sweep measured, not a solution."""
-
-
-def build_config(
-    cal: Calibration,
-    targets: list[TargetRecord],
-    *,
-    sha256: str | None = None,
-    source: str | None = None,
-) -> dict:
-    """The config dict for a calibration and its targets (in the order given)."""
-    sweep = cal.sweep
-    return {
-        "schema": SCHEMA,
-        "generator": f"caliber_core {__version__}",
-        "model": cal.name,
-        "source": source,
-        "sha256": sha256,
-        "n_samples": cal.n_samples,
-        "n_classes": cal.n_classes,
-        "statistic": cal.statistic,
-        "scale": cal.scale,
-        "scales": dict(cal.scales),
-        "clean_accuracy": cal.clean_accuracy,
-        "chance": cal.chance,
-        "sweep": {
-            "realizations": cal.intervals.realizations,
-            "seed": cal.seed,
-            "n_points": int(sweep.v.size),
-            "v_min": float(sweep.v[0]),
-            "v_max": float(sweep.v[-1]),
-        },
-        "fit": {
-            "mode": "per-model",
-            "law": "logistic",
-            "quantity": cal.fit_quantity,
-            "v50": cal.fit.v50,
-            "p": cal.fit.p,
-            "c": cal.fit.c,
-            "r2": cal.fit.r2,
-            "rmse": cal.fit.rmse,
-            "n_points": cal.fit.n_points,
-        },
-        "inversion": {
-            "accuracy_targets": "exact-curve" if cal.curve_method == "exact" else "monte-carlo-curve",
-            "agreement_targets": "exact-agreement" if cal.curve_method == "exact" else "monte-carlo-agreement",
-            "note": "sigma inverts the measured curve; sigma_logistic is the closed-form "
-            "logistic answer (Eq. inverse-v) kept for comparison",
-        },
-        "targets": [t.to_dict() for t in targets],
-    }
 
 
 def _clean(obj):

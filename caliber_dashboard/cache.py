@@ -40,7 +40,7 @@ from caliber_core.calibration.corridor import ModelCurves, model_curves
 from caliber_core.calibration.margins import MARGIN_STATISTICS
 from caliber_core.calibration.intervals import DEFAULT_CONFIDENCE, BootstrapIntervals, IntervalBands, IntervalSet
 from caliber_core.calibration.target_intervals import interval_estimator, with_interval
-from caliber_core.simulation.attack import simulate_averaging_attack
+from caliber_core.simulation.attack_estimate import estimate_averaging_attack
 from caliber_core.calibration.calibrate import Calibration, sigma_for_target
 from caliber_core.config import TargetRecord
 from caliber_core.loading import LogitsData
@@ -382,11 +382,11 @@ def model_row(data: LogitsData) -> pd.DataFrame:
 
 def attack(data: LogitsData, *, sigma: float, m_values: Sequence[int], repeats: int = 1,
            seed: int = 0) -> pd.DataFrame:
-    """``simulate_averaging_attack`` (both seedings, both estimators), cached."""
+    """``estimate_averaging_attack`` (both seedings, both estimators), cached."""
     key = (data_digest(data), float(sigma), tuple(int(m) for m in m_values), int(repeats), int(seed))
     return _fill(
         _attack_slot(key),
-        lambda progress: simulate_averaging_attack(
+        lambda progress: estimate_averaging_attack(
             data.logits, data.labels, sigma=sigma, m_values=tuple(m_values), seed=seed,
             repeats=repeats, progress=progress),
         progress_text=f"Simulating the averaging attack on {data.name}…",

@@ -34,7 +34,7 @@ from collections.abc import Callable
 import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from caliber_core import __version__
+from caliber_core.version import __version__
 from caliber_core.calibration.calibrate import Calibration
 from caliber_core.calibration.calibration_arrays import (FORMAT, CalibrationArraysError,
                                                          calibration_from_bytes, calibration_to_bytes)

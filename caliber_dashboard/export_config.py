@@ -17,6 +17,7 @@ No page code; the table is a plain function tests call without Streamlit.
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -24,7 +25,8 @@ import pandas as pd
 
 from caliber_core.calibration.calibrate import Calibration
 from caliber_core.calibration.intervals import DEFAULT_CONFIDENCE
-from caliber_core.config import SIDES, TargetRecord, build_config
+from caliber_core.calibration.config_build import build_config
+from caliber_core.config import SIDES, TargetRecord
 from caliber_core.extraction.experiment import ExtractionResult
 from caliber_core.extraction import targets as extraction_targets
 from caliber_core.loading import LogitsData
@@ -78,10 +80,22 @@ def _bounds(interval: dict | None, quantity: str) -> str:
     return "—" if b is None else f"{100 * b[0]:.1f}–{100 * b[1]:.1f}%"
 
 
+def _delivered(record: TargetRecord, quantity: str) -> float | None:
+    """What the record's sigma delivers on the sample, in percent (the reference; else the point record's value)."""
+    ref = record.reference if isinstance(record.reference, dict) else {}
+    value = ref.get(quantity)
+    if value is None and record.side == "point":
+        value = getattr(record, quantity)
+    return None if value is None else 100 * value
+
+
 def preview_table(records: Sequence[TargetRecord]) -> pd.DataFrame:
     """One row per target: σ served (with its standard error for a surrogate target), what it delivers, intervals.
 
-    Accuracy, retention and agreement are in percent, like the intervals beside them.
+    Accuracy, retention and agreement are what the served σ delivers on the calibration
+    sample (the record's drift ``reference``), in percent like the intervals beside them, so
+    each sits inside its interval; the target asked for is the "target" column. Off the
+    point side the record's own fields hold the target, not what σ delivers.
 
     Interval columns are named with their level (e.g. "retention 95% interval");
     a surrogate-retention row has none (its precision is σ's standard error and
@@ -98,7 +112,7 @@ def preview_table(records: Sequence[TargetRecord]) -> pd.DataFrame:
             "target": f"{r.kind} {100 * r.requested:g}%", "side": SIDE_LABELS.get(r.side, r.side),
             "σ served": r.sigma,
             "σ s.e.": se if isinstance(se, (int, float)) and math.isfinite(se) else None, "v = σ²/S²": r.v,
-            **{f"{q} %": None if getattr(r, q) is None else 100 * getattr(r, q) for q in QUANTITIES},
+            **{f"{q} %": _delivered(r, q) for q in QUANTITIES},
             **{f"{q}{named} interval": _bounds(r.interval, q) for q in QUANTITIES},
             "thief keeps": (f"{100 * kept['mean']:.1f} ± {100 * (kept.get('sd') or 0):.1f}%"
                             if kept.get("mean") is not None else None),
@@ -106,6 +120,40 @@ def preview_table(records: Sequence[TargetRecord]) -> pd.DataFrame:
         })
     df = pd.DataFrame(rows).dropna(axis=1, how="all")
     return df.loc[:, [c for c in df.columns if not (c.endswith("interval") and (df[c] == "—").all())]]
+
+
+def calibrate_command(data: LogitsData, targets: Sequence[tuple[str, float]], *, statistic: str = "median",
+                      inversion: str = "curve", saturate: bool = False, side: str = "point",
+                      confidence: float = DEFAULT_CONFIDENCE, out: str = "cfg.json") -> str:
+    """The ``calibrate`` command line that writes the same config as the page, from the files uploaded.
+
+    The logits file and, when the labels came in a file of their own, that file
+    (``--labels``), by the names they were uploaded under: run it in the folder
+    holding them. Every argument is shell-quoted; options at their defaults are left out.
+    """
+    words = ["python", "-m", "caliber_core", "calibrate", data.source]
+    if data.labels_source is not None and data.labels_source != data.source:
+        words += ["--labels", data.labels_source]
+    flags: list[tuple[str, list[str]]] = []
+    for kind, value in targets:  # consecutive targets of one kind share a flag (order kept)
+        flag = "--target-accuracy" if kind == "accuracy" else f"--{kind}"
+        if not flags or flags[-1][0] != flag:
+            flags.append((flag, []))
+        flags[-1][1].append(repr(float(value)))
+    for flag, values in flags:
+        words += [flag, *values]
+    if statistic != "median":
+        words += ["--margin-stat", statistic]
+    if inversion != "curve":
+        words += ["--inversion", inversion]
+    if saturate:
+        words.append("--saturate")
+    if side != "point":
+        words += ["--side", side]
+    if float(confidence) != DEFAULT_CONFIDENCE:
+        words += ["--confidence", f"{float(confidence):g}"]
+    words += ["--out", out]
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def sigma_text(sigma: float, se: float | None) -> str:

@@ -26,7 +26,7 @@ from dataclasses import fields, is_dataclass
 
 import numpy as np
 
-from caliber_core import __version__
+from caliber_core.version import __version__
 from caliber_core.extraction.archive import ExtractionArchive
 from caliber_core.extraction.averaging import AveragingRow
 from caliber_core.extraction.distill import Schedule

@@ -7,7 +7,9 @@ a file removes its messages, and a message is never lost to a rerun.
 
 A labels file is used in one of two ways:
 
-* for the logits files in the uploader that carry no labels of their own;
+* for the logits files in the uploader that carry no labels of their own and
+  have as many rows as it has labels (the others load without it, and no
+  message about it appears under them);
 * otherwise it attaches to a model already loaded (uploaded earlier, or
   restored after a reload). The rule: among the loaded models without labels,
   those with as many rows as the file has labels; if that leaves several, those
@@ -61,45 +63,96 @@ def _key(upload, labels) -> str:
     return f"{upload.file_id}|{labels.file_id if labels is not None else '-'}"
 
 
+#: The labels uploader's round: a new round draws a new, empty uploader (the box is cleared once used).
+LABELS_ROUND = "caliber_labels_round"
+#: Where the messages of the last labels file used stay once its uploader is cleared.
+_LAST_LABELS = "labels:last"
+
+
+def labels_key() -> str:
+    """The widget key of the labels uploader this round ("upload_labels", then "upload_labels_1", ...)."""
+    n = int(st.session_state.get(LABELS_ROUND, 0))
+    return "upload_labels" if n == 0 else f"upload_labels_{n}"
+
+
+def _labels_count(labels_upload) -> int | None:
+    """How many labels the file holds; None when it cannot be read (attach_labels then says why)."""
+    name = labels_upload.name
+    try:
+        y = read_labels_file(labels_upload.getvalue(), PurePath(name).suffix.lower(), name,
+                             max_elements=DEFAULT_MAX_ELEMENTS)
+    except LogitsFileError:
+        return None
+    return int(y.shape[0]) if y.ndim >= 1 else 1
+
+
 def process(uploads: Iterable, labels_upload=None) -> list[Message]:
     """Handle the files not handled yet; return the messages of every file in the uploaders now.
 
-    A bad file, or one a workspace cap refuses, gets its one-line message and
-    changes nothing else. Safe to call on every rerun (files are handled once,
-    by id).
+    A labels file goes only with the logits files that have as many rows as it
+    has labels; the others load without it and get no message about it. Labels
+    that fit none of the files in the uploader attach to a loaded model
+    (:func:`attach_labels`). Once the labels are used, the labels box is
+    cleared (a new :func:`labels_key`), and its messages stay until the next
+    labels file. A bad file, or one a workspace cap refuses, gets its one-line
+    message and changes nothing else. Safe to call on every rerun (files are
+    handled once, by id).
     """
     ss = st.session_state
     processed: set = ss.setdefault(state.PROCESSED, set())
     status = _status()  # file id -> {"messages": [...], "used_labels": bool}
     uploads = list(uploads or ())
+    n_labels = None if labels_upload is None else _labels_count(labels_upload)
+    used = False
     for upload in uploads:
         key = _key(upload, labels_upload)
-        if key not in processed:
-            processed.add(key)
-            status[upload.file_id] = _load_one(upload, labels_upload)
+        if key in processed:
+            continue
+        processed.add(key)
+        entry = _load_one(upload, labels_upload, n_labels=n_labels)
+        if entry is None:  # these labels are not for this file: it keeps what it had
+            continue
+        status[upload.file_id] = entry
+        used = used or entry["used_labels"]
     if labels_upload is not None:
         key = f"labels|{labels_upload.file_id}"
-        # Not read with a logits file in the uploader: attach it to a model already loaded.
-        if any(status.get(u.file_id, {}).get("used_labels") for u in uploads):
+        if key not in processed:
             processed.add(key)
-            status.pop(labels_upload.file_id, None)  # its messages are those of the logits files
-        elif key not in processed:
-            processed.add(key)
-            status[labels_upload.file_id] = {"messages": attach_labels(labels_upload)}
-    shown = [u.file_id for u in uploads] + ([labels_upload.file_id] if labels_upload is not None else [])
+            status.pop(_LAST_LABELS, None)
+            if used or any(status.get(u.file_id, {}).get("used_labels") for u in uploads):
+                used = True  # its messages are those of the logits files
+            else:
+                messages = attach_labels(labels_upload)
+                used = bool(messages) and messages[0][0] == "success"
+                status[_LAST_LABELS if used else labels_upload.file_id] = {"messages": messages}
+    if used and labels_upload is not None:
+        # Clear the labels box; the files left on the left are not read again without them.
+        ss[LABELS_ROUND] = int(ss.get(LABELS_ROUND, 0)) + 1
+        processed.update(_key(u, None) for u in uploads)
+        labels_upload = None
+    shown = ([u.file_id for u in uploads] + [_LAST_LABELS]
+             + ([labels_upload.file_id] if labels_upload is not None else []))
     for file_id in list(status):  # a file taken out of its uploader takes its messages along
         if file_id not in shown:
             del status[file_id]
     return [m for file_id in shown for m in status.get(file_id, {}).get("messages", [])]
 
 
-def _load_one(upload, labels_upload) -> dict:
-    """{"messages": [...], "used_labels": whether the labels file was read with this file}."""
+def _load_one(upload, labels_upload, *, n_labels: int | None = None) -> dict | None:
+    """{"messages": [...], "used_labels": whether the labels file was read with this file}.
+
+    The labels file is read with this file only when it has as many labels as
+    the file has rows (``n_labels``). None when the file was handled before and
+    these labels are not for it.
+    """
     labels = None
     try:
         content = upload.getvalue()  # a copy of the upload's bytes: taken once
         data = load_logits_bytes(content, upload.name)
-        if labels_upload is not None and not data.has_labels:
+        fits = labels_upload is not None and not data.has_labels and n_labels == data.n_samples
+        if not fits and labels_upload is not None and upload.file_id in _status():
+            return None
+        if fits:
             labels = labels_upload
             data = load_logits_bytes(content, upload.name, labels_content=labels_upload.getvalue(),
                                      labels_filename=labels_upload.name, sha256=data.sha256)

@@ -3,16 +3,19 @@
 import streamlit as st
 
 from caliber_core.calibration.cost import analytic_attack, query_bound
-from caliber_dashboard import cache, figures, navigation, ui
+from caliber_core.simulation.attack_estimate import DEFAULT_MAX_DRAWS
+from caliber_dashboard import cache, figures, navigation, readouts, state, ui
+from caliber_dashboard.rounding import plus_minus
 from caliber_dashboard.curves import m_grid, powers_of_two
 from caliber_dashboard.targets import percent_to_fraction
 from caliber_dashboard.ui import fmt
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 
-# Simulations up to this many (input x class x query x seeding) operations run at once;
-# larger ones wait for the button.
-AUTO_SIMULATION_BUDGET = 5e7
+# Simulations up to this many noise values run at once; larger ones wait for the button.
+AUTO_SIMULATION_BUDGET = 2e8
+# Two-sided normal quantile of the 95% Monte-Carlo intervals shown.
+Z95 = 1.959963984540054
 
 st.title("Attack cost")
 st.caption(
@@ -34,12 +37,17 @@ except ValueError as exc:
 c1, c2 = st.columns(2)
 with c1:
     kind, value, percent = ui.target_control(data, cal, key_prefix="attack", kinds=("retention",))
+# The side served on Calibrate for this model: the attack is run at the sigma a config would serve.
+side = state.model_options(data.sha256).get("side", "point")
+if side not in readouts.SIDE_LABELS:
+    side = "point"
 try:
-    result = cache.target(data, cal, kind, value)
+    result, served_intervals = cache.served(data, cal, kind, value, side=side)
 except ValueError as exc:
     st.warning(ui.plain(str(exc)))
     st.stop()
 sigma, v_star = result.sigma, result.v
+served_accuracy = served_intervals.get("accuracy").estimate  # at the sigma served, on this sample
 if not sigma > 0:
     st.info("This target needs no noise (σ* = 0): there is nothing to average away.")
     st.stop()
@@ -52,9 +60,10 @@ with c2:
 bound = query_bound(cal, v_star, percent_to_fraction(usable_pct))
 
 m = st.columns(5)
-m[0].metric("σ* served", fmt(sigma, ".5g"))
+m[0].metric(readouts.SIGMA_LABELS[side], fmt(sigma, ".5g"),
+            help=f"The side served on Calibrate: {readouts.SIDE_LABELS[side]}. {readouts.SIDE_HELP[side]}")
 m[1].metric("v* = σ*²/S²", fmt(v_star, ".4g"))
-m[2].metric("served accuracy", fmt(result.accuracy, ".4f"))
+m[2].metric("served accuracy", fmt(served_accuracy, ".4f"))
 m[3].metric("v_use (measured curve)", fmt(bound.v_use, ".4g"))
 m[4].metric("M ≥ v*/v_use", "∞" if bound.queries is None else f"{bound.queries:,}")
 
@@ -71,8 +80,10 @@ else:
 
 o1, o2, o3 = st.columns(3)
 m_max = o1.selectbox("largest M", [16, 64, 256, 1024], index=1, key="attack_m_max")
-repeats = o2.number_input("simulation repeats", min_value=1, max_value=50, value=1, key="attack_repeats",
-                          help="Independent passes over all inputs; more = smaller error bars.")
+repeats = o2.number_input("simulation repeats", min_value=1, max_value=50, value=4, key="attack_repeats",
+                          help="Independent passes over all inputs; more = smaller error bars. "
+                               "The fresh-noise estimators take at most "
+                               f"{DEFAULT_MAX_DRAWS:,} noise values each (fewer inputs when that binds).")
 seed = o3.number_input("simulation seed", min_value=0, value=0, key="attack_seed")
 m_values = powers_of_two(m_max)
 
@@ -85,7 +96,7 @@ def _request_run(key):
     st.session_state["attack_run_key"] = key
 
 
-work = float(data.n_samples) * data.n_classes * m_max * repeats * 2
+work = float(data.n_samples) * data.n_classes * repeats + 2 * DEFAULT_MAX_DRAWS
 run_key = (data.sha256, sigma, m_max, repeats, seed)
 simulation = None
 if work <= AUTO_SIMULATION_BUDGET or st.session_state.get("attack_run_key") == run_key:
@@ -97,7 +108,7 @@ else:
 st.plotly_chart(
     figures.attack_figure(
         m_curve=m_curve, measured=measured, logistic=logistic, simulation=simulation,
-        clean=cal.clean_accuracy, chance=cal.chance, target=result.accuracy,
+        clean=cal.clean_accuracy, chance=cal.chance, target=served_accuracy,
         usable=bound.usable_accuracy,
         m_bound=bound.queries if bound.queries is not None and bound.queries <= m_max else None),
     width="stretch", key="fig_attack", config=figures.chart_config(f"{data.name}_attack_cost"))
@@ -109,15 +120,27 @@ st.caption(
 )
 
 if simulation is not None:
-    fresh = simulation[(simulation["seeding"] == "fresh") & (simulation["estimator"] == "soft-average")]
-    per_input = simulation[(simulation["seeding"] == "per-input") & (simulation["estimator"] == "soft-average")]
-    vote = simulation[(simulation["seeding"] == "fresh") & (simulation["estimator"] == "majority-vote")]
     last = m_values[-1]
+
+    def _headline(seeding, estimator):
+        row = simulation[(simulation["seeding"] == seeding) & (simulation["estimator"] == estimator)
+                         & (simulation["m"] == last)].iloc[0]
+        return plus_minus(row["accuracy"], Z95 * row["accuracy_se"]), int(row["trials"])
+
     s = st.columns(3)
-    s[0].metric(f"fresh noise, soft average, M={last}", fmt(fresh["accuracy"].iloc[-1], ".4f"))
-    s[1].metric(f"fresh noise, majority vote, M={last}", fmt(vote["accuracy"].iloc[-1], ".4f"))
-    s[2].metric(f"per-input seeding, M={last}", fmt(per_input["accuracy"].iloc[-1], ".4f"),
-                help="Identical answers to repeats: the same accuracy as one query.")
+    for col, (seeding, estimator, label) in zip(s, (
+            ("fresh", "soft-average", f"fresh noise, soft average, M={last}"),
+            ("fresh", "majority-vote", f"fresh noise, majority vote, M={last}"),
+            ("per-input", "soft-average", f"per-input seeding, M={last}"))):
+        shown, trials = _headline(seeding, estimator)
+        note = ("Identical answers to repeats: the same accuracy as one query. " if seeding == "per-input"
+                else "")
+        col.metric(label, shown, help=f"{note}Mean accuracy ± its 95% Monte-Carlo half-width over "
+                                      f"{trials:,} (input, repeat) trials.")
+    passes = simulation.attrs.get("per_input_passes", ())
+    if len(passes) > 1:
+        st.caption("Per-input seeding, accuracy of each repeat: " + ", ".join(f"{p:.4f}" for p in passes)
+                   + f". Expected (measured curve at σ): {served_accuracy:.4f}.")
     with st.expander("Simulation table"):
         st.dataframe(simulation, hide_index=True, width="stretch")
         ui.csv_download(simulation, label="Simulation (CSV)", file_name=f"{data.name}.attack.csv",

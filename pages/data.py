@@ -23,7 +23,7 @@ st.caption(
 def _on_upload():
     # Runs before the script body, so every part of this run (the sidebar's model
     # count included) already sees the new models.
-    uploads.process(st.session_state.get("upload_logits"), st.session_state.get("upload_labels"))
+    uploads.process(st.session_state.get("upload_logits"), st.session_state.get(uploads.labels_key()))
 
 
 col_up, col_labels = st.columns([3, 2])
@@ -40,12 +40,13 @@ with col_up:
 with col_labels:
     labels_upload = st.file_uploader(
         "Labels file (optional)",
-        key="upload_labels", on_change=_on_upload,
+        key=uploads.labels_key(), on_change=_on_upload,
         help=f"({', '.join(LABELS_EXTENSIONS)}) A 1-D integer .npy, one integer per line "
              "(.csv/.txt), or an .npz with `labels`. "
              "Used for the logits files on the left that carry no labels of their own (e.g. a bare "
              ".npy); with none there, it attaches to the loaded model without labels that has as "
-             "many rows (if several do, the one whose file name begins the labels file's name).",
+             "many rows (if several do, the one whose file name begins the labels file's name). "
+             "The box is cleared once the labels are used.",
     )
 
 with messages:

@@ -155,20 +155,12 @@ safe_name = re.sub(r"[^A-Za-z0-9._-]+", "_", data.name).strip("._") or "model"
 st.download_button("Download config JSON", data=text.encode("utf-8"),
                    file_name=f"{safe_name}.caliber.json", mime="application/json",
                    on_click="ignore", key="export_download", icon=":material/download:", type="primary")
-flags = []
-for kind, value in targets:  # consecutive targets of one kind share a flag (order kept)
-    flag = "--target-accuracy" if kind == "accuracy" else f"--{kind}"
-    if not flags or flags[-1][0] != flag:
-        flags.append((flag, []))
-    flags[-1][1].append(repr(value))
-st.caption(f"Equivalent command: `python -m caliber_core calibrate {data.source.replace('`', '')} "
-           + " ".join(f"{flag} {' '.join(values)}" for flag, values in flags)
-           + ("" if statistic == "median" else f" --margin-stat {statistic}")
-           + ("" if inversion == "curve" else f" --inversion {inversion}")
-           + (" --saturate" if saturate else "")
-           + ("" if side == "point" else f" --side {side}")
-           + ("" if float(confidence) == DEFAULT_CONFIDENCE else f" --confidence {float(confidence):g}")
-           + " --out cfg.json`")
+command = export_config.calibrate_command(data, targets, statistic=statistic, inversion=inversion,
+                                          saturate=saturate, side=side, confidence=float(confidence))
+where = (f"{data.source} and its labels file {data.labels_source}"
+         if data.labels_source not in (None, data.source) else data.source)
+st.caption(f"Equivalent command: `{command.replace('`', '')}` (run in the folder holding "
+           f"{ui.plain(where)})")
 if surrogate:
     st.caption(f"The surrogate-retention target is the record that "
                f"`{export_config.extract_command(data.source, surrogate_run, surrogate[0].requested)}` writes "

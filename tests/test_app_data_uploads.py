@@ -149,3 +149,27 @@ def test_the_histogram_follows_every_upload_and_keeps_the_users_choice():
     assert len(fig["data"]) == 3 and any(t["name"].startswith("late") for t in fig["data"])
     assert tables.shown_models(None, None, [str(i) for i in range(12)]) == [str(i) for i in range(10)]
     assert tables.shown_models(["a"], ["a", "b"], ["a", "c"]) == ["a", "c"]  # b removed, c new
+
+
+def test_labels_go_to_their_own_model_and_the_box_is_cleared():
+    at = _app()
+    content, y = _bare(11)
+    other, _ = _bare(12, n=300)
+    # The labels first, then two logits files: only the one with as many rows takes them.
+    at.file_uploader(key="upload_labels").set_value(("answers_labels.npy", _npy(y), BIN))
+    at.file_uploader(key="upload_logits").set_value([("answers.npy", content, BIN), ("other.npy", other, BIN)])
+    at.run()
+    assert not at.exception and _errors(at) == []
+    by_source = {d.source: d for d in _models(at).values()}
+    assert by_source["answers.npy"].has_labels and np.array_equal(by_source["answers.npy"].labels, y)
+    assert not by_source["other.npy"].has_labels
+    # The labels box is a new, empty uploader now.
+    assert at.session_state[uploads.LABELS_ROUND] == 1
+    assert at.file_uploader(key="upload_labels_1").value is None
+    # A later logits file is not matched against the used labels: no error under any model.
+    late, _ = _bare(13, n=180)
+    at.file_uploader(key="upload_logits").set_value(
+        [("answers.npy", content, BIN), ("other.npy", other, BIN), ("late.npy", late, BIN)]).run()
+    assert not at.exception and _errors(at) == []
+    assert [d.source for d in _models(at).values() if d.has_labels and d.source == "answers.npy"] == ["answers.npy"]
+    assert any("Loaded late" in _text(s.value) for s in at.success)

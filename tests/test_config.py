@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from caliber_core.calibration.calibrate import saturated_sigma, sigma_for_target
+from caliber_core.calibration.config_build import build_config
 from caliber_core.config import (
     SCHEMA,
     TARGET_KINDS,
     ConfigError,
     TargetRecord,
-    build_config,
     config_to_json,
     inversion_of_method,
     load_config,

@@ -15,7 +15,7 @@ from caliber_core.calibration.calibrate import calibrate_model, sigma_for_target
 from caliber_core.calibration.intervals import BootstrapIntervals
 from caliber_core.calibration.engine import CurveEngine, choose_method, exact_cost
 from caliber_core.calibration.survival import agreement_probability, sorted_gaps, survival_probability
-from caliber_core.config import build_config
+from caliber_core.calibration.config_build import build_config
 from caliber_core.loading import load_logits
 from caliber_core.simulation.synthetic import make_synthetic_logits
 

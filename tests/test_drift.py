@@ -21,7 +21,7 @@ import pytest
 from caliber_core.calibration.calibrate import calibrate_model, sigma_for_target
 from caliber_core.calibration.drift import check_drift, target_reference
 from caliber_core.calibration.engine import CurveEngine
-from caliber_core.config import build_config
+from caliber_core.calibration.config_build import build_config
 from caliber_core.simulation.synthetic import make_synthetic_logits
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"

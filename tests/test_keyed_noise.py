@@ -11,6 +11,7 @@ from scipy import stats
 from caliber_core.serving import keyed_noise, normal_table
 
 torch = pytest.importorskip("torch")
+from caliber_core.serving import keyed_noise_torch  # noqa: E402  (after the torch check)
 mpmath = pytest.importorskip("mpmath")
 
 KEY = b"keyed noise test key"
@@ -76,8 +77,6 @@ def test_the_committed_table_is_what_the_generator_fits():
 def test_numpy_and_torch_transforms_agree_bit_for_bit():
     words = np.concatenate([edge_words(), random_words(1_000_000, 3)])
     from_numpy = keyed_noise.normals_from_words(words)
-    from caliber_core.serving import keyed_noise_torch
-
     from_torch = keyed_noise_torch.normals_from_words(words_as_int64(words)).numpy()
     assert from_numpy.view(np.uint64).tolist() == from_torch.view(np.uint64).tolist()
 
@@ -87,9 +86,9 @@ def test_numpy_and_torch_draws_agree_bit_for_bit_and_float32_to_the_ulp():
     for n_classes in (1, 2, 7, 1000, 70_001):
         rows = digests[:3] if n_classes > 1000 else digests
         a = keyed_noise.unit_normals(KEY, b"binding", 2, rows, n_classes)
-        b = keyed_noise.unit_normals_torch(KEY, b"binding", 2, rows, n_classes, "cpu")
+        b = keyed_noise_torch.unit_normals_torch(KEY, b"binding", 2, rows, n_classes, "cpu")
         assert b.dtype == torch.float64 and np.array_equal(a.view(np.uint64), b.numpy().view(np.uint64))
-        single = keyed_noise.unit_normals_torch(KEY, b"binding", 2, rows, n_classes, "cpu", dtype=torch.float32)
+        single = keyed_noise_torch.unit_normals_torch(KEY, b"binding", 2, rows, n_classes, "cpu", dtype=torch.float32)
         ulp = np.spacing(np.abs(a).astype(np.float32))
         assert np.all(np.abs(single.numpy().astype(np.float64) - a) <= ulp)
 
@@ -98,7 +97,7 @@ def test_numpy_and_torch_draws_agree_bit_for_bit_and_float32_to_the_ulp():
 def test_cuda_draws_equal_numpy():
     digests = keyed_noise.row_digests([f"row-{i}" for i in range(64)])
     a = keyed_noise.unit_normals(KEY, b"b", 1, digests, 32_000)
-    b = keyed_noise.unit_normals_torch(KEY, b"b", 1, digests, 32_000, "cuda")
+    b = keyed_noise_torch.unit_normals_torch(KEY, b"b", 1, digests, 32_000, "cuda")
     assert b.device.type == "cuda" and np.array_equal(a, b.cpu().numpy())
 
 

@@ -56,12 +56,32 @@ HOSTILE = {
     "sigma not increasing": (lambda d: (d["levels"][1].update(target=1, sigma=1.0),
                                         d["levels"][2].update(target=0, sigma=0.5)),
                              "levels must add noise as they go up"),
-    "sigma edited": (lambda d: d["levels"][1].update(sigma=0.01), "says sigma 0.01 but config target 0"),
+    "sigma edited": (lambda d: d["levels"][1].update(sigma=0.01), "levels[1].sigma is 0.01 but config target 0"),
     "noisy level 0": (lambda d: d["levels"][0].update(sigma=1.0), "level 0 is clean service"),
     "bool threshold": (lambda d: d["escalation"].update(after_queries=True), "after_queries must be"),
     "unknown field": (lambda d: d.update(backdoor=1), "unknown field(s): backdoor"),
     "other schema": (lambda d: d.update(schema="caliber.policy/v9"), "schema must be 'caliber.policy/v1'"),
     "bad seeding": (lambda d: d.update(seeding="none"), "'seeding' must be one of"),
+    "fresh seeding": (lambda d: d.update(seeding="fresh"), "'seeding' must be one of ('per-input', 'consistent'), "
+                      "got 'fresh'"),
+    "consistent seeding on a per-input config": (lambda d: d.update(seeding="consistent"),
+                                                 "'seeding' is 'consistent' but config cfg.json was calibrated "
+                                                 "for 'per-input' seeding"),
+    "unknown field in escalation": (lambda d: d["escalation"].update(after_querys=5),
+                                    "policy escalation has unknown field(s): after_querys"),
+    "unknown field in expiry": (lambda d: d["expiry"].update(after_second=5), "policy expiry has unknown field(s)"),
+    "unknown field in a level": (lambda d: d["levels"][2].update(sigmaa=1.0),
+                                 "policy levels[2] has unknown field(s): sigmaa"),
+    "unknown field in level 0": (lambda d: d["levels"][0].update(x=1), "policy levels[0] has unknown field(s): x"),
+    "unknown field in config": (lambda d: d["config"].update(sha512="0"), "policy config has unknown field(s): sha512"),
+    "unknown field in on_store_error": (lambda d: d["on_store_error"].update(retry=3),
+                                       "policy on_store_error has unknown field(s): retry"),
+    "clean for unseen accounts": (lambda d: d["on_store_error"].update(unseen=0),
+                                  "on_store_error.unseen must be \"refuse\" or a flagged level in 1..3"),
+    "unseen above the top": (lambda d: d["on_store_error"].update(unseen=4), "on_store_error.unseen must be"),
+    "bad start": (lambda d: d["on_store_error"].update(start="open"), "on_store_error.start must be one of"),
+    "NUL in the config path": (lambda d: d["config"].update(path="cfg.json\x00.txt"),
+                               "policy config.path holds a NUL character"),
     "shadow as string": (lambda d: d.update(shadow="yes"), "'shadow' must be true or false"),
 }
 
@@ -75,6 +95,36 @@ def test_hostile_policies_are_refused_with_one_line(tmp_path, name, capsys):
     code = main(["throttle", "status", "--policy", str(bad), "--store", f"sqlite:///{tmp_path / 'l.db'}"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("field, where", [("after_queries", "escalation.after_queries"),
+                                          ("after_seconds", "expiry.after_seconds"),
+                                          ("n_classes", "config.n_classes"), ("level", "levels[1]")])
+def test_a_5000_digit_number_is_refused_naming_its_field(tmp_path, field, where, capsys):
+    path = write_policy(tmp_path)
+    text = path.read_text()
+    number = "9" * 5000
+    if field == "level":
+        text = text.replace('"level": 1', f'"level": {number}')
+    else:
+        text = re.sub(f'"{field}": [^,}}\n]+', f'"{field}": {number}', text, count=1)
+    bad = tmp_path / "digits.json"
+    bad.write_text(text)
+    with pytest.raises(PolicyError, match=re.escape(where) + ".*a 5,000-digit integer"):
+        load_policy(bad)
+    assert main(["throttle", "status", "--policy", str(bad), "--store", f"sqlite:///{tmp_path / 'l.db'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and where in err and "9999" not in err
+
+
+def test_the_old_string_form_of_on_store_error_reads_fail_closed(tmp_path):
+    path = write_policy(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["on_store_error"] = "last-known"
+    policy = load_policy(json.dumps(doc).replace('"cfg.json"', json.dumps(str(tmp_path / "cfg.json"))))
+    assert (policy.on_store_error, policy.unseen_level, policy.start_degraded) == ("last-known", None, False)
+    written = load_policy(path)
+    assert written.to_dict()["on_store_error"] == {"serve": "last-known", "unseen": "refuse", "start": "refuse"}
 
 
 def test_non_json_constants_and_oversized_files_are_refused(tmp_path):
@@ -99,3 +149,7 @@ def test_init_refuses_levels_that_do_not_add_noise_and_missing_targets(tmp_path)
         build_policy(config, targets=[3], escalate_after=5)
     with pytest.raises(PolicyError, match="cannot read config"):
         build_policy(tmp_path / "missing.json", targets=[0], escalate_after=5)
+    with pytest.raises(PolicyError, match="config path holds a NUL character"):
+        build_policy(str(config) + "\x00", targets=[0], escalate_after=5)
+    with pytest.raises(PolicyError, match="'seeding' must be one of .* got 'fresh'"):
+        build_policy(config, targets=[0], escalate_after=5, seeding="fresh")

@@ -29,7 +29,7 @@ import zlib
 
 import numpy as np
 
-from .. import __version__
+from ..version import __version__
 from .calibrate import CURVE_METHODS, Calibration
 from .fit import LogisticFit
 from .margins import MARGIN_STATISTICS

@@ -9,29 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..top_two import top_two_margins  # noqa: F401  (handed on: margins are this module's concept)
 from ..validation import as_labels, as_logits
 
 MARGIN_STATISTICS = ("median", "mean", "trimmed")
 TRIM_FRACTION = 0.10  # the paper's 10%-trimmed mean
-
-
-def top_two_margins(logits, *, validated: bool = False) -> np.ndarray:
-    """Per-row gap between the largest and second-largest logit.
-
-    Parameters
-    ----------
-    logits : array_like of shape (n_samples, n_classes)
-    validated : bool, default False
-        The caller passes logits already validated as float64 (a
-        :class:`~caliber_core.calibration.sample.LogitSample`'s): not checked again.
-
-    Returns
-    -------
-    margins : ndarray of shape (n_samples,), non-negative.
-    """
-    z = logits if validated else as_logits(logits)
-    top2 = np.partition(z, z.shape[1] - 2, axis=1)[:, -2:]
-    return top2[:, 1] - top2[:, 0]
 
 
 def margin_scale(logits, *, statistic: str = "median") -> float:

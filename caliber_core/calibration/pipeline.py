@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..config import SIDES, TargetRecord, build_config
+from ..config import SIDES, TargetRecord
 from ..loading import LogitsData, require_labels
 from .calibrate import Calibration, calibrate_model, sigma_for_target
+from .config_build import build_config
 from .intervals import DEFAULT_CONFIDENCE
 from .sample import LogitSample
 from .target_intervals import interval_estimator, with_interval

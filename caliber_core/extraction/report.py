@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 
-from .. import __version__
+from ..version import __version__
 from .experiment import Condition, ExtractionResult, Spread
 from .recipes import LIGHT, STRONG, TUNED, TUNED_CANDIDATES
 

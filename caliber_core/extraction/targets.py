@@ -20,7 +20,8 @@ import numpy as np
 from ..calibration.calibrate import measured_accuracy, sigma_for_target
 from ..calibration.margins import normalized_noise
 from ..calibration.target_intervals import interval_estimator, with_interval
-from ..config import TargetRecord, build_config
+from ..calibration.config_build import build_config
+from ..config import TargetRecord
 from .experiment import ExtractionResult
 
 METHOD = "surrogate-retention-search"

@@ -63,27 +63,19 @@ length, and a positive median top-two margin (the margin scale S of
 
 from __future__ import annotations
 
-from .labels_file import EXTENSIONS as LABELS_EXTENSIONS
-from .load import (
-    MIN_ROWS_FOR_PRECISION,
-    SUPPORTED_EXTENSIONS,
-    LogitsData,
-    describe,
-    load_logits,
-    load_logits_bytes,
-    require_labels,
-)
-from .safety import DEFAULT_MAX_ELEMENTS, LogitsFileError
+from ..lazy_names import lazy_names
 
-__all__ = [
-    "DEFAULT_MAX_ELEMENTS",
-    "LABELS_EXTENSIONS",
-    "LogitsData",
-    "LogitsFileError",
-    "MIN_ROWS_FOR_PRECISION",
-    "SUPPORTED_EXTENSIONS",
-    "describe",
-    "load_logits",
-    "load_logits_bytes",
-    "require_labels",
-]
+_NAMES = {
+    "DEFAULT_MAX_ELEMENTS": "safety",
+    "LABELS_EXTENSIONS": "labels_file:EXTENSIONS",
+    "LogitsData": "load",
+    "LogitsFileError": "safety",
+    "MIN_ROWS_FOR_PRECISION": "load",
+    "SUPPORTED_EXTENSIONS": "load",
+    "describe": "load",
+    "load_logits": "load",
+    "load_logits_bytes": "load",
+    "require_labels": "load",
+}
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = lazy_names(__name__, _NAMES)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..calibration.margins import top_two_margins
+from ..top_two import top_two_margins
 from .safety import check_count, check_dtype, fail
 
 

@@ -47,7 +47,7 @@ from . import normal_table
 
 __all__ = ["DOMAIN", "MAX_ABS_NORMAL", "encode_ids", "row_digests", "row_seeds", "normals_from_seeds",
            "normals_from_words", "add_keyed_noise", "blocks", "table", "gather_table",
-           "unit_normals", "unit_normals_torch"]
+           "unit_normals"]
 
 #: Domain separation and version of the whole derivation (v1 was the SFC64 stream of earlier releases).
 DOMAIN = b"caliber.keyed-noise/v2\x00"
@@ -319,20 +319,6 @@ def unit_normals(key: bytes, binding: bytes, level: int, digests, n_classes: int
         K, the row length; part of the derivation.
     """
     return normals_from_seeds(row_seeds(key, binding, level, digests, n_classes), n_classes)
-
-
-def unit_normals_torch(key: bytes, binding: bytes, level: int, digests, n_classes: int, device,
-                       dtype=None):
-    """The torch twin of :func:`unit_normals`, drawn on ``device``: bit-identical float64.
-
-    Only the row seeds (8 bytes a row) cross from the host; the (n_rows, K)
-    noise is made on the device. ``dtype`` (default float64) is applied by one
-    rounding of the float64 result, so float32 equals numpy's float64 output rounded.
-    """
-    from . import keyed_noise_torch
-
-    seeds = row_seeds(key, binding, level, digests, n_classes)
-    return keyed_noise_torch.normals_from_seeds(seeds, int(n_classes), device=device, dtype=dtype)
 
 
 def table() -> np.ndarray:

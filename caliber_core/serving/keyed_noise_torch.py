@@ -225,3 +225,15 @@ def _words_to_normals(w: torch.Tensor, tmp: torch.Tensor, table: tuple, const: _
         out *= t
         torch.index_select(table[power], 0, piece, out=coefficient)
         out += coefficient
+
+
+def unit_normals_torch(key: bytes, binding: bytes, level: int, digests, n_classes: int, device,
+                       dtype=None):
+    """The torch twin of :func:`keyed_noise.unit_normals`, drawn on ``device``: bit-identical float64.
+
+    Only the row seeds (8 bytes a row) cross from the host; the (n_rows, K)
+    noise is made on the device. ``dtype`` (default float64) is applied by one
+    rounding of the float64 result, so float32 equals numpy's float64 output rounded.
+    """
+    seeds = keyed_noise.row_seeds(key, binding, level, digests, n_classes)
+    return normals_from_seeds(seeds, int(n_classes), device=device, dtype=dtype)

@@ -339,7 +339,9 @@ class Perturber:
             return g(rows) if device is None else g.torch_noise(rows)
         if device is None:
             return keyed_noise.unit_normals(self._key, self._binding, level, digests, n_classes)
-        return keyed_noise.unit_normals_torch(self._key, self._binding, level, digests, n_classes, device)
+        from . import keyed_noise_torch  # torch is imported only when a tensor is served
+
+        return keyed_noise_torch.unit_normals_torch(self._key, self._binding, level, digests, n_classes, device)
 
     def level_noise(self, digests, rows, n_classes: int, device=None):
         """eps at the served level, sum_{i <= level} increment_i * unit_draw(i), in float64.

@@ -45,7 +45,7 @@ def _check_choice_tuple(values, allowed, name: str) -> tuple:
     return values
 
 
-def _check_count(value, name: str, *, allow_none: bool = False):
+def check_count(value, name: str, *, allow_none: bool = False):
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
@@ -53,7 +53,7 @@ def _check_count(value, name: str, *, allow_none: bool = False):
     return int(value)
 
 
-def _repeat_key(key: bytes, repeat: int) -> bytes:
+def repeat_key(key: bytes, repeat: int) -> bytes:
     # Repeat 0 uses the key as given, so it reproduces exactly what a
     # deployed Perturber with that key serves for ids "0", "1", ...; later
     # repeats need independent per-input noise, hence derived keys.
@@ -138,7 +138,7 @@ def simulate_averaging_attack(
     sigma = check_sigma(sigma)
     if isinstance(m_values, numbers.Integral):
         m_values = (m_values,)
-    m_list = [_check_count(m, "each of m_values") for m in m_values]
+    m_list = [check_count(m, "each of m_values") for m in m_values]
     if not m_list:
         raise ValueError("m_values must hold at least one query count, got an empty sequence")
     if len(set(m_list)) != len(m_list):
@@ -149,8 +149,8 @@ def simulate_averaging_attack(
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     key = check_key(key)
-    repeats = _check_count(repeats, "repeats")
-    chunk_size = _check_count(chunk_size, "chunk_size", allow_none=True)
+    repeats = check_count(repeats, "repeats")
+    chunk_size = check_count(chunk_size, "chunk_size", allow_none=True)
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
 
@@ -175,7 +175,7 @@ def simulate_averaging_attack(
             if seeding == "fresh":
                 perturber = Perturber(sigma, seeding="fresh", generator=generator)
             else:
-                perturber = Perturber(sigma, key=_repeat_key(key, repeat))
+                perturber = Perturber(sigma, key=repeat_key(key, repeat))
             for start in starts:
                 stop = min(start + chunk_size, n_samples)
                 _attack_chunk(
@@ -194,14 +194,14 @@ def simulate_averaging_attack(
             for m_i, m in enumerate(m_list):
                 agreement = hits[s_i, e_i, m_i, 0] / n_trials
                 accuracy = math.nan if y is None else hits[s_i, e_i, m_i, 1] / n_trials
-                rows.append((seeding, estimator, m, agreement, _binomial_se(agreement, n_trials),
-                             accuracy, _binomial_se(accuracy, n_trials)))
+                rows.append((seeding, estimator, m, agreement, binomial_se(agreement, n_trials),
+                             accuracy, binomial_se(accuracy, n_trials)))
     table = pd.DataFrame(rows, columns=list(ATTACK_COLUMNS))
     table.attrs.update(sigma=sigma, n_samples=n_samples, n_classes=n_classes, repeats=repeats, seed=int(seed))
     return table
 
 
-def _binomial_se(p: float, n: int) -> float:
+def binomial_se(p: float, n: int) -> float:
     return math.nan if math.isnan(p) else math.sqrt(p * (1.0 - p) / n)
 
 

@@ -15,10 +15,13 @@ Importing this package loads numpy and the standard library only; redis and
 prometheus_client are imported when a Redis store or the counters are used.
 """
 
-from .ledger import account_fingerprint
-from .policy import Policy, PolicyError, build_policy, load_policy
-from .stores import StoreUnavailable, StoreURLError, open_store
-from .throttle import Response, Throttle
+from ..lazy_names import lazy_names
 
-__all__ = ["Policy", "PolicyError", "Response", "StoreURLError", "StoreUnavailable", "Throttle",
-           "account_fingerprint", "build_policy", "load_policy", "open_store"]
+_NAMES = {
+    "Policy": "policy", "PolicyError": "policy", "build_policy": "policy", "load_policy": "policy",
+    "Response": "throttle", "Throttle": "throttle",
+    "StoreURLError": "store_errors", "StoreUnavailable": "store_errors", "open_store": "stores",
+    "account_fingerprint": "ledger",
+}
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = lazy_names(__name__, _NAMES)

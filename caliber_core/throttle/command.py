@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -20,6 +21,18 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _unseen(text: str):
+    if text == "refuse":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be 'refuse' or a level >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 'refuse' or a level >= 1 (never clean), got {value}")
     return value
 
 
@@ -47,8 +60,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
                       help="a flag lapses this long after it was set (default: never)")
     init.add_argument("--shadow", action="store_true", help="decide and record, but serve clean")
     init.add_argument("--on-store-error", choices=("last-known", "refuse"), default="last-known",
-                      help="when the store is unreachable: serve the last level this process saw "
-                      "(default) or refuse the request")
+                      help="when the store is unreachable: serve an account the last level this process saw "
+                      "for it, uncounted (default), or refuse every request")
+    init.add_argument("--unseen", type=_unseen, default="refuse", metavar="refuse|LEVEL",
+                      help="during an outage, what an account this process has not seen gets: refuse "
+                      "(default) or a flagged level >= 1 (never clean)")
+    init.add_argument("--start-degraded", action="store_true",
+                      help="let a server start while its store is unreachable (default: refuse to start)")
+    init.add_argument("--key-file", default=None, metavar="KEYFILE",
+                      help="check now that the throttle can serve the policy with this key (a consistent "
+                      "config serves only the key it was calibrated with)")
     init.add_argument("--out", required=True, help="where to write the policy JSON")
 
     def ledger_args(p, account: str):
@@ -112,7 +133,19 @@ def _cmd_init(args) -> int:
 
     doc = build_policy(args.config, targets=args.levels, escalate_after=args.escalate_after,
                        expire_after=args.expire_after, shadow=args.shadow, on_store_error=args.on_store_error,
-                       out_path=args.out)
+                       unseen_level=None if args.unseen == "refuse" else args.unseen,
+                       start_degraded=args.start_degraded, out_path=args.out)
+    # Build what the throttle builds, so init refuses what a server would (a wrong key included).
+    from .levels import check_servable
+    from .policy import parse_policy
+
+    key = None
+    if args.key_file is not None:
+        from ..serving.keys import read_key_file
+
+        key = read_key_file(args.key_file)
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    checked = check_servable(parse_policy(doc, base_dir=out_dir), key=key)
     save_policy(doc, args.out)
     from ..config import load_config, saturation_message
 
@@ -125,6 +158,11 @@ def _cmd_init(args) -> int:
     expiry = "never" if args.expire_after is None else f"{args.expire_after:,.0f} s after the flag"
     print(f"escalate after {args.escalate_after:,} queries at a level; flags expire {expiry}"
           + ("; shadow mode (decide and record, serve clean)" if args.shadow else ""))
+    if not checked:
+        print(f"{doc['seeding']} seeding: pass --key-file to check now that your key serves this config "
+              "(the server refuses any other key at start)")
+    print(f"seeding {doc['seeding']}; store unreachable: serve {doc['on_store_error']['serve']}, unseen accounts "
+          f"{doc['on_store_error']['unseen']}, at start {doc['on_store_error']['start']}")
     print(f"policy written to {args.out}")
     return 0
 

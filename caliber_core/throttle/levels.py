@@ -12,8 +12,13 @@ and shadow rows discard them all and get an equal copy. The row seeds (one
 HMAC stream per ladder level) are taken before the decision, while a Redis
 store runs its script.
 
-With ``fresh`` seeding a request draws one standard-normal matrix and each
-row scales it by its level's sigma.
+With ``consistent`` seeding the unit draws are the Perturber's own
+(:meth:`~caliber_core.serving.runtime.Perturber.unit_draw`, a keyed function
+of the logits): every request computes each ladder level's draw up to the
+top one, and a row at level j sums the first of them in the order
+``Perturber.level_noise`` does, so it equals its level's Perturber bit for
+bit (on the same batch). Whatever that function becomes, the throttle
+serves it unchanged: there is no second implementation here.
 """
 
 from __future__ import annotations
@@ -47,13 +52,12 @@ class LevelNoise:
         self.noise_bound = keyed_noise.MAX_ABS_NORMAL * float(np.sum(self.increments))
         self._top = top
         self.top = len(self.perturbers) - 1
-        self._key = check_key(key) if policy.seeding == "per-input" else None
+        self._key = check_key(key)
         # The ladder draws the top level makes (a zero increment draws nothing, as in the Perturber),
         # and how many of them level j adds up.
         self._drawn = [(position, inc) for position, inc in enumerate(self.increments, start=1) if inc != 0.0]
         self._draws_at = (0,) + tuple(sum(1 for position, _ in self._drawn if position <= p)
                                       for p in self.positions[1:])
-        self._generator = np.random.Generator(np.random.SFC64())
 
     def serve(self, logits, ids, segments, *, shadow: bool):
         """``logits`` with each segment's rows at its level; ``segments`` is ((level, rows), ...) in row order.
@@ -77,8 +81,12 @@ class LevelNoise:
         torch_in = is_torch(logits)
         values = logits.detach() if torch_in else np.asarray(logits)
         rows = values.reshape(n_rows, n_classes)
-        if self.seeding == "fresh":
-            return logits, rows, torch_in, self._generator.standard_normal((n_rows, n_classes))
+        if self.seeding != "per-input":  # a keyed function of the logits: the Perturber's own draws
+            device = values.device if torch_in else None
+            digests = None if encoded is None else keyed_noise.row_digests(encoded)
+            draws = [self._top.unit_draw(position, digests, rows, n_classes, device=device)
+                     for position, _ in self._drawn]
+            return logits, rows, torch_in, draws
         digests = keyed_noise.row_digests(encoded)
         seeds = [keyed_noise.row_seeds(self._key, self._top.binding, position, digests, n_classes)
                  for position, _ in self._drawn]
@@ -92,8 +100,8 @@ class LevelNoise:
         top are made too, on the same rows, and discarded.
         """
         logits, rows, torch_in, seeds = prepared
-        if self.seeding == "fresh":
-            return self._assemble_fresh(logits, rows, torch_in, seeds, segments, shadow)
+        if self.seeding != "per-input":
+            return self._assemble_draws(logits, rows, torch_in, seeds, segments, shadow)
         if torch_in:
             from ..serving.keyed_noise_torch import add_keyed_noise
         else:
@@ -118,16 +126,47 @@ class LevelNoise:
             start += n
         return out.reshape(logits.shape)
 
-    def _assemble_fresh(self, logits, rows, torch_in, draw, segments, shadow):
+    def _assemble_draws(self, logits, rows, torch_in, draws, segments, shadow):
+        """Rows at level j: sum of the first k_j scaled draws, as ``Perturber.level_noise``, plus the logits."""
+        values = logits.detach() if torch_in else np.asarray(logits)
         if shadow or all(level == 0 for level, _ in segments):
-            return logits.detach().clone() if torch_in else np.array(logits, copy=True)
-        scale = np.concatenate([np.full(n, self.sigmas[level]) for level, n in segments])[:, None]
-        noise = draw * scale
-        if torch_in:
-            import torch
+            return values.clone() if torch_in else np.array(values, copy=True)
+        increments = [inc for _, inc in self._drawn]
+        out = rows.clone() if torch_in else rows.copy()
+        start = 0
+        for level, n in segments:
+            part = slice(start, start + n)
+            start += n
+            k = self._draws_at[level]
+            if not k:
+                continue
+            noise = None
+            for xi, increment in zip(draws[:k], increments[:k]):
+                xi = xi[part] * increment
+                noise = xi if noise is None else noise.__iadd__(xi)
+            noise += rows[part]
+            out[part] = noise.to(values.dtype) if torch_in else noise.astype(values.dtype, copy=False)
+        return out.reshape(values.shape)
 
-            noise = torch.from_numpy(noise).to(rows.device)
-            noise += rows
-            return noise.reshape(logits.shape).to(logits.dtype)
-        noise += rows
-        return noise.reshape(np.shape(logits)).astype(np.asarray(logits).dtype, copy=False)
+
+def check_servable(policy, *, key=None) -> bool:
+    """Build the policy's level noise as a Throttle would, so ``throttle init`` refuses what serving refuses.
+
+    With ``key`` everything is checked, the key against a consistent config's
+    fingerprint included. Without it, a per-input policy is checked with a
+    throwaway key (its draws depend on the key, its checks do not) and a
+    consistent one cannot be (its noise is built from the key): returns
+    False then, True when fully checked.
+
+    Raises
+    ------
+    ValueError
+        What ``Throttle(policy, key=...)`` raises: a wrong key, a sigma too
+        large to serve, a config the Perturber refuses.
+    """
+    import secrets
+
+    if key is None and policy.seeding != "per-input":
+        return False
+    LevelNoise(policy, key=secrets.token_bytes(32) if key is None else key)
+    return True

@@ -10,11 +10,25 @@ bytes) and says, for an account the provider has flagged:
   that many queries (rows) at its current level; the top level is final.
 * ``expiry.after_seconds`` -- a flag lapses that long after it was set (null: never).
 * ``shadow`` -- decide and record everything, but serve clean logits.
-* ``on_store_error`` -- what ``respond`` does when the ledger store cannot be
-  reached: ``"last-known"`` serves the level this process last saw for the
-  account (clean if none) without counting, ``"refuse"`` raises.
+* ``seeding`` -- ``"per-input"`` or ``"consistent"``: the seeding the config
+  was calibrated for (a consistent config carries it in its ``noise``
+  record). ``throttle init`` writes it from the config, and a policy that
+  names another seeding than its config's is refused (so is ``"fresh"``:
+  exact repeats would average away).
+* ``on_store_error`` -- the fail-closed rule, for when the ledger store cannot
+  be reached (an object; the old string form still reads):
 
-Every check fails with :class:`PolicyError`, one line naming the bad value.
+  - ``serve``: ``"refuse"`` raises ``StoreUnavailable`` for every request;
+    ``"last-known"`` serves an account the level this process last saw for
+    it, without counting it.
+  - ``unseen``: under ``"last-known"``, what an account this process has not
+    seen gets: ``"refuse"`` (the default) or a level >= 1. Never clean.
+  - ``start``: ``"refuse"`` (the default) makes a Throttle whose store cannot
+    be reached when it is built refuse to start; ``"degraded"`` lets it start
+    and serve by the two rules above.
+
+Unknown fields are refused at every depth. Every check fails with
+:class:`PolicyError`, one line naming the field and the bad value.
 """
 
 from __future__ import annotations
@@ -31,7 +45,19 @@ from ..config import ConfigError, load_config, sigma_to_serve
 
 SCHEMA = "caliber.policy/v1"
 STORE_ERROR_MODES = ("last-known", "refuse")
-SEEDINGS = ("per-input", "fresh")
+START_MODES = ("refuse", "degraded")
+SEEDINGS = ("per-input", "consistent")
+# The fields each object of the schema may hold; anything else is refused.
+_FIELDS = {
+    "": {"schema", "config", "levels", "escalation", "expiry", "shadow", "seeding", "on_store_error"},
+    "config": {"path", "sha256", "n_classes"},
+    "levels": {"level", "target", "sigma"},
+    "escalation": {"after_queries"},
+    "expiry": {"after_seconds"},
+    "on_store_error": {"serve", "unseen", "start"},
+}
+#: Integers longer than this are refused while parsing (Python refuses > 4,300 digits with no field named).
+MAX_INT_DIGITS = 40
 
 # Bounds that keep a hostile file from asking for absurd work or overflow.
 MAX_LEVELS = 32
@@ -66,6 +92,8 @@ class Policy:
     config: dict
     config_path: str
     config_sha256: str
+    unseen_level: int | None = None  # None: refuse an account this process has not seen during an outage
+    start_degraded: bool = False
 
     @property
     def top(self) -> int:
@@ -84,7 +112,7 @@ class Policy:
             n_classes=self.config["n_classes"], targets=[lv.target for lv in self.levels[1:]],
             sigmas=[lv.sigma for lv in self.levels[1:]], escalate_after=self.escalate_after,
             expire_after=self.expire_after, shadow=self.shadow, seeding=self.seeding,
-            on_store_error=self.on_store_error)
+            on_store_error=self.on_store_error, unseen_level=self.unseen_level, start_degraded=self.start_degraded)
 
 
 def file_sha256(path) -> str:
@@ -99,9 +127,18 @@ def file_sha256(path) -> str:
     return digest.hexdigest()
 
 
+def config_seeding(config: Mapping) -> str:
+    """The seeding a loaded config was calibrated for: its ``noise`` record's, else ``"per-input"``."""
+    record = config.get("noise")
+    if isinstance(record, Mapping) and record.get("seeding") is not None:
+        return str(record["seeding"])
+    return "per-input"
+
+
 def policy_dict(*, config_path: str, config_sha256: str, n_classes: int, targets, sigmas, escalate_after: int,
                 expire_after=None, shadow: bool = False, seeding: str = "per-input",
-                on_store_error: str = "last-known") -> dict:
+                on_store_error: str = "last-known", unseen_level: int | None = None,
+                start_degraded: bool = False) -> dict:
     """The JSON-able policy (level 0 added in front of the given targets)."""
     levels = [{"level": 0, "target": None, "sigma": 0.0}]
     levels += [{"level": j, "target": int(t), "sigma": float(s)}
@@ -114,7 +151,8 @@ def policy_dict(*, config_path: str, config_sha256: str, n_classes: int, targets
         "expiry": {"after_seconds": expire_after},
         "shadow": bool(shadow),
         "seeding": seeding,
-        "on_store_error": on_store_error,
+        "on_store_error": {"serve": on_store_error, "unseen": "refuse" if unseen_level is None else int(unseen_level),
+                           "start": "degraded" if start_degraded else "refuse"},
     }
 
 
@@ -130,20 +168,24 @@ def _config_and_sigmas(source, targets) -> tuple[dict, list]:
 
 
 def build_policy(config_path, *, targets, escalate_after: int, expire_after=None, shadow: bool = False,
-                 seeding: str = "per-input", on_store_error: str = "last-known", out_path=None) -> dict:
+                 seeding: str | None = None, on_store_error: str = "last-known", unseen_level: int | None = None,
+                 start_degraded: bool = False, out_path=None) -> dict:
     """A validated policy dict whose level j >= 1 serves ``config["targets"][targets[j-1]]``.
 
     The config path is written relative to ``out_path``'s folder when given
-    (so the pair can move together), else as given.
+    (so the pair can move together), else as given. ``seeding`` defaults to
+    the config's own (:func:`config_seeding`); another is refused.
     """
     config_path = os.fspath(config_path)
+    _check_path(config_path, "config path")
     config, sigmas = _config_and_sigmas(config_path, targets)
     base_dir = None if out_path is None else os.path.dirname(os.path.abspath(os.fspath(out_path)))
     written = config_path if base_dir is None else os.path.relpath(os.path.abspath(config_path), base_dir)
     doc = policy_dict(config_path=written, config_sha256=file_sha256(config_path),
                       n_classes=config["n_classes"], targets=list(targets), sigmas=sigmas,
                       escalate_after=escalate_after, expire_after=expire_after, shadow=shadow,
-                      seeding=seeding, on_store_error=on_store_error)
+                      seeding=config_seeding(config) if seeding is None else seeding,
+                      on_store_error=on_store_error, unseen_level=unseen_level, start_degraded=start_degraded)
     parse_policy(doc, base_dir=base_dir)
     return doc
 
@@ -160,6 +202,21 @@ def save_policy(doc: Mapping, path) -> None:
 
 def _reject_constant(name):
     raise PolicyError(f"policy JSON holds {name}, which is not a number")
+
+
+class _LongInteger:
+    """An integer too long to convert, kept as its digit count so the field's check can name the field."""
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"a {self.digits:,}-digit integer"
+
+
+def _parse_int(text: str):
+    digits = len(text.lstrip("-"))
+    return _LongInteger(digits) if digits > MAX_INT_DIGITS else int(text)
 
 
 def load_policy(source) -> Policy:
@@ -188,7 +245,7 @@ def load_policy(source) -> Policy:
         else:
             raise PolicyError(f"policy must be a path, JSON text or a dict, got {type(source).__name__}")
         try:
-            doc = json.loads(text, parse_constant=_reject_constant)
+            doc = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
         except json.JSONDecodeError as exc:
             raise PolicyError(f"policy is not valid JSON (line {exc.lineno}: {exc.msg})") from None
         except RecursionError:
@@ -198,8 +255,25 @@ def load_policy(source) -> Policy:
 
 def _show(value) -> str:
     """A value for a message, cut to 40 characters (a hostile file may hold a 10,000-digit number)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and abs(value) >= 10**MAX_INT_DIGITS:
+        return f"a {len(str(abs(value))):,}-digit integer" if abs(value) < 10**4000 else "an integer of over 4,000 digits"
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_fields(obj, where: str, kind: str) -> None:
+    """Refuse any field of ``obj`` (an object at ``where``) that the schema does not name."""
+    extra = sorted(set(obj) - _FIELDS[kind], key=str)
+    if extra:
+        shown = [str(x).encode("unicode_escape").decode("ascii") for x in extra[:5]]  # one line, whatever it holds
+        name = ", ".join(x if len(x) <= 40 else x[:37] + "..." for x in shown)
+        raise PolicyError(f"policy {where} has unknown field(s): {name}" if where else
+                          f"policy has unknown field(s): {name}")
+
+
+def _check_path(path, where: str) -> None:
+    if "\x00" in path:
+        raise PolicyError(f"policy {where} holds a NUL character: not a file path")
 
 
 def _is_int(x) -> bool:
@@ -209,7 +283,7 @@ def _is_int(x) -> bool:
 def _target_sigma(config: dict, target, where: str) -> float:
     n = len(config["targets"])
     if not _is_int(target) or not 0 <= target < n:
-        raise PolicyError(f"{where}: target {target!r} is not a target index of the config: use 0..{n - 1}")
+        raise PolicyError(f"{where}: target {_show(target)} is not a target index of the config: use 0..{n - 1}")
     import warnings
 
     with warnings.catch_warnings():  # a saturated target still serves; the page and CLI say so
@@ -227,7 +301,8 @@ def policy_for_config_text(config_text: str, *, config_name: str, targets, escal
     config, sigmas = _config_and_sigmas(config_text, targets)
     doc = policy_dict(config_path=config_name, config_sha256=hashlib.sha256(config_text.encode()).hexdigest(),
                       n_classes=config["n_classes"], targets=list(targets), sigmas=sigmas,
-                      escalate_after=escalate_after, expire_after=expire_after, shadow=shadow)
+                      escalate_after=escalate_after, expire_after=expire_after, shadow=shadow,
+                      seeding=config_seeding(config))
     return doc, parse_policy(doc, config_text=config_text)
 
 
@@ -240,17 +315,16 @@ def parse_policy(doc, *, base_dir=None, config_text: str | None = None) -> Polic
     if not isinstance(doc, Mapping):
         raise PolicyError(f"policy must be a JSON object, got {type(doc).__name__}")
     if doc.get("schema") != SCHEMA:
-        raise PolicyError(f"policy schema must be {SCHEMA!r}, got {doc.get('schema')!r}")
-    known = {"schema", "config", "levels", "escalation", "expiry", "shadow", "seeding", "on_store_error"}
-    extra = sorted(set(doc) - known)
-    if extra:
-        raise PolicyError(f"policy has unknown field(s): {', '.join(map(str, extra[:5]))}")
+        raise PolicyError(f"policy schema must be {SCHEMA!r}, got {_show(doc.get('schema'))}")
+    _check_fields(doc, "", "")
     ref = doc.get("config")
     if not isinstance(ref, Mapping) or not isinstance(ref.get("path"), str) or not ref["path"]:
-        raise PolicyError(f"policy 'config' must be an object with a 'path' string, got {ref!r}")
+        raise PolicyError(f"policy 'config' must be an object with a 'path' string, got {_show(ref)}")
+    _check_fields(ref, "config", "config")
+    _check_path(ref["path"], "config.path")
     sha = ref.get("sha256")
     if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
-        raise PolicyError(f"policy config.sha256 must be 64 lowercase hex characters, got {sha!r}")
+        raise PolicyError(f"policy config.sha256 must be 64 lowercase hex characters, got {_show(sha)}")
     path = ref["path"]
     if base_dir is not None and not os.path.isabs(path):
         path = os.path.join(base_dir, path)
@@ -267,31 +341,63 @@ def parse_policy(doc, *, base_dir=None, config_text: str | None = None) -> Polic
         raise PolicyError(str(exc)) from None
     k = ref.get("n_classes")
     if not _is_int(k) or k != config["n_classes"]:
-        raise PolicyError(f"policy config.n_classes is {k!r} but the config has K={config['n_classes']}")
+        raise PolicyError(f"policy config.n_classes is {_show(k)} but the config has K={config['n_classes']}")
     levels = _parse_levels(doc.get("levels"), config)
     escalation = doc.get("escalation")
-    after = escalation.get("after_queries") if isinstance(escalation, Mapping) else None
+    if not isinstance(escalation, Mapping):
+        raise PolicyError(f"policy 'escalation' must be an object with 'after_queries', got {_show(escalation)}")
+    _check_fields(escalation, "escalation", "escalation")
+    after = escalation.get("after_queries")
     if not _is_int(after) or not 1 <= after <= MAX_QUERIES:
         raise PolicyError(f"escalation.after_queries must be an integer in [1, {MAX_QUERIES}], got {_show(after)}")
     expiry = doc.get("expiry")
     if not isinstance(expiry, Mapping) or "after_seconds" not in expiry:
-        raise PolicyError(f"policy 'expiry' must be an object with 'after_seconds' (null: never), got {expiry!r}")
+        raise PolicyError(f"policy 'expiry' must be an object with 'after_seconds' (null: never), got {_show(expiry)}")
+    _check_fields(expiry, "expiry", "expiry")
     seconds = expiry["after_seconds"]
     if seconds is not None and not (isinstance(seconds, numbers.Real) and not isinstance(seconds, bool)
                                     and math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
         raise PolicyError(f"expiry.after_seconds must be null or a number in (0, {MAX_SECONDS}], got {_show(seconds)}")
     shadow = doc.get("shadow")
     if not isinstance(shadow, bool):
-        raise PolicyError(f"policy 'shadow' must be true or false, got {shadow!r}")
-    seeding = doc.get("seeding", "per-input")
+        raise PolicyError(f"policy 'shadow' must be true or false, got {_show(shadow)}")
+    calibrated = config_seeding(config)
+    seeding = doc.get("seeding", calibrated)
     if seeding not in SEEDINGS:
-        raise PolicyError(f"policy 'seeding' must be one of {SEEDINGS}, got {seeding!r}")
-    mode = doc.get("on_store_error", "last-known")
-    if mode not in STORE_ERROR_MODES:
-        raise PolicyError(f"policy 'on_store_error' must be one of {STORE_ERROR_MODES}, got {mode!r}")
+        raise PolicyError(f"policy 'seeding' must be one of {SEEDINGS}, got {_show(seeding)}")
+    if seeding != calibrated:
+        raise PolicyError(f"policy 'seeding' is {seeding!r} but config {ref['path']} was calibrated for "
+                          f"{calibrated!r} seeding: write the policy again with 'throttle init'")
+    mode, unseen, start_degraded = _parse_store_error(doc.get("on_store_error", "last-known"), len(levels) - 1)
     return Policy(levels=levels, escalate_after=int(after),
                   expire_after=None if seconds is None else float(seconds), shadow=shadow, seeding=seeding,
-                  on_store_error=mode, config=config, config_path=ref["path"], config_sha256=sha)
+                  on_store_error=mode, config=config, config_path=ref["path"], config_sha256=sha,
+                  unseen_level=unseen, start_degraded=start_degraded)
+
+
+def _parse_store_error(raw, top: int) -> tuple[str, int | None, bool]:
+    """(serve mode, unseen level or None for refuse, start degraded) from ``on_store_error``.
+
+    The old string form (``"last-known"`` or ``"refuse"``) reads as that mode
+    with the fail-closed defaults: unseen accounts refused, no start without the store.
+    """
+    if isinstance(raw, str):
+        raw = {"serve": raw}
+    if not isinstance(raw, Mapping):
+        raise PolicyError(f"policy 'on_store_error' must be an object with 'serve', 'unseen' and 'start', "
+                          f"got {_show(raw)}")
+    _check_fields(raw, "on_store_error", "on_store_error")
+    mode = raw.get("serve", "last-known")
+    if mode not in STORE_ERROR_MODES:
+        raise PolicyError(f"on_store_error.serve must be one of {STORE_ERROR_MODES}, got {_show(mode)}")
+    unseen = raw.get("unseen", "refuse")
+    if unseen != "refuse" and not (_is_int(unseen) and 1 <= unseen <= top):
+        raise PolicyError(f"on_store_error.unseen must be \"refuse\" or a flagged level in 1..{top} (an account "
+                          f"this process has not seen is never served clean during an outage), got {_show(unseen)}")
+    start = raw.get("start", "refuse")
+    if start not in START_MODES:
+        raise PolicyError(f"on_store_error.start must be one of {START_MODES}, got {_show(start)}")
+    return mode, None if unseen == "refuse" else int(unseen), start == "degraded"
 
 
 def _parse_levels(raw, config: dict) -> tuple[Level, ...]:
@@ -302,7 +408,8 @@ def _parse_levels(raw, config: dict) -> tuple[Level, ...]:
     for j, entry in enumerate(raw):
         if not isinstance(entry, Mapping) or entry.get("level") != j or isinstance(entry.get("level"), bool):
             got = entry.get("level") if isinstance(entry, Mapping) else entry
-            raise PolicyError(f"levels[{j}] must be an object with \"level\": {j}, got {got!r}")
+            raise PolicyError(f"levels[{j}] must be an object with \"level\": {j}, got {_show(got)}")
+        _check_fields(entry, f"levels[{j}]", "levels")
         if j == 0:
             if entry.get("target") is not None or entry.get("sigma") not in (0, 0.0):
                 raise PolicyError("level 0 is clean service: its target must be null and its sigma 0")
@@ -312,7 +419,7 @@ def _parse_levels(raw, config: dict) -> tuple[Level, ...]:
         written = entry.get("sigma")
         if not (isinstance(written, numbers.Real) and not isinstance(written, bool)
                 and math.isfinite(written) and written == sigma):
-            raise PolicyError(f"level {j} says sigma {written!r} but config target {entry['target']} "
+            raise PolicyError(f"levels[{j}].sigma is {_show(written)} but config target {entry['target']} "
                               f"serves sigma {sigma!r}")
         if sigma <= out[-1].sigma:
             raise PolicyError(f"level {j} serves sigma {sigma:.6g}, not above level {j - 1}'s "

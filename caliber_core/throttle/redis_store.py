@@ -24,7 +24,7 @@ account starts again unflagged.
 from __future__ import annotations
 
 from .ledger import AccountState, Decision, Event
-from .stores import StoreUnavailable
+from .store_errors import StoreUnavailable
 
 PREFIX = "caliber:throttle:"
 

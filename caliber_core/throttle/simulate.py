@@ -11,10 +11,12 @@ rows spread evenly over ``duration`` simulated seconds, through a real
 * ``sybil-NN`` the same campaign split over ``sybils`` accounts, each flagged
   only if its own share reaches ``detect_after``;
 * ``repeater`` the campaign sent as ``repeats`` copies of each input. Exact
-  repeats get identical answers under per-input seeding (no gain, but they
-  count towards escalation); averaging ``repeats`` near-duplicates cuts a
-  level's sigma to sigma / sqrt(repeats) (Proposition 2(i)), reported as its
-  effective sigma.
+  repeats get identical answers under both seedings (no gain, but they
+  count towards escalation). Near-duplicates differ by seeding: under
+  per-input seeding each is a fresh draw, and averaging ``repeats`` of them
+  cuts a level's sigma to sigma / sqrt(repeats) (Proposition 2(i)); under
+  consistent seeding they get nearly the same noise, and the effective
+  sigma stays the level's sigma. Reported as its effective sigma.
 
 What each account received comes from the audit (the config's values and
 intervals). With an extraction report (``caliber.extraction/v1``), each
@@ -161,14 +163,17 @@ def _account_summary(policy, name, report, trajectory, repeats) -> dict:
                "accuracy_lost": loss["accuracy"], "retention_lost": loss["retention"],
                "trajectory": trajectory}
     if name == "repeater":
+        # Consistent noise is a smooth function of the logits: near-duplicates share it, averaging gains nothing.
+        shrink = math.sqrt(repeats) if policy.seeding == "per-input" else 1.0
         summary["effective_sigma_near_duplicates"] = {
-            lv: policy.levels[lv].sigma / math.sqrt(repeats) for lv, n in per_level.items() if n}
+            lv: policy.levels[lv].sigma / shrink for lv, n in per_level.items() if n}
     return summary
 
 
 def format_simulation(result: dict) -> str:
     """The simulation as text tables."""
-    lines = [f"campaign {result['queries']:,} queries in requests of {result['batch']}; detector flags after "
+    lines = [f"{result['seeding']} seeding; "
+             f"campaign {result['queries']:,} queries in requests of {result['batch']}; detector flags after "
              f"{result['detect_after']:,}; {result['sybils']} sybils; repeater sends each input "
              f"{result['repeats']}x", "levels:"]
     for lv in result["levels"]:
@@ -188,6 +193,8 @@ def format_simulation(result: dict) -> str:
         lines.append(f"{a['account']:<10} {a['max_level']:>3}  {per:<34} {acc_text:<26} {events}")
         if "effective_sigma_near_duplicates" in a:
             eff = ", ".join(f"L{lv}: {s:.4g}" for lv, s in sorted(a["effective_sigma_near_duplicates"].items()))
-            lines.append(f"{'':<10}     near-duplicates averaged x{result['repeats']}: effective sigma {eff}; "
-                         "exact repeats get identical answers (per-input seeding)")
+            why = ("each near-duplicate is a fresh draw" if result["seeding"] == "per-input" else
+                   "near-duplicates get nearly the same noise")
+            lines.append(f"{'':<10}     near-duplicates averaged x{result['repeats']}: effective sigma {eff} "
+                         f"({result['seeding']} seeding: {why}); exact repeats get identical answers")
     return "\n".join(lines)

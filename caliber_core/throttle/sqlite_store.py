@@ -19,7 +19,7 @@ import sqlite3
 import threading
 
 from .ledger import AccountState, Event, advance, expired
-from .stores import StoreUnavailable
+from .store_errors import StoreUnavailable
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS accounts (

@@ -1,16 +1,12 @@
-"""Choosing a ledger store by URL, and the one error every store raises when it cannot be reached."""
+"""Choosing a ledger store by URL (the errors it and every store raise: :mod:`.store_errors`)."""
 
 from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from .store_errors import StoreUnavailable, StoreURLError
 
-class StoreUnavailable(RuntimeError):
-    """The ledger store cannot be reached or written (the message names the store, never an account)."""
-
-
-class StoreURLError(ValueError):
-    """A store URL that names no supported store."""
+__all__ = ["StoreURLError", "StoreUnavailable", "open_store"]
 
 
 def open_store(url: str):

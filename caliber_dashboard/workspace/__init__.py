@@ -9,11 +9,12 @@
 Only the glue imports Streamlit; the store is usable from scripts and tests.
 """
 
-from .settings import Settings, from_environment
-from .sqlite_store import SQLiteStore
-from .store import (CapExceeded, CorruptEntry, Limits, UnknownWorkspace, UploadRecord, Usage,
-                    WorkspaceError, WorkspaceStore, new_token, workspace_id)
+from caliber_core.lazy_names import lazy_names
 
-__all__ = ["CapExceeded", "CorruptEntry", "Limits", "SQLiteStore", "Settings", "UnknownWorkspace",
-           "UploadRecord", "Usage", "WorkspaceError", "WorkspaceStore", "from_environment",
-           "new_token", "workspace_id"]
+_NAMES = {
+    "Settings": "settings", "from_environment": "settings", "SQLiteStore": "sqlite_store",
+    **{name: "store" for name in ("CapExceeded", "CorruptEntry", "Limits", "UnknownWorkspace", "UploadRecord",
+                                  "Usage", "WorkspaceError", "WorkspaceStore", "new_token", "workspace_id")},
+}
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = lazy_names(__name__, _NAMES)

@@ -1,0 +1,122 @@
+"""What an LLM provider already has, to a config: lm-eval samples and top-k logprob logs.
+
+Both are JSON Lines (``.jsonl``/``.json``), told apart by their first record
+(:func:`caliber_core.loading.json_lines.kind_of`):
+
+* **lm-eval samples** become an ordinary labelled logits file (one row per
+  document, one column per choice) and go through :func:`.pipeline.config_for`;
+* **top-k logprob logs** give agreement only, at a sigma certified by
+  :mod:`.topk_bounds` (:func:`.topk_config.config_for_logs`).
+
+The command line and the dashboard's Data page both call :func:`config_for_llm_file`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pathlib import Path
+
+from ..loading.json_lines import JSON_EXTENSIONS, kind_of
+from ..loading.safety import DEFAULT_MAX_ELEMENTS, describe_exception, display_name, fail, max_file_bytes
+
+
+@dataclass(frozen=True)
+class LLMResult:
+    """A calibrated LLM input: which kind it was, its targets and config, and the loader's warnings."""
+
+    kind: str
+    records: list
+    config: dict
+    warnings: tuple[str, ...]
+
+
+def read_llm_file(path, *, max_elements: int | None = None) -> bytes:
+    """The bytes of a ``.jsonl``/``.json`` file, after its size is checked against the element budget.
+
+    Raises
+    ------
+    LogitsFileError
+        Another extension, a missing or unreadable file, or one larger than
+        :func:`caliber_core.loading.safety.max_file_bytes` allows.
+    """
+    src = display_name(path)
+    p = Path(path)
+    if p.suffix.lower() not in JSON_EXTENSIONS:
+        raise fail(src, f"not a JSON Lines file ({p.suffix or 'no extension'}); expected .jsonl or .json")
+    limit = max_file_bytes(DEFAULT_MAX_ELEMENTS if max_elements is None else max_elements)
+    try:
+        if not p.is_file():
+            raise fail(src, "no such file" if not p.exists() else "not a regular file")
+        size = p.stat().st_size
+        if size > limit:
+            raise fail(src, f"the file is {size:,} bytes, more than the {limit:,} allowed")
+        return p.read_bytes()
+    except OSError as err:
+        raise fail(src, f"cannot read the file ({describe_exception(err)})") from None
+
+
+def config_for_llm_file(
+    content: bytes,
+    filename: str,
+    targets: Sequence[tuple[str, float]],
+    *,
+    vocab_size: int | None = None,
+    side: str = "point",
+    multi_token: bool = False,
+    seed: int = 0,
+    confidence: float = 0.95,
+    progress: Callable[[float], None] | None = None,
+) -> LLMResult:
+    """Calibrate an lm-eval samples file or a top-k logprob log.
+
+    Parameters
+    ----------
+    content : bytes
+    filename : str
+    targets : sequence of (kind, value)
+    vocab_size : int, optional
+        V; required for a logprob log, refused for lm-eval samples.
+    side : {"point", "at-least", "at-most"}, default "point"
+    multi_token : bool, default False
+        Accept lm-eval choices longer than one token (with a warning).
+    seed, confidence
+        As :func:`.pipeline.config_for` (lm-eval samples).
+    progress : callable, optional
+
+    Raises
+    ------
+    LogitsFileError
+        A file neither reader accepts, or a bad line (named).
+    ValueError
+        Options that do not fit the file (no --vocab-size for a log, a
+        retention target for a log, ...).
+    """
+    src = display_name(filename)
+    kind = kind_of(content, src)
+    if kind == "logprob-logs":
+        from ..loading.logprob_logs import read_logprob_log
+        from .topk_bounds import TopKRows
+        from .topk_config import config_for_logs
+
+        if vocab_size is None:
+            raise ValueError(f"{src} is a top-k logprob log: give the model's vocabulary size "
+                             "(--vocab-size V); the unseen tail's bound needs it")
+        log = read_logprob_log(content, filename)
+        try:
+            rows = TopKRows.from_logprobs(log.logprobs, vocab_size=vocab_size)
+        except ValueError as err:
+            raise fail(src, str(err)) from None
+        records, config = config_for_logs(rows, targets, name=log.name, side=side, sha256=log.sha256,
+                                          source=str(filename), progress=progress)
+        return LLMResult(kind, records, config, log.warnings)
+    from ..loading.lm_eval_samples import read_lm_eval_samples
+    from .pipeline import config_for
+
+    if vocab_size is not None:
+        raise ValueError(f"{src} holds lm-eval samples: --vocab-size applies to logprob logs only")
+    data = read_lm_eval_samples(content, filename, multi_token=multi_token)
+    _, records, config = config_for(data, targets, seed=seed, side=side, confidence=confidence,
+                                    progress=progress)
+    return LLMResult(kind, records, config, data.warnings)

@@ -1,0 +1,344 @@
+"""Certified agreement bounds from top-k logprobs (Proposition 1 with an unseen tail).
+
+A logged position shows the k largest logprobs of a V-class distribution.
+The other m = V - k classes are unseen: each has probability at most p_k
+(the smallest one shown), and together they hold the leftover mass
+r = 1 - sum of the shown probabilities. The agreement of the position,
+
+    pi(sigma) = int phi(u) prod_{j != top} Phi(g_j / sigma + u) du     (Eq. top1-exact)
+
+with g_j = l_top - l_j (logprob differences are logit differences), is then
+known only up to the tail. For every tail consistent with the row:
+
+* **upper bound**: every unseen factor is at most 1, so the product over the
+  shown classes alone bounds pi from above (the tail ignored);
+* **lower bound**: at each quadrature node u the tail contributes
+  sum_unseen f(p_i) with f(p) = log Phi((l_top - log p) / sigma + u), and
+
+      min { sum_i f(p_i) : 0 <= p_i <= p_k, sum_i p_i = r }  >=  m * conv f (r / m),
+
+  where conv f is the convex envelope of f on [0, p_k] (Jensen: the envelope
+  is convex and below f). Integrating exp of the shown classes' log-product
+  plus this minimum over the nodes gives a lower bound of pi.
+
+Why the convex envelope and what it is
+--------------------------------------
+With s = 1/sigma, x = (l_top - log p) s + u and lambda = phi / Phi (the
+inverse Mills ratio),
+
+    f''(p) = s lambda(x) / p^2 * (1 - s (x + lambda(x))).
+
+x + lambda(x) increases strictly in x (its derivative 1 - lambda (x + lambda)
+lies in (0, 1)), and x decreases in p, so f is concave on (0, p*] and convex on
+[p*, p_k]: concave near 0 (where f -> 0), convex beyond. For such a function
+with f(0) = 0 the convex envelope on [0, p_k] is the chord from the origin to
+the point q that minimizes the slope f(p) / p, then f itself on [q, p_k]:
+h(p) = p f'(p) - f(p) has h(0+) = 0 and h' = p f'' (< 0 then > 0), so h is
+negative and then crosses zero once, i.e. f(p) / p decreases to its minimum
+at q and increases after it. The worst tail therefore packs the leftover mass
+into r / q classes at probability q each (when r / m <= q), which is why
+ignoring the tail is far from the worst case.
+
+In terms of y = x, the slope f(p) / p = e^{sigma (y - u) - l_top} log Phi(y)
+depends on the row only through its constant factor, so its unconstrained
+minimizer y*(sigma) is one scalar per sigma: the root of
+sigma log Phi(y) + lambda(y) = 0. The constraint p <= p_k is y >= y_k =
+g_k / sigma + u, so q sits at y_q = max(y*, y_k) (the slope is unimodal).
+
+The bounds are bounds on the integral; the quadrature (trapezoid, step
+``BOUND_STEP`` on [-8, 8]) adds an error below 1e-6 at the tested shapes,
+far inside the bounds' width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..validation import as_sigmas
+
+U_MAX = 8.0
+#: Trapezoid spacing of the bounds' quadrature: the lower bound's integrand
+#: has a kink where y_k crosses y*, so a finer grid than the plain survival's.
+BOUND_STEP = 0.1
+_CHUNK_ELEMENTS = 4_000_000
+SIDE_BOUND = {"at-least": "lower", "at-most": "upper", "point": "midpoint"}
+
+
+def _rule(step: float) -> tuple[np.ndarray, np.ndarray]:
+    nodes = np.arange(-U_MAX, U_MAX + step / 2, step)
+    weights = np.full(nodes.shape, step) * np.exp(-0.5 * nodes**2) / np.sqrt(2 * np.pi)
+    weights[[0, -1]] *= 0.5
+    return nodes, weights
+
+
+_NODES, _WEIGHTS = _rule(BOUND_STEP)
+
+
+@dataclass(frozen=True)
+class TopKRows:
+    """What a top-k logprob log tells about each generated position.
+
+    Attributes
+    ----------
+    gaps : ndarray of shape (n_rows, n_shown - 1)
+        l_top - l_j for every shown class other than the top one, ascending
+        per row; rows showing fewer classes are padded with +inf.
+    top_logprob : ndarray of shape (n_rows,)
+        l_top, the largest logprob of each row (<= 0).
+    tail_mass : ndarray of shape (n_rows,)
+        r = 1 - sum of the shown probabilities, clipped at 0.
+    floor_gap : ndarray of shape (n_rows,)
+        g_k = l_top - l_k: every unseen class is at least this far below the top.
+    unseen : ndarray of int64, shape (n_rows,)
+        m = V - (classes shown), the number of unseen classes.
+    vocab_size : int
+        V.
+    """
+
+    gaps: np.ndarray
+    top_logprob: np.ndarray
+    tail_mass: np.ndarray
+    floor_gap: np.ndarray
+    unseen: np.ndarray
+    vocab_size: int
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.gaps.shape[0])
+
+    @property
+    def shown(self) -> int:
+        """k: the largest number of classes a row shows."""
+        return int(self.gaps.shape[1]) + 1
+
+    @classmethod
+    def from_logprobs(cls, logprobs, *, vocab_size: int) -> TopKRows:
+        """Rows from shown logprobs, one row per position (NaN or -inf pads a row that shows fewer).
+
+        Parameters
+        ----------
+        logprobs : array_like of shape (n_rows, n_shown)
+            The shown logprobs of each position, in any order.
+        vocab_size : int
+            V, the number of classes of every row's distribution.
+
+        Raises
+        ------
+        ValueError
+            Fewer than two shown classes in a row, a positive logprob, shown
+            mass above 1 beyond rounding, or V not above the classes shown.
+        """
+        lp = np.array(logprobs, dtype=np.float64, copy=True)
+        if lp.ndim != 2 or lp.shape[0] == 0:
+            raise ValueError(f"logprobs must be a non-empty 2-D array, got shape {lp.shape}")
+        lp[np.isnan(lp)] = -np.inf
+        shown = np.sum(np.isfinite(lp), axis=1)
+        if np.any(shown < 2):
+            i = int(np.argmax(shown < 2))
+            raise ValueError(f"row {i} shows {int(shown[i])} finite logprob(s); at least 2 are needed")
+        if np.any(lp > 1e-6):
+            i = int(np.argmax(np.any(lp > 1e-6, axis=1)))
+            raise ValueError(f"row {i} has a positive logprob {float(np.max(lp[i])):.6g}")
+        if not (isinstance(vocab_size, (int, np.integer)) and vocab_size > int(shown.max())):
+            raise ValueError(f"vocab size must be an integer above the classes shown "
+                             f"({int(shown.max())}), got {vocab_size!r}")
+        lp = -np.sort(-lp, axis=1)  # descending, -inf padding last
+        top = np.minimum(lp[:, 0], 0.0)
+        mass = np.sum(np.exp(lp), axis=1)
+        # Logprobs are rounded in transit: a shown mass a hair above 1 is rounding, more is not.
+        if np.any(mass > 1.0 + 1e-3):
+            i = int(np.argmax(mass > 1.0 + 1e-3))
+            raise ValueError(f"row {i}'s shown probabilities sum to {float(mass[i]):.6g} > 1")
+        rows = np.arange(lp.shape[0])
+        gaps = top[:, None] - lp[:, 1:]
+        return cls(
+            gaps=gaps,
+            top_logprob=top,
+            tail_mass=np.clip(1.0 - mass, 0.0, 1.0),
+            floor_gap=top - lp[rows, shown - 1],
+            unseen=(vocab_size - shown).astype(np.int64),
+            vocab_size=int(vocab_size),
+        )
+
+    def top_two_gaps(self) -> np.ndarray:
+        """l_top - l_2 per row: the margin of each position (the scale S is their median)."""
+        return self.gaps[:, 0].copy()
+
+
+def worst_slope_point(sigma: float) -> float:
+    """y*(sigma): the minimizer of e^{sigma y} log Phi(y), root of sigma log Phi(y) + lambda(y) = 0.
+
+    Parameters
+    ----------
+    sigma : float > 0
+
+    Returns
+    -------
+    y : float
+    """
+    from scipy.optimize import brentq
+    from scipy.special import log_ndtr
+
+    def slope(y: float) -> float:
+        lp = log_ndtr(y)
+        # lambda(y) = phi(y) / Phi(y) = exp(log phi - log Phi), stable in both tails
+        return sigma * lp + np.exp(-0.5 * y * y - 0.5 * np.log(2 * np.pi) - lp)
+
+    lo, hi = -2.0 / sigma - 2.0, max(sigma, 1.0) + 2.0
+    while slope(lo) > 0:
+        lo = 2 * lo - 1.0
+    while slope(hi) < 0:
+        hi = 2 * hi + 1.0
+    return float(brentq(slope, lo, hi, xtol=1e-12, rtol=1e-12))
+
+
+def _tail_floor(rows: TopKRows, sl: slice, sigma: float, y_star: float, nodes: np.ndarray) -> np.ndarray:
+    """Lower bound of sum_unseen log Phi(G_i / sigma + u) per (row, node): m * conv f (r / m)."""
+    from scipy.special import log_ndtr
+
+    r = rows.tail_mass[sl, None]
+    m = rows.unseen[sl, None].astype(np.float64)
+    top = rows.top_logprob[sl, None]
+    y_k = rows.floor_gap[sl, None] / sigma + nodes[None, :]
+    y_q = np.maximum(y_star, y_k)
+    # Chord through the origin and (q, f(q)): slope f(q)/q, q = exp(l_top - sigma (y_q - u)).
+    log_q = top - sigma * (y_q - nodes[None, :])
+    with np.errstate(divide="ignore"):  # log Phi == 0 far in the tail: a zero chord
+        chord = -r * np.exp(np.log(-log_ndtr(y_q)) - log_q)
+    # Beyond q the envelope is f itself at the even split r / m (convex there).
+    with np.errstate(divide="ignore"):
+        log_even = np.log(r) - np.log(m)
+    even = m * log_ndtr((top - log_even) / sigma + nodes[None, :])
+    out = np.where(log_even <= log_q, chord, even)
+    return np.where(r > 0, out, 0.0)
+
+
+def agreement_bounds(rows: TopKRows, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row lower and upper bounds of pi(sigma) over every tail consistent with the row.
+
+    Parameters
+    ----------
+    rows : TopKRows
+    sigma : float >= 0
+
+    Returns
+    -------
+    lower, upper : ndarray of shape (n_rows,)
+
+    Notes
+    -----
+    Eq. top1-exact of Proposition 1 with the unseen classes bounded as in the
+    module docstring.
+    """
+    from scipy.special import log_ndtr
+
+    s = float(as_sigmas(sigma)[0])
+    n = rows.n_rows
+    if s == 0.0:
+        ones = np.where(rows.gaps[:, 0] > 0, 1.0, 0.5) if rows.gaps.shape[1] else np.ones(n)
+        return ones.copy(), ones
+    y_star = worst_slope_point(s)
+    lower, upper = np.empty(n), np.empty(n)
+    width = rows.gaps.shape[1]
+    per_row = max(1, _CHUNK_ELEMENTS // ((width + 1) * _NODES.size))
+    for start in range(0, n, per_row):
+        sl = slice(start, min(n, start + per_row))
+        seen = log_ndtr(rows.gaps[sl, :, None] / s + _NODES[None, None, :]).sum(axis=1)
+        upper[sl] = np.exp(seen) @ _WEIGHTS
+        lower[sl] = np.exp(seen + _tail_floor(rows, sl, s, y_star, _NODES)) @ _WEIGHTS
+    return np.clip(lower, 0.0, 1.0), np.clip(upper, 0.0, 1.0)
+
+
+def mean_agreement_bounds(rows: TopKRows, sigma) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds of the mean agreement over the rows at each sigma (means of the per-row bounds).
+
+    Returns
+    -------
+    lower, upper : ndarray of shape (n_sigma,)
+    """
+    sig = as_sigmas(sigma)
+    lo, hi = np.empty(sig.size), np.empty(sig.size)
+    for j, s in enumerate(sig):
+        a, b = agreement_bounds(rows, float(s))
+        lo[j], hi[j] = a.mean(), b.mean()
+    return lo, hi
+
+
+def bound_value(rows: TopKRows, sigma: float, *, side: str) -> float:
+    """The mean bound a side inverts: lower (at-least), upper (at-most), their midpoint (point)."""
+    lo, hi = mean_agreement_bounds(rows, sigma)
+    which = SIDE_BOUND[side]
+    return float(lo[0] if which == "lower" else hi[0] if which == "upper" else 0.5 * (lo[0] + hi[0]))
+
+
+def sigma_for_agreement_bound(rows: TopKRows, target: float, *, side: str = "at-least",
+                              rel_tol: float = 1e-6) -> float:
+    """The sigma at which the side's bound of the mean agreement equals ``target``.
+
+    Parameters
+    ----------
+    rows : TopKRows
+    target : float in (0, 1)
+    side : {"at-least", "at-most", "point"}, default "at-least"
+        at-least inverts the lower bound and returns the end of the final
+        bracket where the lower bound is still >= target, so the true agreement
+        at the returned sigma is at least the target; at-most inverts the upper
+        bound and returns the end where it is <= target; point inverts the
+        midpoint of the two bounds.
+    rel_tol : float, default 1e-6
+        Relative width of the final bracket.
+
+    Returns
+    -------
+    sigma : float > 0
+
+    Raises
+    ------
+    ValueError
+        An unknown side, a target outside (0, 1), or one the bound never
+        reaches (above its value near sigma = 0 or below its floor).
+    """
+    if side not in SIDE_BOUND:
+        raise ValueError(f"side must be one of {tuple(SIDE_BOUND)}, got {side!r}")
+    if not 0.0 < target < 1.0:
+        raise ValueError(f"agreement target must be in (0, 1), got {target!r}")
+
+    def value(s: float) -> float:
+        return bound_value(rows, s, side=side)
+
+    # As sigma -> 0 every bound tends to the share of rows with a unique top (a tie keeps 1/2).
+    ceiling = float(np.mean(np.where(rows.gaps[:, 0] > 0, 1.0, 0.5)))
+    if target >= ceiling:
+        raise ValueError(f"agreement target {target:g} is above the {SIDE_BOUND[side]} bound at every "
+                         f"sigma (ties at the top of some rows cap agreement at {ceiling:.4g})")
+    positive = rows.gaps[np.isfinite(rows.gaps) & (rows.gaps > 0)]
+    a = b = float(np.median(positive))
+    for _ in range(60):  # bracket: value(a) >= target > value(b)
+        if value(a) >= target:
+            break
+        a /= 4.0
+    else:
+        raise ValueError(f"agreement target {target:g} is above the {SIDE_BOUND[side]} bound at every "
+                         f"sigma down to {a:.3g}")
+    b = a
+    for _ in range(60):
+        b *= 4.0
+        if value(b) < target:
+            break
+    else:
+        raise ValueError(f"agreement target {target:g} is below the {SIDE_BOUND[side]} bound at every "
+                         f"sigma up to {b:.3g}")
+    while b / a - 1.0 > rel_tol:
+        mid = float(np.sqrt(a * b))
+        if value(mid) >= target:
+            a = mid
+        else:
+            b = mid
+    if side == "at-least":
+        return a
+    if side == "at-most":
+        # value(b) < target; the upper bound is continuous, so b keeps the agreement at most the target.
+        return b
+    return float(np.sqrt(a * b))
