@@ -7,8 +7,8 @@
   exceeds :data:`MAX_HELD_OUT_ERROR` percent;
 * :func:`sigma_spread` -- for each pooled model, how far the σ a law fit
   *without* it gives it (from its S, A0 and K alone) lies from its own σ* on
-  its own curve; :func:`from_scale` puts that relative spread on a new
-  model's σ, and :func:`sigma_with_interval` writes σ with no more digits than
+  its own curve; :func:`from_scale` turns the largest of those errors into
+  a range around a new model's σ (a factor either way), and :func:`sigma_with_interval` writes σ with no more digits than
   that interval supports.
 
 No Streamlit; the page calls these and draws.
@@ -26,6 +26,8 @@ import numpy as np
 from caliber_core.calibration import fleet
 from caliber_core.calibration.calibrate import Calibration, sigma_for_target
 from caliber_core.loading import LogitsData
+
+from .rounding import with_range
 
 #: Leave-one-out error (mean |relative error| of accuracy, %) above which the pool is flagged.
 MAX_HELD_OUT_ERROR = 10.0
@@ -100,27 +102,41 @@ def sigma_spread(cals: Sequence[Calibration], *, statistic: str, value: float) -
 
 @dataclass(frozen=True)
 class SigmaFromScale:
-    """σ from S alone, with the range the leave-one-out spread puts around it."""
+    """σ from S alone, with the range the leave-one-out errors put around it.
+
+    ``low``/``high``: σ divided and multiplied by ``factor``, the largest held-out
+    error factor max_i max(1 + e_i, 1 / (1 + e_i)) over the pooled models (e_i =
+    σ_held-out / σ*_own − 1). Meaning: a model the law misses by no more than the
+    worst held-out model has its own σ* in the range. It always contains σ, and
+    held-out errors of one sign widen it instead of moving it.
+    """
 
     sigma: float
     low: float | None
     high: float | None
     models: int  # how many held-out models the spread comes from
+    factor: float | None = None
 
 
 def from_scale(sigma: float, spread: np.ndarray) -> SigmaFromScale:
-    """σ × (1 + the smallest and largest leave-one-out relative error); no range from fewer than 2."""
+    """σ within the worst leave-one-out error factor (see :class:`SigmaFromScale`); no range from fewer than 2.
+
+    Raises
+    ------
+    ValueError
+        If a relative error is not finite or not above −1 (a held-out σ must be positive).
+    """
     spread = np.asarray(spread, dtype=np.float64)
+    if spread.size and not (np.isfinite(spread).all() and (spread > -1.0).all()):
+        raise ValueError(f"relative errors must be finite and > -1, got {spread.tolist()}")
     if spread.size < 2 or not math.isfinite(sigma):
         return SigmaFromScale(sigma, None, None, int(spread.size))
-    return SigmaFromScale(sigma, sigma * (1.0 + float(spread.min())), sigma * (1.0 + float(spread.max())),
-                          int(spread.size))
+    factor = float(np.exp(np.max(np.abs(np.log1p(spread)))))
+    return SigmaFromScale(sigma, sigma / factor, sigma * factor, int(spread.size), factor)
 
 
 def sigma_with_interval(result: SigmaFromScale) -> str:
-    """"1.9 (1.3–2.6)": σ and its range to the decimal of the range's half-width's first digit."""
+    """"1.9 (1.3–2.6)": σ and its range, to the decimals the range's half-width supports."""
     if result.low is None or result.high is None:
         return f"{result.sigma:.2g}"  # no spread to read precision from: two digits, no more
-    half = max(0.5 * (result.high - result.low), abs(result.sigma) * 1e-6, 1e-12)
-    decimals = max(0, -math.floor(math.log10(half)))
-    return f"{result.sigma:.{decimals}f} ({max(result.low, 0.0):.{decimals}f}–{result.high:.{decimals}f})"
+    return with_range(result.sigma, result.low, result.high)

@@ -27,6 +27,8 @@ def decimals_for(half_width: float) -> int:
 def with_range(value: float, low: float, high: float, *, unit: str = "") -> str:
     """"0.857 (0.842–0.871)": the value and its interval, rounded to the interval's half-width.
 
+    The value is rounded to nearest, the ends outward, so the range shown holds the interval.
+
     Raises
     ------
     ValueError
@@ -38,7 +40,11 @@ def with_range(value: float, low: float, high: float, *, unit: str = "") -> str:
     if not low <= value <= high:
         raise ValueError(f"interval ({low:g}, {high:g}) does not contain its value {value:g}")
     d = decimals_for(max(value - low, high - value))
-    return f"{value:.{d}f}{unit} ({low:.{d}f}–{high:.{d}f}{unit})"
+    step = 10.0 ** d
+    # The ends rounded outward (a 1e-9 slack for ends already on the grid): the range shown holds the range.
+    low_shown = math.floor(low * step + 1e-9) / step
+    high_shown = math.ceil(high * step - 1e-9) / step
+    return f"{value:.{d}f}{unit} ({low_shown:.{d}f}–{high_shown:.{d}f}{unit})"
 
 
 def plus_minus(value: float, half_width: float) -> str:

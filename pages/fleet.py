@@ -33,9 +33,10 @@ chosen = c1.multiselect("Models to pool", list(labelled), default=default, key="
                              "labelled models with the most common K.")
 statistic = c2.selectbox("Margin statistic for S", MARGIN_STATISTICS, key="fleet_statistic",
                          help="Which S normalizes v for the shared fit (the paper's ablation).")
-if left_out:
+still_out = {sha: why for sha, why in left_out.items() if sha not in chosen}  # added back: not "left out"
+if still_out:
     st.caption("Left out by default: " + ui.plain("; ".join(
-        f"{state.model_label(models[sha])} ({why})" for sha, why in left_out.items())) + ".")
+        f"{state.model_label(models[sha])} ({why})" for sha, why in still_out.items())) + ".")
 
 datas = [labelled[sha] for sha in chosen if sha in labelled]
 usable, cals = [], []
@@ -140,10 +141,12 @@ except ValueError as exc:
     st.stop()
 spread = cache.fleet_sigma_spread(datas, cals, statistic=statistic, value=value)
 found = fleet_view.from_scale(res.sigma, spread)
-o = st.columns(4)
-o[0].metric("σ (range from leave-one-out)", fleet_view.sigma_with_interval(found),
-            help="The range: σ times (1 + the smallest and the largest relative error of the σ a law fit "
-                 f"without a model gave that model, against its own σ*), over {found.models} pooled models.")
+o = st.columns([2, 1, 1, 1])
+o[0].metric("σ from S alone (leave-one-out range)", fleet_view.sigma_with_interval(found),
+            help="The range: σ divided and multiplied by the largest error factor of the σ a law fit "
+                 "without a model gave that model, against its own σ*, over "
+                 f"{found.models} pooled models. A model the law misses no worse than the worst held-out "
+                 "model has its own σ* inside it.")
 o[1].metric("v = σ²/S²", fmt(res.v, ".2g"))
 o[2].metric("target accuracy", fmt(res.accuracy, ".4f"))
 o[3].metric("target Ã", fmt(normalized_utility(res.accuracy, clean=a0, n_classes=int(k)), ".4f"))

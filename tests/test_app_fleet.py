@@ -14,6 +14,7 @@ from streamlit.testing.v1 import AppTest
 from caliber_core.calibration import fleet
 from caliber_core.calibration import pipeline
 from caliber_core.simulation.synthetic import make_synthetic_logits
+from caliber_dashboard.rounding import decimals_for
 from caliber_dashboard import fleet_view, state
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -88,14 +89,14 @@ def test_calibrate_from_scale_starts_empty_and_carries_a_leave_one_out_range(dem
     spread = fleet_view.sigma_spread(demo_cals, statistic="median", value=0.7)
     assert spread.size == len(demo_cals)
     found = fleet_view.from_scale(want.sigma, spread)
-    shown = _metric(at, "σ (range from leave-one-out)")
+    shown = _metric(at, "σ from S alone (leave-one-out range)")
     assert shown == fleet_view.sigma_with_interval(found)
     sigma, low, high = map(float, re.fullmatch(r"([\d.]+) \(([\d.]+)–([\d.]+)\)", shown).groups())
     assert low <= sigma <= high and sigma == pytest.approx(want.sigma, abs=0.5 * (high - low))
     # No more digits than the range supports: the last digit shown is that of its half-width.
-    half = 0.5 * (found.high - found.low)
+    half = max(found.sigma - found.low, found.high - found.sigma)
     decimals = len(shown.split()[0].partition(".")[2])
-    assert 10 ** -decimals <= half < 10 ** (1 - decimals) or decimals == 0
+    assert decimals == decimals_for(half)
     assert _metric(at, "target accuracy") == f"{0.63:.4f}"
 
 
@@ -126,6 +127,8 @@ def test_default_pool_takes_the_most_common_k_and_warns_on_a_mixed_pool():
     pool.set_value(pool.value + [k4]).run()
     assert not at.exception
     assert _metric(at, "models pooled") == str(len(models))
+    shown = [re.sub(r"\\(.)", r"\1", c.value) for c in at.caption]
+    assert not any(c.startswith("Left out by default") for c in shown), shown  # added back: not listed
     warned = [w.value for w in at.warning]
     assert any("mixes K = 4, 10" in w for w in warned), warned
 
@@ -150,10 +153,29 @@ def test_fleet_colours_stay_distinct_past_ten_models():
 def test_sigma_with_interval_rounding():
     found = fleet_view.SigmaFromScale(1.2345, 0.9, 1.6, 5)
     assert fleet_view.sigma_with_interval(found) == "1.2 (0.9–1.6)"
-    assert fleet_view.sigma_with_interval(fleet_view.SigmaFromScale(12.345, 11.0, 14.0, 5)) == "12 (11–14)"
+    assert fleet_view.sigma_with_interval(fleet_view.SigmaFromScale(12.345, 11.0, 14.5, 5)) == "12 (11–15)"
+    assert fleet_view.sigma_with_interval(fleet_view.SigmaFromScale(12.345, 11.0, 13.5, 5)) == "12.3 (11.0–13.5)"
     assert fleet_view.sigma_with_interval(fleet_view.SigmaFromScale(1.2345, None, None, 1)) == "1.2"
     with pytest.raises(ValueError, match="at least 2 models"):
         fleet_view.sigma_spread([], statistic="median", value=0.8)
+
+
+def test_range_from_one_sided_held_out_errors_contains_its_point_and_widens():
+    # The issue's pool: both held-out sigmas above the models' own (the law overshoots).
+    spread = np.array([0.014, 0.025])
+    found = fleet_view.from_scale(0.877, spread)
+    assert found.low < found.sigma < found.high
+    assert found.factor == pytest.approx(1.025)
+    assert found.low == pytest.approx(0.877 / 1.025) and found.high == pytest.approx(0.877 * 1.025)
+    assert found.low <= 0.857 <= found.high  # the model's own sigma* of the report lies inside
+    shown = fleet_view.sigma_with_interval(found)
+    sigma, low, high = map(float, re.fullmatch(r"([\d.]+) \(([\d.]+)–([\d.]+)\)", shown).groups())
+    assert low <= sigma <= high
+    # Negative errors alone: the same width, mirrored in log sigma, still around the point.
+    mirrored = fleet_view.from_scale(0.877, 1.0 / (1.0 + spread) - 1.0)
+    assert mirrored.low == pytest.approx(found.low) and mirrored.high == pytest.approx(found.high)
+    with pytest.raises(ValueError, match="relative errors must be finite and > -1"):
+        fleet_view.from_scale(1.0, np.array([0.1, -1.0]))
 
 
 def test_needs_two_labelled_models():

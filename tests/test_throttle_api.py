@@ -165,10 +165,15 @@ def test_an_unreachable_store_serves_the_last_known_level_uncounted(tmp_path):
     r = t.respond("acct-7", logits, ids)
     assert (r.level, r.counted) == (2, False)
     assert not np.array_equal(r.logits, logits)
-    assert t.respond("never-seen", logits, ids).level == 0
+    with pytest.raises(StoreUnavailable, match="ConnectionError"):  # never clean for an unseen account
+        t.respond("never-seen", logits, ids)
 
-    refusing = Throttle(load_policy(write_policy(tmp_path, on_store_error="refuse", name="p2.json")), key=KEY,
-                        store=t.store, metrics=False)
+    with pytest.raises(StoreUnavailable, match=r"redis store redis://127\.0\.0\.1:\d+/0: ConnectionError.*"
+                                               r"refusing to start: the policy's on_store_error.start"):
+        Throttle(load_policy(write_policy(tmp_path, on_store_error="refuse", name="p2.json")), key=KEY,
+                 store=t.store, metrics=False)
+    refusing = Throttle(load_policy(write_policy(tmp_path, on_store_error="refuse", start_degraded=True,
+                                                 name="p3.json")), key=KEY, store=t.store, metrics=False)
     with pytest.raises(StoreUnavailable, match=r"redis store redis://127\.0\.0\.1:\d+/0: ConnectionError"):
         refusing.respond("acct-7", logits, ids)
 

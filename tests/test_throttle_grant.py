@@ -162,8 +162,9 @@ def test_an_unreachable_store_grants_the_last_known_level_or_refuses(tmp_path):
     t.flag("acct-7", level=2)
     t.store = open_store(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
     assert _verify(t.grant("acct-7", rows=1), policy).level == 2
-    assert _verify(t.grant("never-seen", rows=1), policy).level == 0
-    refusing = Throttle(load_policy(write_policy(tmp_path, on_store_error="refuse", name="p2.json")), key=KEY,
-                        store=t.store, metrics=False)
+    with pytest.raises(StoreUnavailable, match="ConnectionError"):  # an unseen account: never clean
+        t.grant("never-seen", rows=1)
+    refusing = Throttle(load_policy(write_policy(tmp_path, on_store_error="refuse", start_degraded=True,
+                                                 name="p2.json")), key=KEY, store=t.store, metrics=False)
     with pytest.raises(StoreUnavailable, match=r"redis store redis://127\.0\.0\.1:\d+/0: ConnectionError"):
         refusing.grant("acct-7", rows=1)

@@ -110,7 +110,9 @@ def test_an_outage_follows_the_policy_then_counting_resumes(tmp_path, capsys):
         server.stop()
         r = t.respond("acct-7", logits, ids)
         assert (r.level, r.counted) == (1, False) and not np.array_equal(r.logits, logits)
-        refusing = _throttle(tmp_path, server.url, on_store_error="refuse", name="refuse.json")
+        with pytest.raises(StoreUnavailable, match="refusing to start"):
+            _throttle(tmp_path, server.url, on_store_error="refuse", name="refuse.json")
+        refusing = _throttle(tmp_path, server.url, on_store_error="refuse", start_degraded=True, name="refuse.json")
         with pytest.raises(StoreUnavailable, match="ConnectionError"):
             refusing.respond("acct-7", logits, ids)
         assert main(["throttle", "status", "acct-7", "--policy", str(policy), "--store", server.url]) == 2

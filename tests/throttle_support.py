@@ -11,8 +11,6 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-
 from caliber_core.throttle.policy import build_policy, save_policy
 
 KEY = bytes(range(32))
@@ -39,13 +37,14 @@ def write_config(folder: Path, *, n_classes: int = 10, name: str = "cfg.json") -
 
 def write_policy(folder: Path, *, levels=(0, 1, 2), escalate_after: int = 10, expire_after=None,
                  shadow: bool = False, on_store_error: str = "last-known", n_classes: int = 10,
-                 name: str = "policy.json") -> Path:
+                 name: str = "policy.json", unseen_level=None, start_degraded: bool = False) -> Path:
     config = folder / "cfg.json"
     if not config.exists():
         write_config(folder, n_classes=n_classes)
     out = folder / name
     doc = build_policy(config, targets=list(levels), escalate_after=escalate_after, expire_after=expire_after,
-                       shadow=shadow, on_store_error=on_store_error, out_path=out)
+                       shadow=shadow, on_store_error=on_store_error, unseen_level=unseen_level,
+                       start_degraded=start_degraded, out_path=out)
     save_policy(doc, out)
     return out
 
@@ -63,6 +62,8 @@ class RedisServer:
         exe = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server")
                                                else None)
         if exe is None:
+            import pytest  # here: vLLM's virtualenv imports this module for write_config, without pytest
+
             pytest.skip("redis-server is not installed (./scripts/test.sh installs Debian's redis-server "
                         "when it runs as root)")
         self.exe, self.folder, self.port, self.proc = exe, folder, free_port(), None

@@ -86,15 +86,21 @@ class PositionHasher:
         self._state = self._prompt_state.copy()
         self._seen = 0
 
-    def id_after(self, output_token_ids) -> bytes:
-        """The position id after this request's prompt and ``output_token_ids`` (the engine's live list)."""
+    def id_after(self, output_token_ids, *, extra=()) -> bytes:
+        """The position id after this request's prompt, ``output_token_ids`` (the engine's live list) and ``extra``.
+
+        ``extra`` (tokens not kept, e.g. speculative drafts) is hashed on a copy.
+        """
         n = len(output_token_ids)
         if n < self._seen:  # the output was cut (never in vLLM today): hash it again from the prompt
             self._state, self._seen = self._prompt_state.copy(), 0
         if n > self._seen:
             self._state.update(_pack(output_token_ids[self._seen:n]))
             self._seen = n
-        return self._state.copy().digest()
+        state = self._state.copy()
+        if extra:
+            state.update(_pack(extra))
+        return state.digest()
 
 
 class BatchNoise:

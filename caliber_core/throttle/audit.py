@@ -11,6 +11,12 @@ level's loss (A0 - accuracy, 1 - retention); its interval combines the
 per-level interval ends the same way, so it holds whenever every level's
 interval holds (a conservative, union-bound reading of their level).
 Rows shadow mode decided at a level but served clean count as clean.
+
+Two more records, kept apart from the queries: ``failed`` (rows counted,
+then rolled back because no answer was produced) and ``served_uncounted``
+(rows a serving process answered while the store was unreachable, per
+process with the first and last time, written back once the store answered
+again; rows of a process that stopped before that are not known here).
 """
 
 from __future__ import annotations
@@ -91,6 +97,11 @@ def audit_report(policy, fingerprint: str, state: AccountState, *, now: float) -
         "last_seen": state.last_seen,
         "history": [e.to_dict() for e in state.history],
         "total_queries": sum(state.queries.values()),
+        "failed": {str(k): v for k, v in sorted(state.failed.items())},
+        "served_uncounted": [{"process": u["process"], "first": u["first"], "last": u["last"],
+                              "queries": {str(k): v for k, v in sorted(u["queries"].items())}}
+                             for u in state.uncounted],
+        "total_served_uncounted": sum(sum(u["queries"].values()) for u in state.uncounted),
         "levels": levels,
         "interval_levels": sorted({c for c in confidence.values() if c is not None}),
         "loss_vs_clean": {
@@ -133,6 +144,15 @@ def format_audit(report: dict) -> str:
         r = lv["received"]
         lines.append(f"  {lv['level']:>5} {lv['sigma']:>8.4g} {lv['queries']:>10,} {lv['served_clean_in_shadow']:>8,}"
                      f"  {_fmt(r['accuracy']):<22} {_fmt(r['retention']):<22}")
+    if report.get("served_uncounted"):
+        lines.append(f"served while the ledger was unreachable, not in the counts above: "
+                     f"{report['total_served_uncounted']:,} quer{'y' if report['total_served_uncounted'] == 1 else 'ies'}")
+        for u in report["served_uncounted"]:
+            per = ", ".join(f"L{k}:{v:,}" for k, v in u["queries"].items())
+            lines.append(f"  process {u['process']}: {when(u['first'])} to {when(u['last'])}  {per}")
+    if report.get("failed"):
+        lines.append("counted, then rolled back (no answer produced): "
+                     + ", ".join(f"L{k}:{v:,}" for k, v in report["failed"].items()))
     loss = report["loss_vs_clean"]
     lines.append(f"lost against clean service: accuracy {_fmt(loss['accuracy'])} points, "
                  f"retention {_fmt(loss['retention'])} points")

@@ -87,6 +87,8 @@ class AccountState:
     first_seen: float | None = None
     last_seen: float | None = None
     history: tuple = ()
+    failed: dict = field(default_factory=dict)  # rows counted, then rolled back: no answer was produced
+    uncounted: tuple = ()  # served while the store was unreachable: dicts of process, first, last, queries
 
     def to_dict(self, *, expire_after: float | None = None) -> dict:
         expires = (None if not self.flagged or expire_after is None or self.flagged_at is None
@@ -98,6 +100,9 @@ class AccountState:
             "served_clean_in_shadow": {str(k): v for k, v in sorted(self.shadow.items())},
             "first_seen": self.first_seen, "last_seen": self.last_seen,
             "history": [e.to_dict() for e in self.history],
+            "failed": {str(k): v for k, v in sorted(self.failed.items())},
+            "served_uncounted": [dict(u, queries={str(k): v for k, v in sorted(u["queries"].items())})
+                                 for u in self.uncounted],
         }
 
 
@@ -108,6 +113,7 @@ class Decision:
     segments: tuple
     events: tuple
     state: AccountState
+    token: str | None = None  # the Redis store's request token (what a void or a resolve names)
 
     @property
     def level(self) -> int:

@@ -11,24 +11,48 @@ account's fields and per-level counts (``q:<level>``, ``s:<level>`` for
 shadow), ``h:<fingerprint>`` its history (a list), ``flagged`` the set of
 flagged fingerprints.
 
-When Redis cannot be reached the store raises
-:class:`~caliber_core.throttle.stores.StoreUnavailable` at once: no retry
-(a retried script whose reply was lost would count twice), short socket
-timeouts. A request that failed is not counted. What ``respond`` then serves
-is the policy's ``on_store_error``. Durability across a Redis restart is
-Redis's own: run it with ``appendonly yes`` (the tests use ``appendfsync
-always``); without persistence a restart empties the ledger and every
-account starts again unflagged.
+Exactly once, across restarts. Every request carries a random token, and
+the script keeps its reply under ``r:<token>`` for a day: run again with the
+same token, it returns that reply without counting again. The retry rule:
+
+* a connection that cannot be made (Redis down, a wrong URL) fails at once,
+  with :class:`~caliber_core.throttle.stores.StoreUnavailable`; nothing was
+  sent, so nothing was counted;
+* a request whose script was sent but whose reply was lost (Redis stopped or
+  restarted mid-request, a timeout) is *in doubt*: it is retried with the
+  same token on a new connection after 0.05, 0.1, 0.2, 0.4 and 0.8 s, so a
+  retry never counts twice. If every retry fails, ``StoreUnavailable``
+  carries the token (``in_doubt``), and the Throttle settles it once the
+  store answers again with :meth:`RedisStore.resolve`: a request that was
+  counted but whose caller was told it failed is moved from ``queries`` to
+  ``failed``; a token that never ran is voided, so it can never run later.
+
+What ``respond`` serves while the store is unreachable is the policy's
+``on_store_error``. Durability across a Redis restart is Redis's own: run it
+with ``appendonly yes`` (the tests use ``appendfsync always``); without
+persistence a restart empties the ledger and every account starts again
+unflagged.
 """
 
 from __future__ import annotations
+
+import json
+import secrets
+import time
 
 from .ledger import AccountState, Decision, Event
 from .store_errors import StoreUnavailable
 
 PREFIX = "caliber:throttle:"
+#: Waits before each retry of a request whose reply was lost (same token, so never counted twice).
+RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8)
+#: How long a request's reply is kept under its token (the window in which a retry or a resolve finds it).
+TOKEN_SECONDS = 86400
 
 RECORD_SCRIPT = """
+local done = redis.call('GET', KEYS[4])
+if done == 'void' or done == 'voided' then return {-1} end
+if done then return cjson.decode(done) end
 local now = tonumber(ARGV[1]); local rows = tonumber(ARGV[2]); local after = tonumber(ARGV[3])
 local top = tonumber(ARGV[4]); local expire = tonumber(ARGV[5]); local shadow = ARGV[6] == '1'
 local s = redis.call('HMGET', KEYS[1], 'flagged', 'level', 'at_level', 'flagged_at', 'reason', 'first_seen')
@@ -69,7 +93,28 @@ for _, e in ipairs(events) do redis.call('RPUSH', KEYS[2], e) end
 table.insert(out, 1, flagged and 1 or 0)
 table.insert(out, 2, level)
 for _, e in ipairs(events) do table.insert(out, e) end
+redis.call('SET', KEYS[4], cjson.encode(out), 'EX', tonumber(ARGV[8]))
 return out
+"""
+
+# Settle a request in doubt (or void a counted one whose answer failed). ARGV[1]: '1' the caller
+# was served, '0' it was told the request failed. Returns 1 if the request had been counted.
+RESOLVE_SCRIPT = """
+local done = redis.call('GET', KEYS[2])
+if not done then redis.call('SET', KEYS[2], 'void', 'EX', tonumber(ARGV[2])) return 0 end
+if done == 'void' then return 0 end
+if done == 'voided' then return 1 end
+if ARGV[1] == '0' then
+  local out = cjson.decode(done)
+  local i = 3
+  while i < #out and type(out[i]) == 'number' and type(out[i + 1]) == 'number' do
+    redis.call('HINCRBY', KEYS[1], 'q:' .. out[i], -out[i + 1])
+    redis.call('HINCRBY', KEYS[1], 'f:' .. out[i], out[i + 1])
+    i = i + 2
+  end
+  redis.call('SET', KEYS[2], 'voided', 'EX', tonumber(ARGV[2]))
+end
+return 1
 """
 
 FLAG_SCRIPT = """
@@ -93,6 +138,17 @@ def _event(text) -> Event:
     return Event(float(at), event, int(level), reason)
 
 
+def _uncounted(entry: dict) -> dict:
+    return {"process": entry["process"], "first": entry["first"], "last": entry["last"],
+            "queries": {int(k): int(v) for k, v in entry["queries"].items()}}
+
+
+def _refused(exc) -> bool:
+    """True when the connection was never made (nothing sent), from redis-py's message."""
+    text = str(exc)
+    return "connecting to" in text or "Connection refused" in text or "Name or service not known" in text
+
+
 class RedisStore:
     """The ledger on a Redis server (see the module docstring for the guarantees and failure behaviour)."""
 
@@ -109,16 +165,21 @@ class RedisStore:
                                    retry=Retry(NoBackoff(), 0), decode_responses=False)
         self._record = self._client.register_script(RECORD_SCRIPT)
         self._flag = self._client.register_script(FLAG_SCRIPT)
+        self._resolve = self._client.register_script(RESOLVE_SCRIPT)
+        self._lost = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
     def __repr__(self) -> str:
         return f"RedisStore({self.url!r})"
 
-    def _fail(self, exc) -> StoreUnavailable:
-        return StoreUnavailable(f"redis store {self.url}: {type(exc).__name__}: {' '.join(str(exc).split())}")
+    def _fail(self, exc, *, in_doubt: str | None = None) -> StoreUnavailable:
+        error = StoreUnavailable(f"redis store {self.url}: {type(exc).__name__}: {' '.join(str(exc).split())}")
+        error.in_doubt = in_doubt
+        return error
 
     @staticmethod
-    def _keys(account: str) -> list[str]:
-        return [f"{PREFIX}a:{account}", f"{PREFIX}h:{account}", f"{PREFIX}flagged"]
+    def _keys(account: str, token: str | None = None) -> list[str]:
+        keys = [f"{PREFIX}a:{account}", f"{PREFIX}h:{account}", f"{PREFIX}flagged"]
+        return keys if token is None else keys + [f"{PREFIX}r:{token}"]
 
     def close(self) -> None:
         self._client.close()
@@ -132,26 +193,50 @@ class RedisStore:
     @staticmethod
     def _record_args(account, now, rows, escalate_after, top, expire_after, shadow) -> list:
         return [repr(float(now)), int(rows), int(escalate_after), int(top),
-                -1 if expire_after is None else repr(float(expire_after)), "1" if shadow else "0", account]
+                -1 if expire_after is None else repr(float(expire_after)), "1" if shadow else "0", account,
+                TOKEN_SECONDS]
+
+    @staticmethod
+    def new_token() -> str:
+        """A request's token: 128 random bits, so two requests never share one."""
+        return secrets.token_hex(16)
 
     def record(self, account: str, *, rows: int, now: float, escalate_after: int, top: int,
-               expire_after: float | None, shadow: bool) -> Decision:
-        """Count one request atomically (one Lua script) and return its Decision (state: flag and level only)."""
-        args = self._record_args(account, now, rows, escalate_after, top, expire_after, shadow)
-        try:
-            reply = self._record(keys=self._keys(account), args=args)
-        except self._errors as exc:
-            raise self._fail(exc) from None
-        return self._decision(reply)
+               expire_after: float | None, shadow: bool, token: str | None = None) -> Decision:
+        """Count one request atomically (one Lua script) and return its Decision (state: flag and level only).
 
-    def begin_record(self, account: str, **request):
+        A lost reply is retried with the same token (see the module docstring).
+        """
+        token = self.new_token() if token is None else token
+        args = self._record_args(account, now, rows, escalate_after, top, expire_after, shadow)
+        return self._run_record(self._keys(account, token), args, token, sent=False)
+
+    def _run_record(self, keys, args, token: str, *, sent: bool) -> Decision:
+        """Run the script; once it may have run (``sent``), retry lost replies with the same token."""
+        delays = iter(RETRY_DELAYS)
+        while True:
+            try:
+                return self._decision(self._record(keys=keys, args=args), token)
+            except self._lost as exc:
+                # A refused connection sent nothing; a lost reply leaves the request in doubt.
+                sent = sent or not _refused(exc)
+                delay = next(delays, None) if sent else None
+                if delay is None:
+                    raise self._fail(exc, in_doubt=token if sent else None) from None
+                time.sleep(delay)
+            except self._errors as exc:
+                raise self._fail(exc, in_doubt=token if sent else None) from None
+
+    def begin_record(self, account: str, *, token: str | None = None, **request):
         """Send the request's script now and return ``finish() -> Decision``, which reads the reply.
 
         The caller draws the noise while Redis runs the script, so the round
         trip overlaps the work it would otherwise add to. A script the server
-        does not hold (after a restart) is loaded and run again inside ``finish``.
+        does not hold (after a restart) is loaded and run again inside
+        ``finish``; a lost reply is retried there with the same token.
         """
-        keys, args = self._keys(account), self._record_args(account, **request)
+        token = self.new_token() if token is None else token
+        keys, args = self._keys(account, token), self._record_args(account, **request)
         pool = self._client.connection_pool
         try:
             conn = pool.get_connection()
@@ -159,9 +244,10 @@ class RedisStore:
             raise self._fail(exc) from None
         try:
             conn.send_command("EVALSHA", self._record.sha, len(keys), *keys, *args)
-        except self._errors as exc:
+        except self._errors:
             pool.release(conn)
-            raise self._fail(exc) from None
+            conn.disconnect()
+            return lambda: self._run_record(keys, args, token, sent=True)
 
         def finish() -> Decision:
             import redis
@@ -170,23 +256,48 @@ class RedisStore:
                 reply = conn.read_response()
             except redis.exceptions.NoScriptError:
                 pool.release(conn)
-                return self.record(account, **request)  # loads the script, then runs it once
-            except self._errors as exc:
+                return self._run_record(keys, args, token, sent=False)  # loads the script, then runs it
+            except self._errors:
+                conn.disconnect()
                 pool.release(conn)
-                raise self._fail(exc) from None
+                return self._run_record(keys, args, token, sent=True)
             pool.release(conn)
-            return self._decision(reply)
+            return self._decision(reply, token)
 
         return finish
 
+    def resolve(self, account: str, token: str, *, served: bool) -> bool:
+        """Settle a request in doubt: True if it had been counted. One the caller was told failed
+        (``served=False``) is moved from ``queries`` to ``failed``; one that never ran can no longer run."""
+        try:
+            return bool(self._resolve(keys=[f"{PREFIX}a:{account}", f"{PREFIX}r:{token}"],
+                                      args=["1" if served else "0", TOKEN_SECONDS]))
+        except self._errors as exc:
+            raise self._fail(exc) from None
+
+    def void(self, account: str, decision: Decision) -> None:
+        """A counted request whose answer was not produced: its rows move from ``queries`` to ``failed``."""
+        self.resolve(account, decision.token, served=False)
+
+    def add_uncounted(self, account: str, *, process: str, first: float, last: float, queries: dict) -> None:
+        """Record rows this process served while the store was unreachable (kept apart from ``queries``)."""
+        entry = json.dumps({"process": process, "first": first, "last": last,
+                            "queries": {str(k): int(v) for k, v in sorted(queries.items())}})
+        try:
+            self._client.rpush(f"{PREFIX}u:{account}", entry)
+        except self._errors as exc:
+            raise self._fail(exc) from None
+
     @staticmethod
-    def _decision(reply) -> Decision:
+    def _decision(reply, token: str | None = None) -> Decision:
+        if int(reply[0]) == -1:
+            raise StoreUnavailable("redis store: this request's token was voided while it was in doubt")
         flagged, level = bool(reply[0]), int(reply[1])
         rest = reply[2:]
         n_seg = sum(1 for x in rest if isinstance(x, int))
         segments = tuple((int(rest[i]), int(rest[i + 1])) for i in range(0, n_seg, 2))
         events = tuple(_event(e) for e in rest[n_seg:])
-        return Decision(segments, events, AccountState(flagged=flagged, level=level))
+        return Decision(segments, events, AccountState(flagged=flagged, level=level), token=token)
 
     def set_flag(self, account: str, *, flagged: bool, level: int, reason: str, now: float,
                  expire_after: float | None = None) -> AccountState:
@@ -205,19 +316,22 @@ class RedisStore:
             pipe = self._client.pipeline(transaction=True)
             pipe.hgetall(key)
             pipe.lrange(hist, 0, -1)
-            fields, history = pipe.execute()
+            pipe.lrange(f"{PREFIX}u:{account}", 0, -1)
+            fields, history, uncounted = pipe.execute()
         except self._errors as exc:
             raise self._fail(exc) from None
-        if not fields:
+        if not fields and not uncounted:
             return None
         f = {k.decode(): v.decode() for k, v in fields.items()}
         queries = {int(k[2:]): int(v) for k, v in f.items() if k.startswith("q:")}
         shadow = {int(k[2:]): int(v) for k, v in f.items() if k.startswith("s:") and int(v)}
+        failed = {int(k[2:]): int(v) for k, v in f.items() if k.startswith("f:") and int(v)}
         flagged_at = f.get("flagged_at") or None
         return AccountState(
             flagged=f.get("flagged") == "1", level=int(f.get("level", 0)), reason=f.get("reason", ""),
             flagged_at=None if flagged_at is None else float(flagged_at), at_level=int(f.get("at_level", 0)),
-            queries=queries, shadow=shadow,
+            queries=queries, shadow=shadow, failed=failed,
+            uncounted=tuple(_uncounted(json.loads(u)) for u in uncounted),
             first_seen=float(f["first_seen"]) if f.get("first_seen") else None,
             last_seen=float(f["last_seen"]) if f.get("last_seen") else None,
             history=tuple(_event(e) for e in history))

@@ -9,11 +9,25 @@
   only an operating-system crash or power cut can lose the last few commits.
 * Writers also queue on an advisory ``flock`` of ``PATH.lock`` (see ``_write``).
 * A connection per process (opened lazily after a fork) and per thread.
+* One ledger: every transaction checks, while it holds the write lock, that
+  the path still names the file the connection opened (device and inode).
+  A file replaced under a live server (log rotation, a restore, a remount,
+  or ``rm ledger.db*`` followed by ``throttle flag``) is reopened, so the
+  server and the CLI count in the same file; a deleted one raises
+  :class:`~caliber_core.throttle.stores.StoreUnavailable` (the policy's
+  outage rule then applies) -- the store never writes to a deleted file and
+  never creates an empty ledger in place of a lost one while it runs.
+* The ``-shm`` file (SQLite's shared index, mapped in memory) is checked
+  too: unwritable raises ``StoreUnavailable``; truncated under a live
+  connection (which would kill the process with SIGBUS at its next access)
+  is grown back with zeros, which SQLite rebuilds from the WAL, and the
+  connection is reopened.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import sqlite3
 import threading
@@ -32,7 +46,16 @@ CREATE TABLE IF NOT EXISTS history (
     id INTEGER PRIMARY KEY, account TEXT NOT NULL, at REAL NOT NULL, event TEXT NOT NULL,
     level INTEGER NOT NULL, reason TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS history_account ON history (account, id);
+CREATE TABLE IF NOT EXISTS failed (
+    account TEXT NOT NULL, level INTEGER NOT NULL, queries INTEGER NOT NULL,
+    PRIMARY KEY (account, level)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS uncounted (
+    id INTEGER PRIMARY KEY, account TEXT NOT NULL, process TEXT NOT NULL, first REAL NOT NULL,
+    last REAL NOT NULL, queries TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS uncounted_account ON uncounted (account, id);
 """
+#: The smallest -shm SQLite maps (one 32 KiB region): a live one is never shorter.
+_SHM_REGION = 32768
 
 _UPSERT_ACCOUNT = (
     "INSERT INTO accounts VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (account) DO UPDATE SET "
@@ -44,22 +67,45 @@ _ADD_EVENT = "INSERT INTO history (account, at, event, level, reason) VALUES (?,
 _GET = "SELECT flagged, level, reason, flagged_at, at_level, first_seen, last_seen FROM accounts WHERE account=?"
 
 
+class _Replaced(Exception):
+    """The path names another file than the connection's: reopen and run the transaction again."""
+
+
 class SqliteStore:
     """The ledger in one SQLite file (see the module docstring for the guarantees)."""
 
     def __init__(self, path: str, *, timeout: float = 30.0):
+        if "\x00" in path:
+            raise StoreUnavailable("sqlite store path holds a NUL character")
         self.path = path
         self.timeout = timeout
         self._local = threading.local()
-        self._connect()  # fail now on a bad path, not at the first request
+        self._connect(create=True)  # fail now on a bad path, not at the first request
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, *, create: bool = False) -> sqlite3.Connection:
+        """This process's and thread's connection, reopened if the path now names another file.
+
+        ``create`` (at construction only) lets SQLite create a missing file;
+        later a missing file raises StoreUnavailable rather than starting an empty ledger.
+        """
         local = self._local
-        if getattr(local, "conn", None) is not None and local.pid == os.getpid():
-            return local.conn
+        conn = getattr(local, "conn", None)
+        if conn is not None and local.pid == os.getpid():
+            if self._same_file(local):
+                return conn
+            self._drop(local)
+        try:
+            ident = self._identity()
+        except FileNotFoundError:
+            if not create:
+                raise StoreUnavailable(f"sqlite store {self.path}: the ledger file was deleted") from None
+            ident = None
+        except OSError as exc:
+            raise StoreUnavailable(f"sqlite store {self.path}: {exc.strerror}") from None
+        self._check_shm()
         try:
             conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None,
                                    check_same_thread=True)
@@ -69,7 +115,62 @@ class SqliteStore:
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"sqlite store {self.path}: {exc}") from None
         local.conn, local.pid = conn, os.getpid()
+        local.ident = self._identity() if ident is None else ident
+        local.shm = self._shm_size() or 0
         return conn
+
+    def _identity(self) -> tuple[int, int]:
+        st = os.stat(self.path)
+        return st.st_dev, st.st_ino
+
+    def _shm_size(self) -> int | None:
+        try:
+            return os.stat(self.path + "-shm").st_size
+        except FileNotFoundError:
+            return None
+
+    def _check_shm(self) -> None:
+        shm = self.path + "-shm"
+        if os.path.exists(shm) and not os.access(shm, os.R_OK | os.W_OK):
+            raise StoreUnavailable(f"sqlite store {self.path}: its -shm file is not writable")
+
+    def _same_file(self, local) -> bool:
+        """True when the open connection may be used: same file at the path, -shm intact and writable."""
+        try:
+            same = self._identity() == local.ident
+        except FileNotFoundError:
+            self._drop(local)
+            raise StoreUnavailable(f"sqlite store {self.path}: the ledger file was deleted") from None
+        except OSError as exc:
+            raise StoreUnavailable(f"sqlite store {self.path}: {exc.strerror}") from None
+        shm = self._shm_size()
+        if shm is None:  # deleted: our mapping is of the unlinked file; reopen to share the new one
+            return False
+        if shm < min(local.shm, _SHM_REGION):
+            # Truncated under our mapping: grow it back (zeros; SQLite rebuilds the index from the
+            # WAL) before anything touches the mapped pages, then reopen.
+            try:
+                with open(self.path + "-shm", "r+b") as fh:
+                    os.ftruncate(fh.fileno(), local.shm)
+            except OSError as exc:
+                local.conn = None  # never touch that mapping again, not even to close it
+                raise StoreUnavailable(f"sqlite store {self.path}: its -shm file was truncated ({exc.strerror})") \
+                    from None
+            return False
+        self._check_shm()
+        local.shm = max(local.shm, shm)
+        return same
+
+    def _drop(self, local) -> None:
+        """Close this thread's connection and lock file (before a reopen)."""
+        try:
+            local.conn.close()
+        except sqlite3.Error:
+            pass
+        local.conn = None
+        if getattr(local, "lock_fd", None) is not None and local.lock_pid == os.getpid():
+            os.close(local.lock_fd)
+        local.lock_fd = None
 
     def close(self) -> None:
         local = self._local
@@ -79,23 +180,41 @@ class SqliteStore:
             os.close(local.lock_fd)
         local.conn = local.lock_fd = None
 
+    def ping(self) -> bool:
+        """Reach the ledger (the same file checks as a transaction); StoreUnavailable if it cannot be."""
+        try:
+            self._connect().execute("SELECT count(*) FROM accounts").fetchone()
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"sqlite store {self.path}: {exc}") from None
+        return True
+
     # ------------------------------------------------------------------ reads
     def _read(self, conn, account: str, *, with_history: bool) -> AccountState | None:
         row = conn.execute(_GET, (account,)).fetchone()
         if row is None:
-            return None
+            if not with_history or conn.execute("SELECT 1 FROM uncounted WHERE account=? LIMIT 1",
+                                                (account,)).fetchone() is None:
+                return None
+            row = (0, 0, "", None, 0, None, None)  # known only from rows served during an outage
         queries, shadow = {}, {}
         for level, n, s in conn.execute("SELECT level, queries, shadow FROM counts WHERE account=?", (account,)):
             queries[level] = n
             if s:
                 shadow[level] = s
-        history = ()
+        history, failed, uncounted = (), {}, ()
         if with_history:
             history = tuple(Event(at, event, level, reason) for at, event, level, reason in conn.execute(
                 "SELECT at, event, level, reason FROM history WHERE account=? ORDER BY id", (account,)))
+            failed = {level: n for level, n in conn.execute(
+                "SELECT level, queries FROM failed WHERE account=? AND queries > 0", (account,))}
+            uncounted = tuple(
+                {"process": p, "first": first, "last": last,
+                 "queries": {int(k): int(v) for k, v in json.loads(q).items()}}
+                for p, first, last, q in conn.execute(
+                    "SELECT process, first, last, queries FROM uncounted WHERE account=? ORDER BY id", (account,)))
         return AccountState(flagged=bool(row[0]), level=row[1], reason=row[2], flagged_at=row[3],
                             at_level=row[4], queries=queries, shadow=shadow, first_seen=row[5],
-                            last_seen=row[6], history=history)
+                            last_seen=row[6], history=history, failed=failed, uncounted=uncounted)
 
     def get(self, account: str) -> AccountState | None:
         try:
@@ -128,11 +247,19 @@ class SqliteStore:
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
+                    if self._identity() != self._local.ident:  # replaced while we waited for the lock
+                        conn.execute("ROLLBACK")
+                        raise _Replaced
                     if full:
                         state = self._read(conn, account, with_history=True) or AccountState()
                     else:
                         state = self._row(conn, account)
                     new, events, counts, result = change(state)
+                    if new is None:  # a change that writes its own rows (void, uncounted)
+                        for sql, params in counts:
+                            conn.execute(sql, params)
+                        conn.execute("COMMIT")
+                        return result
                     conn.execute(_UPSERT_ACCOUNT, (account, int(new.flagged), new.level, new.reason,
                                                    new.flagged_at, new.at_level, new.first_seen, new.last_seen))
                     for level, n, s in counts:
@@ -146,6 +273,10 @@ class SqliteStore:
                     raise
             finally:
                 fcntl.flock(self._lock_fd(), fcntl.LOCK_UN)
+        except _Replaced:
+            return self._write(account, full=full, change=change)  # _connect reopens (or raises)
+        except FileNotFoundError:
+            raise StoreUnavailable(f"sqlite store {self.path}: the ledger file was deleted") from None
         except (sqlite3.Error, OSError) as exc:
             raise StoreUnavailable(f"sqlite store {self.path}: {exc}") from None
         return result
@@ -177,10 +308,40 @@ class SqliteStore:
 
         return self._write(account, full=False, change=change)
 
-    def begin_record(self, account: str, **request):
-        """``record`` now; returns ``finish() -> Decision`` (the same call shape as the Redis store's)."""
+    def begin_record(self, account: str, *, token: str | None = None, **request):
+        """``record`` now; returns ``finish() -> Decision`` (the same call shape as the Redis store's).
+
+        A transaction commits or does not: no request is ever in doubt here, so ``token`` is not needed.
+        """
         decision = self.record(account, **request)
         return lambda: decision
+
+    def void(self, account: str, decision) -> None:
+        """A counted request whose answer was not produced: its rows move from ``queries`` to ``failed``."""
+
+        def change(state):
+            writes = []
+            for level, n in decision.segments:
+                writes.append(("UPDATE counts SET queries = queries - ? WHERE account=? AND level=?", (n, account, level)))
+                writes.append(("INSERT INTO failed VALUES (?, ?, ?) ON CONFLICT (account, level) DO UPDATE SET "
+                               "queries=queries+excluded.queries", (account, level, n)))
+            return None, (), writes, None
+
+        self._write(account, full=False, change=change)
+
+    def resolve(self, account: str, token: str, *, served: bool) -> bool:
+        """No SQLite request is ever in doubt (see :meth:`begin_record`); present for the common interface."""
+        return False
+
+    def add_uncounted(self, account: str, *, process: str, first: float, last: float, queries: dict) -> None:
+        """Record rows this process served while the store was unreachable (kept apart from ``queries``)."""
+        text = json.dumps({str(k): int(v) for k, v in sorted(queries.items())})
+
+        def change(state):
+            return None, (), [("INSERT INTO uncounted (account, process, first, last, queries) VALUES (?, ?, ?, ?, ?)",
+                               (account, process, float(first), float(last), text))], None
+
+        self._write(account, full=False, change=change)
 
     def set_flag(self, account: str, *, flagged: bool, level: int, reason: str, now: float,
                  expire_after: float | None = None) -> AccountState:

@@ -6,13 +6,35 @@
 
 Only ``r.logits`` goes back to the client: the response's type, dtype, shape
 and the work spent on it are the same at every level.
+
+Fail closed, by one rule (the policy's ``on_store_error``):
+
+* a Throttle whose store cannot be reached when it is built refuses to
+  start (``StoreUnavailable``) unless ``start`` is ``"degraded"``;
+* during an outage, ``serve: "refuse"`` refuses every request;
+  ``"last-known"`` serves an account the level this process last saw for it,
+  and an account it has not seen ``unseen`` (refused by default, or a flagged
+  level >= 1) -- never clean;
+* every degraded decision logs one warning on the ``caliber_core.throttle``
+  logger (the store's error and the level, never the account or the key).
+
+Counted means counted: a request is counted if and only if an answer was
+produced for it. Rows served while the store was unreachable are tallied per
+account by this process and written to the ledger's ``uncounted`` record
+(process, first and last time, rows per level) once the store answers
+again; a request that fails after it was counted (here, or in the caller,
+through :meth:`Throttle.void`) has its rows moved from ``queries`` to
+``failed``; a Redis request whose reply was lost is settled the same way.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import socket
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..validation import is_torch
 from .ledger import AccountState, account_fingerprint, check_reason, check_time
@@ -20,6 +42,10 @@ from .policy import load_policy
 from .stores import StoreUnavailable, open_store
 
 LAST_KNOWN_CAPACITY = 100_000
+#: Pending outage records written back per request once the store answers again (the rest wait).
+FLUSH_PER_REQUEST = 32
+
+log = logging.getLogger("caliber_core.throttle")
 
 
 @dataclass(frozen=True)
@@ -39,7 +65,8 @@ class Response:
     segments : tuple of (level, rows)
         Row ranges in order; more than one when the request crossed a threshold.
     counted : bool
-        False when the store could not be reached and ``on_store_error`` is "last-known".
+        False when the store could not be reached and ``on_store_error`` is "last-known"
+        (the rows are tallied in the ledger's ``uncounted`` record once it answers).
     """
 
     logits: object
@@ -48,6 +75,7 @@ class Response:
     shadow: bool
     segments: tuple
     counted: bool = True
+    _ticket: object = field(default=None, repr=False, compare=False)  # what Throttle.void needs
 
 
 class Throttle:
@@ -83,11 +111,21 @@ class Throttle:
             self._levels = LevelNoise(policy, key=key)
             self._grant_key, self._policy_digest = grant_key(key), policy_digest(policy)
         self._last_known = OrderedDict()
+        self._uncounted = OrderedDict()  # fingerprint -> [first, last, {level: rows}] served during outages
+        self._in_doubt = []  # (fingerprint, token, served, segments) the store may or may not have counted
         self._metrics = None
         if metrics:
             from .metrics import throttle_metrics
 
             self._metrics = throttle_metrics(registry)
+        try:
+            self.store.ping()
+        except StoreUnavailable as exc:
+            if not policy.start_degraded:
+                raise StoreUnavailable(f"{exc}; refusing to start: the policy's on_store_error.start is "
+                                       "\"refuse\" (set it to \"degraded\" to serve by the outage rule)") from None
+            log.warning("ledger store unreachable at start (%s): serving degraded, as on_store_error.start allows",
+                        exc)
 
     @classmethod
     def from_files(cls, policy, *, key=None, store, **options) -> "Throttle":
@@ -108,6 +146,102 @@ class Throttle:
 
     def _now(self) -> float:
         return check_time(self._clock())
+
+    @staticmethod
+    def _process() -> str:
+        """This serving process, as the ledger's outage records name it (host and pid)."""
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+    # ------------------------------------------------------------------ outages
+    def _degraded(self, fp: str, rows: int, error: StoreUnavailable) -> tuple:
+        """Segments for a request the store could not count, by the policy's outage rule; raises when it refuses."""
+        policy = self.policy
+        if self._metrics:
+            self._metrics.store_errors.inc()
+        if getattr(error, "in_doubt", None) is not None:
+            served = policy.on_store_error != "refuse" and (fp in self._last_known or policy.unseen_level is not None)
+            self._in_doubt.append((fp, error.in_doubt, served, None))
+        if policy.on_store_error == "refuse":
+            log.warning("ledger store unreachable (%s): request refused (on_store_error.serve is \"refuse\")", error)
+            raise error
+        level = self._last_known.get(fp)
+        source = "the level this process last saw"
+        if level is None:
+            if policy.unseen_level is None:
+                log.warning("ledger store unreachable (%s): request from an account this process has not seen "
+                            "refused (on_store_error.unseen is \"refuse\")", error)
+                raise error
+            level, source = policy.unseen_level, "on_store_error.unseen"
+        log.warning("ledger store unreachable (%s): %d row(s) served at level %d (%s), not counted",
+                    error, rows, level, source)
+        segments = ((level, rows),)
+        if self._in_doubt and self._in_doubt[-1][1] == getattr(error, "in_doubt", None):
+            self._in_doubt[-1] = self._in_doubt[-1][:3] + (segments,)
+        self._tally(fp, segments)
+        return segments
+
+    def _tally(self, fp: str, segments, *, sign: int = 1) -> None:
+        now = self._now()
+        entry = self._uncounted.get(fp)
+        if entry is None:
+            if sign < 0:
+                return
+            entry = self._uncounted[fp] = [now, now, {}]
+            if len(self._uncounted) > LAST_KNOWN_CAPACITY:
+                self._uncounted.popitem(last=False)
+                log.warning("more than %d accounts served uncounted: the oldest tally is dropped",
+                            LAST_KNOWN_CAPACITY)
+        entry[1] = max(entry[1], now)
+        for level, n in segments:
+            entry[2][level] = entry[2].get(level, 0) + sign * n
+
+    def _settle(self) -> None:
+        """Once the store answers: settle requests in doubt, then write back what was served uncounted."""
+        while self._in_doubt:
+            fp, token, served, segments = self._in_doubt[0]
+            counted = self.store.resolve(fp, token, served=served)
+            if counted and served and segments is not None:
+                self._tally(fp, segments, sign=-1)  # it was counted after all: not an uncounted row
+            self._in_doubt.pop(0)
+        for _ in range(min(FLUSH_PER_REQUEST, len(self._uncounted))):
+            fp, (first, last, queries) = next(iter(self._uncounted.items()))
+            queries = {level: n for level, n in queries.items() if n > 0}
+            if queries:
+                self.store.add_uncounted(fp, process=self._process(), first=first, last=last, queries=queries)
+            del self._uncounted[fp]
+
+    def _after_contact(self) -> None:
+        if self._in_doubt or self._uncounted:
+            try:
+                self._settle()
+            except StoreUnavailable:
+                pass  # still down for these writes: kept for the next request
+
+    def pending_uncounted(self) -> dict:
+        """Rows this process served uncounted that the ledger does not hold yet: {fingerprint: {level: rows}}."""
+        return {fp: dict(q) for fp, (_, _, q) in self._uncounted.items()}
+
+    def void(self, response: Response) -> None:
+        """The caller could not deliver ``response``: un-count it (its rows move from queries to failed).
+
+        A response served uncounted is taken out of the outage tally instead.
+        Voiding twice does nothing the second time.
+        """
+        ticket = response._ticket
+        if ticket is None or ticket.get("voided"):
+            return
+        ticket["voided"] = True
+        decision = ticket["decision"]
+        if decision is not None:
+            try:
+                self.store.void(ticket["fp"], decision)
+            except StoreUnavailable as exc:
+                if decision.token is not None:  # settled with the other requests in doubt
+                    self._in_doubt.append((ticket["fp"], decision.token, False, None))
+                else:
+                    log.warning("ledger store unreachable (%s): a failed request stays counted", exc)
+        else:
+            self._tally(ticket["fp"], response.segments, sign=-1)
 
     # ------------------------------------------------------------------ flags
     def flag(self, account, *, level: int = 1, reason: str = "") -> dict:
@@ -173,6 +307,7 @@ class Throttle:
         decision = self.store.record(fp, rows=rows, now=self._now(), escalate_after=policy.escalate_after,
                                      top=policy.top, expire_after=policy.expire_after, shadow=policy.shadow)
         self._remember(fp, decision.state.level if decision.state.flagged else 0)
+        self._after_contact()
         return decision
 
     def decide(self, account, rows: int = 1):
@@ -229,12 +364,8 @@ class Throttle:
         try:
             decision = self._decide(fp, rows)
             segments = decision.segments
-        except StoreUnavailable:
-            if self._metrics:
-                self._metrics.store_errors.inc()
-            if policy.on_store_error == "refuse":
-                raise
-            segments = ((self._last_known.get(fp, 0), rows),)
+        except StoreUnavailable as exc:
+            segments = self._degraded(fp, rows, exc)
         if self._metrics:
             self._metrics.observe(segments, decision, shadow=policy.shadow)
         level = 0 if policy.shadow else max(level for level, _ in segments)
@@ -258,7 +389,9 @@ class Throttle:
         ValueError, TypeError
             Bad logits or ids (nothing is counted).
         StoreUnavailable
-            The store is unreachable and the policy's ``on_store_error`` is "refuse".
+            The store is unreachable and the policy's outage rule refuses the request
+            (``on_store_error.serve`` "refuse", or an account this process has not seen and
+            ``unseen`` "refuse").
         """
         if self._levels is None:
             raise ValueError("respond needs the seeding key: build the Throttle with key=<secret bytes>")
@@ -283,17 +416,21 @@ class Throttle:
             self._remember(fp, decision.state.level if decision.state.flagged else 0)
             segments = decision.segments
         else:
-            if self._metrics:
-                self._metrics.store_errors.inc()
-            if policy.on_store_error == "refuse":
-                raise error
-            segments = ((self._last_known.get(fp, 0), rows),)
-        served = self._levels.assemble(prepared, segments, shadow=policy.shadow)
+            segments = self._degraded(fp, rows, error)
+        ticket = {"fp": fp, "decision": decision, "voided": False}
+        try:
+            served = self._levels.assemble(prepared, segments, shadow=policy.shadow)
+        except BaseException:
+            # No answer was produced: un-count it (counted means an answer went out).
+            self.void(Response(None, 0, 0.0, policy.shadow, segments, decision is not None, ticket))
+            raise
         level = max(level for level, _ in segments)
         if self._metrics:
             self._metrics.observe(segments, decision, shadow=policy.shadow)
+        if decision is not None:
+            self._after_contact()
         return Response(logits=served, level=level, sigma=policy.levels[level].sigma, shadow=policy.shadow,
-                        segments=segments, counted=decision is not None)
+                        segments=segments, counted=decision is not None, _ticket=ticket)
 
     def _rows(self, logits, ids) -> int:
         """Check the shape against the config's K and the ids before anything is counted."""
