@@ -14,18 +14,15 @@ behind a real ``Throttle`` (configs calibrated by the CLI on the bundled digits 
 * per-input seeding, canonical ids (``caliber_core.serving.canonical_ids``, 6 decimals);
 * consistent seeding (no ids).
 
-Writes docs/figures/throttle_jitter.md (``--out``) with the date, the machine and this command.
-Usage: python benchmarks/bench_jitter.py [--inputs 20] [--variants 64] [--out PATH]
+Writes docs/figures/throttle-jitter.md (through ``figure_files``: the date, the machine and this command).
+Usage: python benchmarks/bench_jitter.py [--inputs 20] [--variants 64]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import os
-import platform
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -43,6 +40,7 @@ from caliber_core.serving import canonical_features  # noqa: E402
 from caliber_core.serving.keys import read_key_file  # noqa: E402
 from caliber_core.throttle import Throttle  # noqa: E402
 from examples.serve_fastapi import create_app, linear_model  # noqa: E402
+from figure_files import FigureFile  # noqa: E402  (benchmarks/ is this script's folder)
 
 N_FEATURES = 16
 
@@ -113,27 +111,15 @@ def run(args) -> list[tuple[str, list[float]]]:
     return rows
 
 
-def write_figure(rows, args, argv) -> None:
-    shown, skip = [], False
-    for a in argv:
-        if skip or a == "--out":
-            skip = not skip
-            continue
-        shown.append(shlex.quote(a))
-    command = " ".join(["python benchmarks/bench_jitter.py", *shown])
-    lines = ["<!-- written by benchmarks/bench_jitter.py; do not edit by hand -->",
-             f"Measured {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC on {platform.platform()} "
-             f"({os.cpu_count()} cores). Command: `{command}`", "",
-             f"{args.variants} jittered copies of each of {args.inputs} inputs (one ulp up or down per feature, "
-             f"+-0.0 for zeros), averaged. Ratio = RMS error of the average / RMS error of one answer, "
-             f"against the clean logits: 1 = averaging gains nothing; independent draws give "
-             f"1/sqrt({args.variants}) = {1 / np.sqrt(args.variants):.3f}.", "",
-             "| endpoint | ratio, mean | min | max |", "|---|---:|---:|---:|"]
-    for label, ratios in rows:
-        lines.append(f"| {label} | {np.mean(ratios):.3f} | {np.min(ratios):.3f} | {np.max(ratios):.3f} |")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+def write_figure(rows, args) -> None:
+    fig = FigureFile("throttle-jitter", "What averaging jittered copies of one input gains, by endpoint")
+    fig.note(f"{args.variants} jittered copies of each of {args.inputs} inputs (one ulp up or down per feature, "
+             f"+-0.0 for zeros), sent by a flagged account to the FastAPI example and averaged. Ratio = RMS error "
+             f"of the average / RMS error of one answer, against the clean logits: 1 means averaging gains "
+             f"nothing; independent draws give 1/sqrt({args.variants}) = {1 / np.sqrt(args.variants):.3f}.")
+    fig.table(["endpoint", "ratio, mean over inputs", "min", "max"],
+              [[label, f"{np.mean(r):.3f}", f"{np.min(r):.3f}", f"{np.max(r):.3f}"] for label, r in rows])
+    fig.write()
 
 
 def main(argv=None) -> int:
@@ -142,9 +128,8 @@ def main(argv=None) -> int:
     ap.add_argument("--inputs", type=int, default=20)
     ap.add_argument("--variants", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(ROOT / "docs" / "figures" / "throttle_jitter.md"))
     args = ap.parse_args(argv)
-    write_figure(run(args), args, argv)
+    write_figure(run(args), args)
     return 0
 
 

@@ -11,19 +11,16 @@ whether every answer is in the ledger as counted or as served-uncounted.
 A last run restarts Redis with SIGTERM and SIGKILL under a stream of requests
 and compares answers with counts.
 
-Writes docs/figures/throttle_outage.md (``--out``) with the date, the machine and this command.
-Usage: python benchmarks/bench_throttle_outage.py [--requests 50] [--out PATH]
+Writes docs/figures/throttle-outage.md (through ``figure_files``: the date, the machine and this command).
+Usage: python benchmarks/bench_throttle_outage.py [--requests 50]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import logging
 import os
-import platform
-import shlex
 import shutil
 import socket
 import subprocess
@@ -40,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from caliber_core.cli import main as cli  # noqa: E402
 from caliber_core.throttle import StoreUnavailable, Throttle  # noqa: E402
 from caliber_core.throttle.policy import build_policy, save_policy  # noqa: E402
+from figure_files import FigureFile  # noqa: E402  (benchmarks/ is this script's folder)
 
 KEY = bytes(range(32))
 CHOICES = (("refuse", None, "serve refuse"), ("last-known", None, "last-known, unseen refuse (default)"),
@@ -189,7 +187,6 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=50)
-    ap.add_argument("--out", default=str(ROOT / "docs" / "figures" / "throttle_outage.md"))
     args = ap.parse_args(argv)
     logging.getLogger("caliber_core.throttle").setLevel(logging.ERROR)  # one warning per degraded decision
     start = time.time()
@@ -203,28 +200,19 @@ def main(argv=None) -> int:
             config = folder / "cfg.json"
         rows = outage(folder, config, args.requests)
         again = restarts(folder, config)
-    shown, skip = [], False
-    for a in argv:
-        if skip or a == "--out":
-            skip = not skip
-            continue
-        shown.append(shlex.quote(a))
-    command = " ".join(["python benchmarks/bench_throttle_outage.py", *shown])
     head = list(rows[0])
-    lines = ["<!-- written by benchmarks/bench_throttle_outage.py; do not edit by hand -->",
-             f"Measured {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC on {platform.platform()} "
-             f"({os.cpu_count()} cores, {time.time() - start:.0f} s). Command: `{command}`", "",
-             f"Redis stopped; {args.requests} requests per account; share answered and the level served:", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
-    lines += ["", f"Redis restarted {again['restarts']} times (SIGTERM and SIGKILL, down 0.2 to 2.5 s) under one "
-              f"stream of requests, policy `serve: refuse`:", "",
-              "| answered | refused | counted in the ledger | counted, then moved to failed |", "|---:|---:|---:|---:|",
-              f"| {again['answered']:,} | {again['refused']:,} | {again['counted']:,} | {again['moved to failed']:,} |"]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text, encoding="utf-8")
+    fig = FigureFile("throttle-outage", "The throttle during a Redis outage, by on_store_error choice")
+    fig.table(head, [[r[h] for h in head] for r in rows],
+              caption=f"Redis stopped under a serving process; {args.requests} requests per account; the share "
+                      "answered and the level served (the process had seen the first two accounts; the CLI "
+                      "flagged the third during its life):")
+    fig.table(["answered", "refused", "counted in the ledger", "counted, then moved to failed"],
+              [[f"{again['answered']:,}", f"{again['refused']:,}", f"{again['counted']:,}",
+                f"{again['moved to failed']:,}"]],
+              caption=f"Redis restarted {again['restarts']} times (SIGTERM and SIGKILL, down 0.2 to 2.5 s) under "
+                      "one stream of requests, policy `serve: refuse`:")
+    fig.note(f"{time.time() - start:.0f} s in all.")
+    fig.write()
     return 0
 
 
