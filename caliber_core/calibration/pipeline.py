@@ -138,7 +138,7 @@ def config_from_calibration(
     for the logistic inversion).
     """
     if any(kind != "agreement" for kind, _ in targets):
-        require_labels(data, "accuracy and retention targets")
+        require_labels(data, "an accuracy or retention target")
     results = resolve_targets(calibration, data, targets, inversion=inversion, saturate=saturate)
     estimator = interval_estimator(calibration, confidence=confidence, seed=calibration.seed)
     results = [with_interval(calibration, r, estimator, side=side, saturate=saturate) for r in results]
@@ -165,7 +165,7 @@ def config_for(
     check_side(side)  # a library call's options, checked before the sweep rather than after it
     check_confidence(confidence)
     if any(kind != "agreement" for kind, _ in targets):
-        require_labels(data, "accuracy and retention targets")
+        require_labels(data, "an accuracy or retention target")
     cal = calibrate_data(data, statistic=statistic, seed=seed, realizations=realizations, progress=progress)
     results, config = config_from_calibration(cal, data, targets, inversion=inversion, saturate=saturate,
                                               side=side, confidence=confidence)

@@ -31,9 +31,10 @@ SERVER_FLAGS = (
 def add_parser(sub) -> argparse.ArgumentParser:
     """Register ``dashboard`` on an argparse subparsers object."""
     dash = sub.add_parser("dashboard", help="start the dashboard (needs the dashboard extra)")
-    dash.add_argument("--address", default="127.0.0.1",
+    dash.add_argument("--address", "--server.address", dest="address", default="127.0.0.1",
                       help="the address to bind (default 127.0.0.1: this machine only)")
-    dash.add_argument("--port", type=positive_int, default=8501, help="the port (default 8501)")
+    dash.add_argument("--port", "--server.port", dest="port", type=positive_int, default=8501,
+                      help="the port (default 8501)")
     dash.add_argument("--headless", action="store_true", help="do not open a browser")
     dash.add_argument("streamlit_args", nargs=argparse.REMAINDER,
                       help="further options passed to `streamlit run` (after --)")
