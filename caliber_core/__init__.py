@@ -39,7 +39,7 @@ The package, by purpose:
   the defense frontier, the ``extract`` experiment, adaptive thieves (prior correction,
   recalibration), per-input against consistent seeding, the tuned peer attacker
 * :mod:`caliber_core.validation`   input checks shared by all of the above
-* :mod:`caliber_core.cli`, :mod:`caliber_core.check_command`  the command line
+* :mod:`caliber_core.cli`          the command line, one module per subcommand
 * :mod:`caliber_core.target_record`  the frozen record of one target (re-exported by ``config``)
 
 Importing the package loads nothing but its version; every name below is

@@ -6,6 +6,7 @@ Standard library only; :mod:`caliber_core.config` re-exports every name here.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
@@ -17,6 +18,37 @@ CALIBRATED_KINDS = tuple(k for k in TARGET_KINDS if k != "surrogate-retention")
 #: Which side of the target sigma is chosen on: the point estimate, or the end
 #: of a confidence interval that keeps the delivered value at least / at most the target.
 SIDES = ("point", "at-least", "at-most")
+#: The confidence level of every target's interval and side unless one is asked for.
+DEFAULT_CONFIDENCE = 0.95
+
+
+def check_side(side) -> str:
+    """``side`` itself when it is one of :data:`SIDES`.
+
+    Raises
+    ------
+    ValueError
+        Any other value (the message shows it).
+    """
+    if side not in SIDES:
+        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+    return side
+
+
+def check_confidence(level) -> float:
+    """A confidence level as a float in [0.5, 1): the one rule for every interval and side.
+
+    Below 0.5 a "confidence" interval would be narrower than the estimate's own
+    error half the time, and 1 has no finite bootstrap quantile.
+
+    Raises
+    ------
+    ValueError
+        Not a real number, or outside [0.5, 1) (the message shows it).
+    """
+    if isinstance(level, bool) or not isinstance(level, numbers.Real) or not 0.5 <= float(level) < 1.0:
+        raise ValueError(f"confidence must be in [0.5, 1), got {level!r}")
+    return float(level)
 
 _SATURATED_PREFIX = "saturated-"
 

@@ -16,7 +16,7 @@ import pytest
 
 from caliber_core.calibration.calibrate import sigma_for_target
 from caliber_core.calibration.pipeline import calibrate_data, config_for
-from caliber_core.check_command import EXIT_DRIFT
+from caliber_core.cli.check import EXIT_DRIFT
 from caliber_core.cli import EXIT_USER_ERROR, main
 from caliber_core.config import config_to_json, load_config
 from caliber_core.loading import load_logits

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..config import load_config
+from ..target_record import check_confidence
 from .engine import CurveEngine, row_spread, sample_estimates
 from .sample import LogitSample
 
@@ -172,12 +173,10 @@ def check_drift(config, logits, labels=None, *, confidence: float = 0.95,
     ConfigError
         The config does not follow the schema.
     ValueError
-        K differs from the config's, bad labels, or a confidence outside (0, 1).
+        K differs from the config's, bad labels, or a confidence outside [0.5, 1).
     """
     config = load_config(config)
-    conf = float(confidence)
-    if not (math.isfinite(conf) and 0.0 < conf < 1.0):
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    conf = check_confidence(confidence)
     z = np.asarray(logits)
     k_cfg = config.get("n_classes")
     if z.ndim != 2 or z.shape[1] != k_cfg:

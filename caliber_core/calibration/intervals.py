@@ -56,13 +56,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import SIDES
+from ..target_record import DEFAULT_CONFIDENCE, check_confidence, check_side
 from ..validation import as_sigmas
-from .inversion import check_side, solve_near
+from .inversion import solve_near
 from .engine import CurveEngine, RowValues, row_spread, sample_estimates
 
 QUANTITIES = ("accuracy", "retention", "agreement")
-DEFAULT_CONFIDENCE = 0.95
 DEFAULT_RESAMPLES = 2000
 #: Interval half-width (as a fraction) above which users are warned: 2 points.
 WIDE_HALF_WIDTH = 0.02
@@ -74,13 +73,6 @@ WIDE_HALF_WIDTH = 0.02
 MAX_UNITS = 4000
 _CHUNK_ELEMENTS = 2_000_000
 _CACHE_SIZE = 256
-
-
-def _check_confidence(confidence) -> float:
-    c = float(confidence)
-    if not (math.isfinite(c) and 0.5 <= c < 1.0):
-        raise ValueError(f"confidence must be in [0.5, 1), got {confidence!r}")
-    return c
 
 
 @dataclass(frozen=True)
@@ -179,7 +171,7 @@ class BootstrapIntervals:
         if rows.n_samples < 2:
             raise ValueError(f"intervals need at least 2 rows, got n_samples={rows.n_samples}")
         self.rows = rows
-        self.confidence = _check_confidence(confidence)
+        self.confidence = check_confidence(confidence)
         self.resamples = int(resamples)
         self.seed = seed
         n = rows.n_samples
@@ -271,8 +263,7 @@ class BootstrapIntervals:
         """
         if kind not in QUANTITIES:
             raise ValueError(f"kind must be one of {QUANTITIES}, got {kind!r}")
-        if side not in SIDES:
-            raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+        check_side(side)
         if kind != "agreement" and not self.rows.has_labels:
             raise ValueError(f"{kind} needs labels; this file has none")
         rep, rv = self._replicates(sigma)

@@ -31,16 +31,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..config import SIDES
+from ..target_record import check_side  # noqa: F401  (handed on to the solvers' callers)
 from .margins import sigma_from_v
 
 Curve = Callable[[np.ndarray], np.ndarray]
-
-
-def check_side(side: str) -> str:
-    if side not in SIDES:
-        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
-    return side
 
 
 def as_curve(curve) -> Curve:

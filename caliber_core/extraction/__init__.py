@@ -18,7 +18,7 @@ Modules, one concept each:
 * :mod:`.recalibration` matrix scaling by a thief with a few labels (Guo et al.)
 * :mod:`.seedings`   per-input against consistent seeding, side by side, spread over keys
 * :mod:`.seedings_report` its table and ``caliber.seedings/v1`` JSON
-* :mod:`.command`    ``python -m caliber_core extract``
+* ``caliber extract``  :mod:`caliber_core.cli.extract`
 * :mod:`.peer`       a peer attacker for checks: ART's KnockoffNets, tuned on its own answers
 
 torch is imported by the training modules only; importing this package is cheap.

@@ -71,23 +71,3 @@ def key_fingerprint(key) -> str:
     """16 hex characters naming ``key`` (HMAC-SHA256 of a fixed label): safe to store or log."""
     key = check_key(key)
     return hmac.new(key, _FINGERPRINT_LABEL, hashlib.sha256).hexdigest()[:16]
-
-
-def add_keygen_parser(sub):
-    """Register ``keygen`` on an argparse subparsers object."""
-    keygen = sub.add_parser("keygen", help="write a new per-input seeding key (32 random bytes, hex, mode 0600)")
-    keygen.add_argument("--out", required=True, metavar="KEYFILE", help="where to write it (never overwritten)")
-    return keygen
-
-
-def run_keygen(args) -> int:
-    """``python -m caliber_core keygen --out KEYFILE``; a file already there is a user error (exit 2)."""
-    try:
-        key = write_key_file(args.out)
-    except FileExistsError:
-        raise ValueError(f"{args.out} already exists; a key is never overwritten (rotating it changes all "
-                         f"served noise): remove it first or choose another path") from None
-    except OSError as exc:
-        raise ValueError(f"{args.out}: cannot write the key ({exc.strerror})") from None
-    print(f"wrote a new key to {args.out} (mode 0600), fingerprint {key_fingerprint(key)}")
-    return 0

@@ -9,7 +9,7 @@
 * :mod:`.audit`         the appeal report
 * :mod:`.simulate`      synthetic accounts replayed through a policy
 * :mod:`.metrics`       Prometheus counters
-* :mod:`.command`       ``python -m caliber_core throttle ...``
+* ``caliber throttle ...``  :mod:`caliber_core.cli.throttle`
 
 Importing this package loads numpy and the standard library only; redis and
 prometheus_client are imported when a Redis store or the counters are used.

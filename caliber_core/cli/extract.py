@@ -1,4 +1,4 @@
-"""``python -m caliber_core extract FILE ...``: the extraction simulation from the command line.
+"""``caliber extract FILE ...``: the extraction simulation from the command line.
 
 :func:`add_parser` registers the subcommand; :func:`run` executes it. A bad
 file or option raises ``ValueError`` (the CLI prints one line and exits 2).
@@ -8,39 +8,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if 1.0 < value < 100.0:
-        value /= 100.0  # accept 75 as 75%
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1) or a percentage, got {text}")
-    return value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+from .arguments import add_max_elements, fraction, non_negative_int, positive_int, progress
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -54,44 +23,38 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    "heldout_logits, heldout_labels (evaluation)")
     p.add_argument("--eval", dest="eval_file", metavar="FILE",
                    help="evaluation split from this .npz instead (heldout_* or inputs/logits/labels)")
-    p.add_argument("--retention", nargs="+", type=_fraction, metavar="R", default=None,
+    p.add_argument("--retention", nargs="+", type=fraction, metavar="R", default=None,
                    help="teacher retention targets (fraction of A0; default 0.95 0.85 0.75)")
-    p.add_argument("--surrogate-retention", nargs="+", type=_fraction, metavar="R", default=[],
+    p.add_argument("--surrogate-retention", nargs="+", type=fraction, metavar="R", default=[],
                    help="find sigma where the strongest attacker keeps R of its clean accuracy")
-    p.add_argument("--seeds", type=_positive, default=3, help="replicates per condition (default 3)")
-    p.add_argument("--m", nargs="+", type=_positive, default=[1, 2, 4, 8, 16],
+    p.add_argument("--seeds", type=positive_int, default=3, help="replicates per condition (default 3)")
+    p.add_argument("--m", nargs="+", type=positive_int, default=[1, 2, 4, 8, 16],
                    help="queries per input averaged (default 1 2 4 8 16)")
     p.add_argument("--attack", choices=("fixed", "tuned", "all"), default="all",
                    help="recipes: the fixed light/strong ones, the self-tuned one, or all (default)")
     p.add_argument("--student", choices=("mlp", "linear"), default="mlp", help="surrogate model (default mlp)")
-    p.add_argument("--seed", type=_non_negative, default=0, help="base seed (default 0)")
-    p.add_argument("--processes", type=_positive, default=None, metavar="N",
+    p.add_argument("--seed", type=non_negative_int, default=0, help="base seed (default 0)")
+    p.add_argument("--processes", type=positive_int, default=None, metavar="N",
                    help="processes that train surrogates (default: 2 when the machine has 2 or more CPUs; "
                         "the numbers do not depend on it)")
     p.add_argument("--json", dest="json_out", metavar="REPORT", help="write the caliber.extraction/v1 report here")
     p.add_argument("--out", metavar="CONFIG",
                    help="write a config with the retention and surrogate-retention targets here")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--max-elements", type=int, default=None, metavar="N",
-                   help="refuse arrays declaring more elements than this")
+    add_max_elements(p, "arrays")
     p.add_argument("--seeding", choices=("per-input", "consistent"), default=None,
                    help="compare per-input and consistent seeding side by side at the --retention levels "
                    "(strongest thief, prior correction included; near-duplicate averaging at the lowest)")
     p.add_argument("--key-file", help="with --seeding: calibrate and answer with this key only")
     p.add_argument("--length-scale", type=float, default=None, metavar="L",
                    help="with --seeding: consistent noise's length scale in units of S")
-    p.add_argument("--keys", type=_positive, default=3, help="with --seeding: simulated keys (default 3)")
+    p.add_argument("--keys", type=positive_int, default=3, help="with --seeding or --frontier: simulated keys "
+                   "(default 3)")
+    p.add_argument("--frontier", nargs="*", metavar="DESIGN", default=None,
+                   help="the thief's frontier per noise design at the --retention levels: the flagged user's "
+                   "retention against the strongest thief's (KD at T=1..32, hard labels, prior correction, "
+                   "near-duplicates averaged); designs default to per-input and the consistent field")
     return p
-
-
-def _progress(enabled: bool):
-    if not enabled or not sys.stderr.isatty():
-        return None
-
-    def report(fraction: float) -> None:
-        print(f"\rtraining surrogates: {fraction:5.0%}", end="" if fraction < 1 else "\n", file=sys.stderr)
-
-    return report
 
 
 def default_processes() -> int:
@@ -102,12 +65,14 @@ def default_processes() -> int:
 def run(args) -> int:
     """Execute ``extract`` for parsed ``args``; returns the exit status."""
     from ..loading import DEFAULT_MAX_ELEMENTS
-    from .archive import load_archive
-    from .experiment import DEFAULT_RETENTION, ExtractionSettings, run_extraction
-    from .report import format_tables, report_to_json, to_report
+    from ..extraction.archive import load_archive
+    from ..extraction.experiment import DEFAULT_RETENTION, ExtractionSettings, run_extraction
+    from ..extraction.report import format_tables, report_to_json, to_report
 
     limit = DEFAULT_MAX_ELEMENTS if args.max_elements is None else args.max_elements
     archive = load_archive(args.file, eval_path=args.eval_file, max_elements=limit)
+    if args.frontier is not None:
+        return _run_frontier(args)
     if args.seeding is not None:
         return _run_seedings(archive, args)
     if args.key_file or args.length_scale is not None:
@@ -118,14 +83,14 @@ def run(args) -> int:
         m_values=tuple(sorted(set(args.m))), attack=args.attack, seed=args.seed,
         architecture=args.student, processes=default_processes() if args.processes is None else args.processes,
     )
-    result = run_extraction(archive, settings, progress=_progress(not args.quiet))
+    result = run_extraction(archive, settings, progress=progress(not args.quiet, "training surrogates"))
     print(format_tables(result))
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as fh:
             fh.write(report_to_json(to_report(result)))
         print(f"report written to {args.json_out}")
     if args.out:
-        from .targets import extraction_config
+        from ..extraction.targets import extraction_config
         from ..config import save_config
 
         save_config(extraction_config(result), args.out)
@@ -138,8 +103,8 @@ def run(args) -> int:
 def _run_seedings(archive, args) -> int:
     from ..serving.consistent_noise import DEFAULT_LENGTH_SCALE
     from ..serving.keys import read_key_file
-    from .seedings import compare_seedings
-    from .seedings_report import format_seedings, seedings_to_json
+    from ..extraction.seedings import compare_seedings
+    from ..extraction.seedings_report import format_seedings, seedings_to_json
 
     levels = (0.95, 0.85, 0.75) if args.retention is None else tuple(args.retention)
     length = DEFAULT_LENGTH_SCALE if args.length_scale is None else args.length_scale
@@ -148,10 +113,37 @@ def _run_seedings(archive, args) -> int:
     key = read_key_file(args.key_file) if args.key_file else None
     result = compare_seedings(archive, levels=levels, keys=args.keys, seeds=args.seeds, length_scale=length,
                               key=key, near_duplicates=max(args.m), seed=args.seed,
-                              progress=_progress(not args.quiet))
+                              progress=progress(not args.quiet, "training surrogates"))
     print(format_seedings(result, first=args.seeding))
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as fh:
             fh.write(seedings_to_json(result))
+        print(f"report written to {args.json_out}")
+    return 0
+
+
+def _run_frontier(args) -> int:
+    from ..extraction.frontier_report import frontier_summary, frontier_table, frontier_to_json
+    from ..extraction.noise_designs import DESIGNS, SERVED_DESIGN
+    from ..extraction.thief_frontier import DEFAULT_LEVELS, measure_frontier
+
+    if args.seeding is not None or args.key_file or args.length_scale is not None:
+        raise ValueError("--frontier compares noise designs by name: --seeding, --key-file and --length-scale "
+                         "do not apply")
+    designs = args.frontier or ["per-input", SERVED_DESIGN]
+    unknown = [d for d in designs if d not in DESIGNS]
+    if unknown:
+        raise ValueError(f"--frontier: unknown design {unknown[0]!r}; choose from {', '.join(sorted(DESIGNS))}")
+    levels = DEFAULT_LEVELS if args.retention is None else tuple(args.retention)
+    tick = progress(not args.quiet, "frontier cells")
+    report = None if tick is None else (lambda done, total: tick(done / total))
+    frontier = measure_frontier(args.file, eval_path=args.eval_file, designs=designs, levels=levels,
+                                keys=args.keys, seeds=args.seeds, near_duplicates=max(args.m),
+                                processes=default_processes() if args.processes is None else args.processes,
+                                progress=report)
+    print("\n".join(frontier_table(frontier) + [""] + frontier_summary([frontier])))
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as fh:
+            fh.write(frontier_to_json([frontier]))
         print(f"report written to {args.json_out}")
     return 0

@@ -1,4 +1,4 @@
-"""``python -m caliber_core throttle {init,flag,unflag,status,audit,simulate}``.
+"""``caliber throttle {init,flag,unflag,status,audit,simulate}``.
 
 Bad input (a hostile policy, an unknown level, a bad store URL) is one line on
 stderr and exit status 2, through the CLI's common handler; an unreachable
@@ -13,15 +13,7 @@ import json
 import os
 import sys
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+from .arguments import positive_int, seconds
 
 
 def _unseen(text: str):
@@ -36,16 +28,6 @@ def _unseen(text: str):
     return value
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
-    return value
-
-
 def add_parser(sub) -> argparse.ArgumentParser:
     throttle = sub.add_parser("throttle", help="serve a config to flagged accounts: policy, ledger, audit")
     tsub = throttle.add_subparsers(dest="throttle_command", required=True)
@@ -54,9 +36,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     init.add_argument("config", help="the calibrated config JSON the policy serves")
     init.add_argument("--levels", type=int, nargs="+", required=True, metavar="I",
                       help="config target index served at level 1, 2, ... (sigmas must increase)")
-    init.add_argument("--escalate-after", type=_positive_int, required=True, metavar="N",
+    init.add_argument("--escalate-after", type=positive_int, required=True, metavar="N",
                       help="queries at a level before a flagged account moves up one")
-    init.add_argument("--expire-after", type=_seconds, default=None, metavar="SECONDS",
+    init.add_argument("--expire-after", type=seconds, default=None, metavar="SECONDS",
                       help="a flag lapses this long after it was set (default: never)")
     init.add_argument("--shadow", action="store_true", help="decide and record, but serve clean")
     init.add_argument("--on-store-error", choices=("last-known", "refuse"), default="last-known",
@@ -94,14 +76,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
     sim = tsub.add_parser("simulate", help="replay synthetic accounts through a policy")
     sim.add_argument("policy", help="the policy JSON")
-    sim.add_argument("--queries", type=_positive_int, default=None,
+    sim.add_argument("--queries", type=positive_int, default=None,
                      help="the campaign's size in queries (default: from the escalation threshold)")
     sim.add_argument("--detect-after", type=int, default=None, metavar="N",
                      help="queries before the detector flags an account (default: the escalation threshold)")
-    sim.add_argument("--batch", type=_positive_int, default=100, help="rows per request (default 100)")
-    sim.add_argument("--sybils", type=_positive_int, default=20, help="accounts splitting the campaign")
-    sim.add_argument("--repeats", type=_positive_int, default=4, help="copies of each input the repeater sends")
-    sim.add_argument("--duration", type=_seconds, default=7 * 86400.0,
+    sim.add_argument("--batch", type=positive_int, default=100, help="rows per request (default 100)")
+    sim.add_argument("--sybils", type=positive_int, default=20, help="accounts splitting the campaign")
+    sim.add_argument("--repeats", type=positive_int, default=4, help="copies of each input the repeater sends")
+    sim.add_argument("--duration", type=seconds, default=7 * 86400.0,
                      help="seconds each account spreads its queries over (default 7 days)")
     sim.add_argument("--extraction", default=None, metavar="REPORT",
                      help="an `extract --json` report: the surrogate retention at each level's sigma")
@@ -110,8 +92,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from .policy import PolicyError
-    from .stores import StoreUnavailable, StoreURLError
+    from ..throttle.policy import PolicyError
+    from ..throttle.stores import StoreUnavailable, StoreURLError
 
     try:
         return _COMMANDS[args.throttle_command](args)
@@ -129,15 +111,15 @@ def _print(obj, as_json: bool, text: str) -> None:
 
 
 def _cmd_init(args) -> int:
-    from .policy import build_policy, save_policy
+    from ..throttle.policy import build_policy, save_policy
 
     doc = build_policy(args.config, targets=args.levels, escalate_after=args.escalate_after,
                        expire_after=args.expire_after, shadow=args.shadow, on_store_error=args.on_store_error,
                        unseen_level=None if args.unseen == "refuse" else args.unseen,
                        start_degraded=args.start_degraded, out_path=args.out)
     # Build what the throttle builds, so init refuses what a server would (a wrong key included).
-    from .levels import check_servable
-    from .policy import parse_policy
+    from ..throttle.levels import check_servable
+    from ..throttle.policy import parse_policy
 
     key = None
     if args.key_file is not None:
@@ -168,7 +150,7 @@ def _cmd_init(args) -> int:
 
 
 def _throttle(args):
-    from .throttle import Throttle
+    from ..throttle.throttle import Throttle
 
     return Throttle.from_files(args.policy, store=args.store, metrics=False)
 
@@ -206,7 +188,7 @@ def _cmd_status(args) -> int:
 
 
 def _cmd_audit(args) -> int:
-    from .audit import format_audit
+    from ..throttle.audit import format_audit
 
     with _throttle(args) as t:
         report = t.audit(args.account)
@@ -215,8 +197,8 @@ def _cmd_audit(args) -> int:
 
 
 def _cmd_simulate(args) -> int:
-    from .policy import load_policy
-    from .simulate import format_simulation, load_extraction_report, simulate
+    from ..throttle.policy import load_policy
+    from ..throttle.simulate import format_simulation, load_extraction_report, simulate
 
     policy = load_policy(args.policy)
     extraction = None if args.extraction is None else load_extraction_report(args.extraction)

@@ -1,4 +1,4 @@
-"""``python -m caliber_core check CONFIG FILE``: does a deployed config still fit new traffic?
+"""``caliber check CONFIG FILE``: does a deployed config still fit new traffic?
 
 Exit status: 0 when every comparison is consistent with the config; 3 when
 something moved (one line per finding on stdout, each saying what moved, by
@@ -14,6 +14,8 @@ import argparse
 import json
 import sys
 
+from .arguments import add_confidence, add_max_elements, load
+
 EXIT_DRIFT = 3
 
 
@@ -25,29 +27,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
     check.add_argument("file", help="the new sample's logits file (same formats as calibrate)")
     check.add_argument("--labels", help="labels file for .npy logits (labels enable accuracy, "
                        "retention and A0 comparisons)")
-    check.add_argument("--confidence", type=confidence_level, default=0.95,
-                       help="simultaneous level of all expected ranges (default 0.95)")
+    add_confidence(check, "simultaneous level of all expected ranges")
     check.add_argument("--seed", type=int, default=0, help="seed of Monte-Carlo rows for large files")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_max_elements(check)
     return check
-
-
-def confidence_level(text: str) -> float:
-    """argparse type: a confidence level in [0.5, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0.5 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be a confidence level in [0.5, 1), got {text}")
-    return value
 
 
 def run(args) -> int:
     """Run ``check``; returns the exit status (errors propagate to the CLI's handler)."""
-    from .calibration.drift import check_drift
-    from .config import load_config
-    from .loading import DEFAULT_MAX_ELEMENTS, load_logits
+    from ..calibration.drift import check_drift
+    from ..config import load_config
 
     config = load_config(args.config)
     if (config.get("noise") or {}).get("seeding") == "consistent":
@@ -56,8 +46,7 @@ def run(args) -> int:
         raise ValueError(f"{args.config} is calibrated for consistent seeding with one key; check measures "
                          "per-input noise and cannot judge it: recalibrate on the new sample with "
                          "calibrate --seeding consistent --key-file KEYFILE and compare the sigmas")
-    limit = DEFAULT_MAX_ELEMENTS if args.max_elements is None else args.max_elements
-    data = load_logits(args.file, labels_path=args.labels, max_elements=limit)
+    data = load(args.file, args, labels_path=args.labels)
     for warning in data.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     report = check_drift(config, data.logits, data.labels, confidence=args.confidence, seed=args.seed)

@@ -1,0 +1,283 @@
+"""The thief's frontier: what a flagged user keeps against what the strongest thief keeps, per noise design.
+
+For each noise design (:mod:`.noise_designs`), teacher retention target r and
+key, the design's sigma is solved exactly on the pool rows (the provider's
+calibration rows, with their labels) for accuracy r * A0, the pool is
+answered z + sigma * g(z) as it would be served, and every thief below
+distills a surrogate from those answers:
+
+* knowledge distillation at T = 1, 2, 4, 16 and 32 with weight decays 1e-4
+  to 1e-2 (:data:`SOFT_RECIPES`), each used as trained and after prior
+  correction (:mod:`.prior_correction`);
+* hard labels (the noisy argmax only) at two weight decays, plain and
+  prior-corrected;
+* near-duplicate averaging: M jittered copies of every pool row asked, the
+  answers averaged, then distilled with :data:`NEAR_RECIPES`.
+
+x, the flagged user's retention, is the teacher's exact accuracy on the
+evaluation split under this key's noise over its clean accuracy there; y,
+the thief's retention, is the strongest thief's evaluation accuracy over the
+strongest thief's on clean answers. "Strongest" is the attacker with the best
+mean over keys and seeds, chosen on the evaluation labels: a choice no real
+thief can make, so y errs toward the thief. Intervals are over keys and
+training seeds (t interval of the mean of the key x seed values).
+
+A near-duplicate's clean logits are modelled as z + N(0, (jitter * S)^2) per
+class (the archive holds logits, not the teacher).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..calibration.keyed_curve import keyed_accuracy, solve_keyed
+from ..calibration.margins import margin_scale
+from .noise_designs import design as design_named
+from .recipes import Recipe
+
+SOFT_RECIPES = (
+    Recipe("T1-wd1e-3", 1.0, 1e-3),
+    Recipe("T2-wd1e-4", 2.0, 1e-4),
+    Recipe("T4-wd1e-2", 4.0, 1e-2),
+    Recipe("T4-wd1e-3", 4.0, 1e-3),
+    Recipe("T16-wd1e-3", 16.0, 1e-3),
+    Recipe("T16-wd1e-2", 16.0, 1e-2),
+    Recipe("T32-wd1e-3", 32.0, 1e-3),
+    Recipe("T32-wd1e-2", 32.0, 1e-2),
+)
+HARD_RECIPES = (Recipe("hard-wd1e-3", 1.0, 1e-3), Recipe("hard-wd1e-2", 1.0, 1e-2))
+NEAR_RECIPES = (Recipe("T4-wd1e-3", 4.0, 1e-3), Recipe("T16-wd1e-3", 16.0, 1e-3), Recipe("T32-wd1e-2", 32.0, 1e-2))
+DEFAULT_LEVELS = (0.95, 0.85, 0.75, 0.65, 0.55)
+NEAR_JITTER = 0.05
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Mean with a 95% t interval over n values (lo = hi = mean for one value)."""
+
+    mean: float
+    lo: float
+    hi: float
+    n: int
+
+    @classmethod
+    def of(cls, values) -> "Interval":
+        v = np.asarray(values, dtype=np.float64)
+        if v.size == 0:
+            return cls(math.nan, math.nan, math.nan, 0)
+        m = float(v.mean())
+        if v.size < 2:
+            return cls(m, m, m, 1)
+        half = float(_t975(v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
+        return cls(m, m - half, m + half, int(v.size))
+
+    def to_dict(self) -> dict:
+        return {"mean": self.mean, "lo": self.lo, "hi": self.hi, "n": self.n}
+
+
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045,
+         2.042)
+
+
+def _t975(df: int) -> float:
+    """Student's t 97.5% quantile (table to 30 degrees of freedom, then 2.0 down to the normal 1.96)."""
+    return _T975[df - 1] if df <= len(_T975) else (2.0 if df <= 60 else 1.96)
+
+
+@dataclass
+class FrontierPoint:
+    """One design at one teacher retention target, over keys and seeds."""
+
+    design: str
+    level: float
+    sigma_over_s: Interval
+    teacher: Interval  # the flagged user's retention on the evaluation split, over keys
+    thief: Interval  # the strongest thief's retention, over keys x seeds
+    attacker: str
+    near_gain: float  # points of accuracy the best near-duplicate thief adds over the best single-answer thief
+    attackers: dict = field(default_factory=dict)  # every thief's mean retention
+
+    def to_dict(self) -> dict:
+        return {"design": self.design, "level": self.level, "sigma_over_s": self.sigma_over_s.to_dict(),
+                "teacher": self.teacher.to_dict(), "thief": self.thief.to_dict(), "attacker": self.attacker,
+                "near_gain": self.near_gain, "attackers": self.attackers}
+
+
+@dataclass
+class Frontier:
+    archive: str
+    clean_accuracy: float  # the strongest thief's on clean answers (its retention's denominator)
+    clean_attacker: str
+    keys: int
+    seeds: int
+    points: list[FrontierPoint] = field(default_factory=list)
+
+    def of(self, design: str) -> list[FrontierPoint]:
+        return sorted((p for p in self.points if p.design == design), key=lambda p: -p.level)
+
+    def at(self, design: str, user: float = 0.75) -> tuple[float, float] | None:
+        """The thief's retention where the flagged user keeps ``user``: linear between the measured points."""
+        pts = sorted(self.of(design), key=lambda p: p.teacher.mean)
+        xs = [p.teacher.mean for p in pts]
+        if not pts or not xs[0] <= user <= xs[-1]:
+            return None
+        j = int(np.searchsorted(xs, user))
+        if xs[j] == user or j == 0:
+            p = pts[j]
+            return p.thief.mean, (p.thief.hi - p.thief.lo) / 2
+        a, b = pts[j - 1], pts[j]
+        w = (user - a.teacher.mean) / (b.teacher.mean - a.teacher.mean)
+        return ((1 - w) * a.thief.mean + w * b.thief.mean,
+                (1 - w) * (a.thief.hi - a.thief.lo) / 2 + w * (b.thief.hi - b.thief.lo) / 2)
+
+
+# --------------------------------------------------------------------------- workers
+
+_STATE: dict = {}
+
+
+def _setup(path: str, eval_path: str | None) -> None:
+    import torch
+
+    from .archive import load_archive
+    from .attacker import Thief
+
+    torch.set_num_threads(1)
+    archive = load_archive(path, eval_path=eval_path)
+    pool, ev = archive.pool, archive.evaluation
+    _STATE.update(archive=archive, thief=Thief(pool.inputs, ev.inputs, ev.labels, ev.logits.argmax(1),
+                                              n_classes=archive.n_classes))
+
+
+def _scores(answers_soft: np.ndarray, recipes, seeds, *, hard: bool = False) -> dict[str, list[float]]:
+    from .answers import Answers
+    from .attacker import Request
+
+    thief = _STATE["thief"]
+    if hard:
+        answers = Answers(None, np.argmax(answers_soft, axis=1), 0.0, 1, "frontier", "hard")
+    else:
+        answers = Answers(np.asarray(answers_soft, dtype=np.float64), None, 0.0, 1, "frontier", "soft")
+    outs = thief.train([Request(answers, r, s) for r in recipes for s in seeds])
+    scores: dict[str, list[float]] = {}
+    for i, r in enumerate(recipes):
+        o = outs[i * len(seeds):(i + 1) * len(seeds)]
+        scores[r.name] = [x.accuracy for x in o]
+        scores[r.name + "+prior"] = [x.corrected_accuracy for x in o]
+    return scores
+
+
+def _cell(task) -> dict:
+    """One (design, level, key): sigma, the user's retention and every thief's accuracy per seed."""
+    name, level, key_index, seeds, near = task
+    archive = _STATE["archive"]
+    pool, ev = archive.pool, archive.evaluation
+    z, y, ze, ye = pool.logits, pool.labels, ev.logits, ev.labels
+    scale = _scale(z)
+    key = b"caliber-frontier-key-" + str(key_index).encode()
+    if name == "clean":
+        return {"task": task, "scores": {**_scores(z, SOFT_RECIPES, seeds),
+                                         **_scores(z, HARD_RECIPES, seeds, hard=True)}}
+    g = design_named(name).build(z, key, scale=scale)
+    rows = [f"pool-{i}" for i in range(len(z))]
+    gz = g(z, rows)
+    a0 = float(np.mean(z.argmax(1) == y))
+    sigma = solve_keyed(z, y, gz, target=level * a0, bootstrap=0).sigma
+    a0_eval = float(np.mean(ze.argmax(1) == ye))
+    user = keyed_accuracy(ze, ye, g(ze, [f"eval-{i}" for i in range(len(ze))]), sigma) / a0_eval
+    served = z + sigma * gz
+    scores = {**_scores(served, SOFT_RECIPES, seeds), **_scores(served, HARD_RECIPES, seeds, hard=True)}
+    if near:
+        gen = np.random.Generator(np.random.SFC64(np.random.SeedSequence([key_index, 0xD0B])))
+        total = np.zeros_like(z)
+        for j in range(near):
+            copy = z + gen.normal(0.0, NEAR_JITTER * scale, z.shape)
+            total += copy + sigma * g(copy, [f"near{j}-pool-{i}" for i in range(len(z))])
+        near_scores = _scores(total / near, NEAR_RECIPES, seeds)
+        scores.update({"near16:" + k: v for k, v in near_scores.items()})
+    return {"task": task, "sigma_over_s": sigma / scale, "user": user, "scores": scores}
+
+
+def _scale(z: np.ndarray) -> float:
+    return float(margin_scale(z))
+
+
+# --------------------------------------------------------------------------- the sweep
+
+def measure_frontier(path: str, *, designs: Sequence[str], levels: Sequence[float] = DEFAULT_LEVELS,
+                     keys: int = 3, seeds: int = 2, near_duplicates: int = 16, processes: int = 1,
+                     eval_path: str | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> Frontier:
+    """The frontier of every design on one archive (see the module docstring).
+
+    Parameters
+    ----------
+    path : str
+        An extraction archive (pool with inputs, logits and labels; evaluation split).
+    designs : names from :data:`~.noise_designs.DESIGNS`.
+    levels : teacher retention targets, fractions of the pool's clean accuracy.
+    keys, seeds : replicates (keys: noise draws; seeds: the thief's training seeds).
+    near_duplicates : M of the near-duplicate thief (0: no such thief).
+    processes : worker processes (each trains single-threaded).
+    progress : called with (cells done, cells) after each cell.
+
+    Raises
+    ------
+    ValueError
+        An unknown design, a level outside (0, 1), or a non-positive count.
+    """
+    for name in designs:
+        design_named(name)
+    if not levels or any(not 0 < r < 1 for r in levels):
+        raise ValueError(f"levels must be retention fractions in (0, 1), got {tuple(levels)!r}")
+    for label, value in (("keys", keys), ("seeds", seeds), ("processes", processes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{label} must be a positive integer, got {value!r}")
+    seed_list = tuple(range(seeds))
+    tasks = [("clean", 0.0, 0, seed_list, 0)]
+    tasks += [(d, float(r), k, seed_list, int(near_duplicates)) for d in designs for r in levels for k in range(keys)]
+    results = []
+    if processes == 1:
+        _setup(path, eval_path)
+        for t in tasks:
+            results.append(_cell(t))
+            if progress:
+                progress(len(results), len(tasks))
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(processes, initializer=_setup, initargs=(path, eval_path)) as pool:
+            for out in pool.imap_unordered(_cell, tasks):
+                results.append(out)
+                if progress:
+                    progress(len(results), len(tasks))
+    return _summarize(path, results, keys=keys, seeds=seeds)
+
+
+def _summarize(path: str, results: list[dict], *, keys: int, seeds: int) -> Frontier:
+    clean = next(r for r in results if r["task"][0] == "clean")["scores"]
+    clean_name = max(clean, key=lambda a: np.mean(clean[a]))
+    base = float(np.mean(clean[clean_name]))
+    frontier = Frontier(str(path), base, clean_name, keys, seeds)
+    cells: dict[tuple, list[dict]] = {}
+    for r in results:
+        if r["task"][0] != "clean":
+            cells.setdefault((r["task"][0], r["task"][1]), []).append(r)
+    for (name, level), group in sorted(cells.items()):
+        attackers = group[0]["scores"].keys()
+        pooled = {a: [v for r in group for v in r["scores"][a]] for a in attackers}
+        best = max(pooled, key=lambda a: np.mean(pooled[a]))
+        single = [a for a in pooled if not a.startswith("near")]
+        best_single = max(np.mean(pooled[a]) for a in single)
+        near = [a for a in pooled if a.startswith("near")]
+        near_gain = (max(np.mean(pooled[a]) for a in near) - best_single) * 100 if near else math.nan
+        frontier.points.append(FrontierPoint(
+            name, level, Interval.of([r["sigma_over_s"] for r in group]), Interval.of([r["user"] for r in group]),
+            Interval.of(np.asarray(pooled[best]) / base), best, float(near_gain),
+            {a: float(np.mean(v)) / base for a, v in pooled.items()}))
+    return frontier
