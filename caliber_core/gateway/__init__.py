@@ -2,8 +2,8 @@
 
 * :mod:`.request_rules`what the gateway accepts: the account, the body, the rows it counts, what it refuses
 * :mod:`.app`       the FastAPI app proxying ``/v1/completions`` and ``/v1/chat/completions`` (streaming too)
-* :mod:`.command`   ``caliber gateway --upstream URL --policy P --key-file K --store URI``
+* ``caliber gateway --upstream URL --policy P --key-file K --store URI`` (:mod:`caliber_core.cli.gateway`)
 
-FastAPI, httpx and uvicorn are imported by :mod:`.app` and :mod:`.command` only
+FastAPI, httpx and uvicorn are imported by :mod:`.app` and the command only
 (the ``gateway`` extra).
 """

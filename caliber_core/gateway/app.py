@@ -58,7 +58,7 @@ async def _read_bounded(request: Request, limit: int) -> bytes:
 
 def create_app(throttle, *, key: bytes, upstream: str, default_max_tokens: int = DEFAULT_MAX_TOKENS,
                max_body_bytes: int = MAX_BODY_BYTES, refuse_prompt_logprobs: str = "flagged",
-               upstream_api_key: str | None = None, timeout: float = 600.0,
+               upstream_api_key: str | None = None, valid_minutes: float | None = None, timeout: float = 600.0,
                transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
     """The gateway's FastAPI app.
 
@@ -78,6 +78,8 @@ def create_app(throttle, *, key: bytes, upstream: str, default_max_tokens: int =
         Who is refused prompt logprobs (see :mod:`.request_rules`).
     upstream_api_key : str, optional
         Sent to vLLM as its ``--api-key`` bearer (never the client's credential).
+    valid_minutes : float, optional
+        How long vLLM honours a grant (default: ``grants.DEFAULT_VALID_MINUTES``).
     timeout : float
         Seconds to wait on the upstream.
     transport : httpx transport, optional
@@ -112,7 +114,7 @@ def create_app(throttle, *, key: bytes, upstream: str, default_max_tokens: int =
             body = parse_body(await _read_bounded(request, max_body_bytes))
             rows = rows_of(path, body, default_max_tokens=default_max_tokens)
             try:
-                token = throttle.grant(account, rows=rows)
+                token = throttle.grant(account, rows=rows, valid_minutes=valid_minutes)
             except StoreUnavailable:
                 return _error(503, "the service cannot decide this request now; try again later")
             level = verify_grant(token, signing_key=signing_key, digest=digest, top=top).level
