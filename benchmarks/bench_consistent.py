@@ -167,6 +167,7 @@ def run_teacher(kind: str, *, keys: int, length_scales, seeds: int, workdir: Pat
             key_path = workdir / key_name
             if not key_path.exists():
                 key_path.write_text(hashlib.sha256(f"{kind}-{seeding}-{ls}-{k}".encode()).hexdigest() + "\n")
+                key_path.chmod(0o600)
             key = read_key_file(key_path)
             cfg = workdir / f"{kind}-{seeding}-{ls}-{k}.json"
             extra = ["--seeding", "consistent", "--key-file", key_name, "--length-scale", ls,
@@ -240,6 +241,7 @@ def cost(repeats: int = 40) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         key_path = Path(tmp) / "k.key"
         key_path.write_text(hashlib.sha256(b"cost").hexdigest() + "\n")
+        key_path.chmod(0o600)
         key = read_key_file(key_path)
         for k in (10, 1000, 50_000):
             logits, labels = make_synthetic_logits(500, k, seed=1)

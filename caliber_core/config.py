@@ -45,6 +45,9 @@ _INTERVAL_QUANTITIES = ("accuracy", "retention", "agreement")
 #: Deepest nesting a config may have (real ones nest 4 levels); deeper JSON is refused
 #: before parsing, which would otherwise exhaust the interpreter's recursion limit.
 MAX_DEPTH = 32
+#: Largest config read (file, text or bytes), checked before parsing: a calibrated config is a few
+#: kilobytes, a drift reference with every sigma a few hundred.
+MAX_CONFIG_BYTES = 4 << 20
 
 
 class ConfigError(ValueError):
@@ -102,15 +105,20 @@ def load_config(source) -> dict:
         config = _copy(source, 0)
     else:
         if isinstance(source, (bytes, bytearray)):
+            _check_config_size(len(source), "config")
             text = bytes(source).decode("utf-8", errors="replace")
         elif isinstance(source, str) and source.lstrip().startswith("{"):
+            _check_config_size(len(source), "config")
             text = source
         elif isinstance(source, (str, os.PathLike)):
             try:
-                with open(source, encoding="utf-8") as fh:
-                    text = fh.read()
+                # Read one byte past the cap and no more: the size is known before any parsing.
+                with open(source, "rb") as fh:
+                    raw = fh.read(MAX_CONFIG_BYTES + 1)
             except OSError as exc:
                 raise ConfigError(f"{os.fspath(source)}: cannot read config ({exc.strerror})") from None
+            _check_config_size(len(raw), f"{os.fspath(source)}: config")
+            text = raw.decode("utf-8", errors="replace")
         else:
             raise ConfigError(f"config must be a path, JSON text or a dict, got {type(source).__name__}")
         too_deep = False
@@ -127,6 +135,12 @@ def load_config(source) -> dict:
         config = _upgrade_v1(config)
     validate_config(config)
     return config
+
+
+def _check_config_size(size: int, what: str) -> None:
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{what} is larger than {MAX_CONFIG_BYTES:,} bytes ({MAX_CONFIG_BYTES >> 20} MiB), "
+                          f"the most a config may hold")
 
 
 def _json_depth(text: str) -> int:

@@ -111,6 +111,8 @@ def as_sigmas(sigma) -> np.ndarray:
 #: Shortest key accepted for per-input seeding: 128 bits, so that one clean/noisy
 #: pair does not let a thief search the key space offline.
 MIN_KEY_BYTES = 16
+#: Longest key accepted: HMAC-SHA256 hashes a longer key down to 32 bytes, so more adds nothing.
+MAX_KEY_BYTES = 64
 
 
 def check_key(key) -> bytes:
@@ -121,7 +123,8 @@ def check_key(key) -> bytes:
     TypeError
         Not bytes-like (a str must be encoded, or better, made by ``caliber keygen``).
     ValueError
-        Shorter than 16 bytes; the message gives the length, never the key.
+        Shorter than 16 bytes, or one byte repeated (all zeros, say): the
+        message gives the length, never the key.
     """
     if not isinstance(key, (bytes, bytearray, memoryview)):
         raise TypeError(f"key must be bytes (e.g. from caliber_core.serving.keys.new_key()), "
@@ -130,6 +133,9 @@ def check_key(key) -> bytes:
     if len(key) < MIN_KEY_BYTES:
         unit = "byte" if len(key) == 1 else "bytes"
         raise ValueError(f"key is {len(key)} {unit}; need at least {MIN_KEY_BYTES} random bytes "
+                         f"(make one with 'python -m caliber_core keygen --out KEYFILE')")
+    if len(set(key)) == 1:
+        raise ValueError(f"key is {len(key)} copies of one byte, not a secret "
                          f"(make one with 'python -m caliber_core keygen --out KEYFILE')")
     return key
 

@@ -46,7 +46,7 @@ from caliber_core.config import TargetRecord
 from caliber_core.loading import LogitsData
 from caliber_core.loading.checks import margins_in_chunks
 
-from . import calibrate_plots, tables
+from . import calibrate_plots, readouts, tables
 from .curves import sigma_grid
 
 _EMPTY = object()
@@ -261,6 +261,26 @@ def served(data: LogitsData, cal: Calibration, kind: str, value: float, *,
             return rec, est.at(rec.sigma)
 
     return _fill(_served_slot(model + (kind, float(value), side)), compute)
+
+
+def sigma_range(data: LogitsData, cal: Calibration, kind: str, value: float, *,
+                side: str = "point") -> tuple[float, float] | None:
+    """The σ range of the σ served: where the measured curve crosses the ends of the
+    quantity's interval at that σ (:func:`served`'s bootstrap). Cached.
+
+    Meaning: the σ values whose sample ``kind`` lies within the interval of what the
+    σ served delivers; it contains the σ served. None when an end is out of the
+    curve's reach (e.g. an interval end above the clean value).
+    """
+    record, intervals = served(data, cal, kind, value, side=side)
+    interval = intervals.get(kind)
+    if interval is None or not record.sigma > 0:
+        return None
+
+    def compute(_):
+        return readouts.sigma_range(cal, record.sigma, interval, kind)
+
+    return _fill(_served_slot(_model_key(data, cal) + (kind, float(value), side, "sigma-range")), compute)
 
 
 def side_bound(data: LogitsData, cal: Calibration, kind: str, value: float, *, side: str) -> float:

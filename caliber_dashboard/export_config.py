@@ -24,7 +24,7 @@ from dataclasses import replace
 import pandas as pd
 
 from caliber_core.calibration.calibrate import Calibration
-from caliber_core.calibration.intervals import DEFAULT_CONFIDENCE
+from caliber_core.calibration.intervals import DEFAULT_CONFIDENCE, Interval
 from caliber_core.calibration.config_build import build_config
 from caliber_core.config import SIDES, TargetRecord
 from caliber_core.extraction.experiment import ExtractionResult
@@ -32,6 +32,7 @@ from caliber_core.extraction import targets as extraction_targets
 from caliber_core.loading import LogitsData
 
 from . import cache
+from . import readouts
 from .readouts import SIDE_LABELS
 
 QUANTITIES = ("accuracy", "retention", "agreement")
@@ -89,13 +90,31 @@ def _delivered(record: TargetRecord, quantity: str) -> float | None:
     return None if value is None else 100 * value
 
 
-def preview_table(records: Sequence[TargetRecord]) -> pd.DataFrame:
+def sigma_shown(cal: Calibration, record: TargetRecord) -> str:
+    """σ served with its range (``readouts.sigma_range`` on the record's own interval), rounded to it.
+
+    A surrogate-retention record has no interval: its σ with its standard error instead.
+    """
+    interval = (record.interval or {}).get(record.kind) if record.kind in QUANTITIES else None
+    if interval is None:
+        se = (record.attacker or {}).get("sigma_se")
+        return sigma_text(record.sigma, se if isinstance(se, (int, float)) else None)
+    ref = record.reference if isinstance(record.reference, dict) else {}
+    estimate = ref.get(record.kind, 0.5 * (interval[0] + interval[1]))
+    found = readouts.sigma_range(cal, record.sigma, Interval(float(estimate), float(interval[0]), float(interval[1])),
+                                 record.kind)
+    return readouts.sigma_text(record.sigma, found)
+
+
+def preview_table(records: Sequence[TargetRecord], *, cal: Calibration | None = None) -> pd.DataFrame:
     """One row per target: σ served (with its standard error for a surrogate target), what it delivers, intervals.
 
     Accuracy, retention and agreement are what the served σ delivers on the calibration
     sample (the record's drift ``reference``), in percent like the intervals beside them, so
     each sits inside its interval; the target asked for is the "target" column. Off the
     point side the record's own fields hold the target, not what σ delivers.
+
+    With ``cal``, a "σ (range)" column shows σ rounded to its range (:func:`sigma_shown`).
 
     Interval columns are named with their level (e.g. "retention 95% interval");
     a surrogate-retention row has none (its precision is σ's standard error and
@@ -111,6 +130,7 @@ def preview_table(records: Sequence[TargetRecord]) -> pd.DataFrame:
         rows.append({
             "target": f"{r.kind} {100 * r.requested:g}%", "side": SIDE_LABELS.get(r.side, r.side),
             "σ served": r.sigma,
+            **({} if cal is None else {"σ (range)": sigma_shown(cal, r)}),
             "σ s.e.": se if isinstance(se, (int, float)) and math.isfinite(se) else None, "v = σ²/S²": r.v,
             **{f"{q} %": _delivered(r, q) for q in QUANTITIES},
             **{f"{q}{named} interval": _bounds(r.interval, q) for q in QUANTITIES},

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import math
 
+from caliber_core.calibration.calibrate import Calibration, sigma_for_target
 from caliber_core.calibration.intervals import WIDE_HALF_WIDTH, Interval, IntervalSet, sample_size_advice
+
+from .rounding import with_range
 
 QUANTITY_ORDER = ("retention", "accuracy", "agreement")
 SIDE_LABELS = {"point": "point", "at-least": "at least", "at-most": "at most"}
@@ -27,6 +30,35 @@ SIDE_HELP = {
 SIGMA_LABELS = {"point": "σ* (logit units)", "at-least": "σ served, at least (logit units)",
                 "at-most": "σ served, at most (logit units)"}
 V_LABELS = {"point": "v* = σ*²/S²", "at-least": "v = σ²/S² (σ served)", "at-most": "v = σ²/S² (σ served)"}
+
+
+def sigma_range(cal: Calibration, sigma: float, interval: Interval, kind: str) -> tuple[float, float] | None:
+    """The σ values whose sample ``kind`` lies within ``interval`` (the interval of what ``sigma`` delivers).
+
+    Read on the measured curve (``sigma_for_target`` at the interval's two ends; the
+    curve falls with σ, so the top end gives the smaller σ). Contains ``sigma``.
+    None when an end is out of the curve's reach, or for σ = 0.
+    """
+    if interval is None or not sigma > 0:
+        return None
+    try:
+        low = sigma_for_target(cal, float(interval.high), kind=kind).sigma
+        high = sigma_for_target(cal, float(interval.low), kind=kind).sigma
+    except ValueError:
+        return None
+    return (min(low, sigma), max(high, sigma))
+
+
+def sigma_text(sigma: float, sigma_range: tuple[float, float] | None) -> str:
+    """"0.857 (0.842–0.871)": σ with its range, to the digits the range supports; 3 digits without one."""
+    if sigma_range is None or not sigma > 0:
+        return f"{sigma:.3g}"
+    return with_range(sigma, *sigma_range)
+
+
+SIGMA_RANGE_HELP = ("In brackets: the σ range, where the measured curve crosses the ends of the "
+                    "interval of what this σ delivers (the bootstrap's level); σ is rounded to the "
+                    "digits that range supports. The config stores σ in full.")
 
 
 def percent(x: float) -> str:

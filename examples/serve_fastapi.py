@@ -1,6 +1,7 @@
 """A classifier endpoint behind the throttle: FastAPI and uvicorn.
 
-Run (after ``throttle init`` wrote policy.json and ``keygen`` wrote caliber.key)::
+Run (after ``keygen`` wrote caliber.key, ``calibrate --seeding consistent --key-file caliber.key`` wrote
+the config and ``throttle init`` wrote policy.json)::
 
     CALIBER_POLICY=policy.json CALIBER_KEY_FILE=caliber.key CALIBER_STORE=sqlite:///ledger.db \\
         python -m uvicorn examples.serve_fastapi:app --host 127.0.0.1 --port 8000
@@ -9,11 +10,24 @@ Run (after ``throttle init`` wrote policy.json and ``keygen`` wrote caliber.key)
         http://127.0.0.1:8000/v1/classify
 
 ``POST /v1/classify`` takes ``{"inputs": [[feature, ...], ...]}`` and returns
-``{"logits": [[...], ...]}``. The account is the bearer token (the ledger
-keeps only its fingerprint); each row's per-input id is the sha256 of its
-float64 bytes, so a repeated input gets the identical answer. The body and
-headers are the same at every level: nothing says whether an account is
-flagged. Flag accounts with ``python -m caliber_core throttle flag``.
+``{"logits": [[...], ...]}``. The account is the bearer token, read as the CLI
+reads an account (:func:`caliber_core.serving.account_from_authorization`:
+any case of the scheme, UTF-8, NFC); the ledger keeps only its fingerprint.
+
+Seeding. The example serves whatever seeding the policy's config was
+calibrated for, and its run instructions use consistent seeding: the noise
+is a function of the logits, so an input moved by one ulp, a ``-0.0`` for a
+``0.0`` or any near-duplicate gets (nearly) the same noise, and no request id
+is needed. Under per-input seeding the noise follows the request's id, and
+an id taken from raw bytes can be multiplied at will; the example therefore
+rounds every input to ``CALIBER_ID_DECIMALS`` places (default 6) before the
+model reads it and uses :func:`caliber_core.serving.canonical_ids` of those
+features as the ids, so a repeat and its jittered variants share one draw.
+
+The body and headers are the same at every level: nothing says whether an
+account is flagged. A request whose answer cannot be produced is not counted
+(a 500 is rolled back with ``Throttle.void``). Flag accounts with
+``python -m caliber_core throttle flag``.
 
 The model here is a stand-in (a fixed, seeded linear map from
 ``CALIBER_FEATURES`` features to the config's K classes): pass your own to
@@ -23,48 +37,54 @@ port when ``CALIBER_METRICS_PORT`` is set, never on the public app.
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 import numpy as np
 from fastapi import FastAPI, Header, HTTPException
 from pydantic import BaseModel, Field
 
+from caliber_core.serving import AuthorizationError, account_from_authorization, canonical_features, canonical_ids
 from caliber_core.serving.keys import read_key_file
 from caliber_core.throttle import StoreUnavailable, Throttle
 
 MAX_ROWS = 1024
+#: The precision the stand-in model reads its features at (and the ids are taken at).
+DEFAULT_ID_DECIMALS = 6
 
 
 class ClassifyRequest(BaseModel):
     inputs: list[list[float]] = Field(..., min_length=1, max_length=MAX_ROWS)
 
 
-def row_ids(inputs: np.ndarray) -> list[bytes]:
-    """One per-input id per row: the sha256 of the row's float64 bytes."""
-    return [hashlib.sha256(row.tobytes()).digest() for row in np.ascontiguousarray(inputs, dtype=np.float64)]
+def create_app(throttle: Throttle, model, *, decimals: int = DEFAULT_ID_DECIMALS) -> FastAPI:
+    """The app: ``model(inputs (N, D) float64) -> logits (N, K)``, served through ``throttle``.
 
-
-def create_app(throttle: Throttle, model) -> FastAPI:
-    """The app: ``model(inputs (N, D) float64) -> logits (N, K)``, served through ``throttle``."""
+    The model reads the inputs rounded to ``decimals`` places (-0.0 as 0.0);
+    under per-input seeding each row's id is the canonical id of what it read.
+    """
     app = FastAPI(title="classifier behind the Caliber throttle")
+    per_input = throttle.policy.seeding == "per-input"
 
     @app.post("/v1/classify")
     def classify(body: ClassifyRequest, authorization: str = Header(default="")):
-        account = authorization.removeprefix("Bearer ").strip()
-        if not account:
-            raise HTTPException(status_code=401, detail="missing bearer token")
         try:
-            inputs = np.asarray(body.inputs, dtype=np.float64)
-            if inputs.ndim != 2:
-                raise ValueError("inputs must be a list of rows of equal length")
+            account = account_from_authorization(authorization)
+        except AuthorizationError as exc:
+            raise HTTPException(status_code=401, detail=str(exc)) from None
+        try:
+            inputs = canonical_features(body.inputs, decimals=decimals)
             logits = model(inputs)
-            served = throttle.respond(account, logits, row_ids(inputs))
-        except StoreUnavailable:  # the policy says "refuse": tell the client to come back
+            ids = canonical_ids(inputs, decimals=decimals) if per_input else None
+            served = throttle.respond(account, logits, ids)
+        except StoreUnavailable:  # the policy's outage rule refused it: tell the client to come back
             raise HTTPException(status_code=503, detail="try again later") from None
         except ValueError as exc:
             raise HTTPException(status_code=422, detail=" ".join(str(exc).split())) from None
-        return {"logits": np.asarray(served.logits, dtype=np.float64).tolist()}
+        try:
+            return {"logits": np.asarray(served.logits, dtype=np.float64).tolist()}
+        except BaseException:
+            throttle.void(served)  # no answer went out: not counted
+            raise
 
     return app
 
@@ -90,7 +110,9 @@ def app_from_environment() -> FastAPI:
 
         start_http_server(int(port), addr="127.0.0.1")
     n_classes = throttle.policy.config["n_classes"]
-    return create_app(throttle, linear_model(int(os.environ.get("CALIBER_FEATURES", "64")), n_classes))
+    decimals = int(os.environ.get("CALIBER_ID_DECIMALS", str(DEFAULT_ID_DECIMALS)))
+    return create_app(throttle, linear_model(int(os.environ.get("CALIBER_FEATURES", "64")), n_classes),
+                      decimals=decimals)
 
 
 app = app_from_environment() if os.environ.get("CALIBER_POLICY") else None

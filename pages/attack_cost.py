@@ -59,9 +59,11 @@ with c2:
         help="The accuracy an attacker would call usable; read on the measured curve, as v* is, it gives v_use.")
 bound = query_bound(cal, v_star, percent_to_fraction(usable_pct))
 
-m = st.columns(5)
-m[0].metric(readouts.SIGMA_LABELS[side], fmt(sigma, ".5g"),
-            help=f"The side served on Calibrate: {readouts.SIDE_LABELS[side]}. {readouts.SIDE_HELP[side]}")
+m = st.columns([2, 1, 1]) + st.columns([2, 1, 1])[:2]  # two rows: σ and its range need the width
+m[0].metric(readouts.SIGMA_LABELS[side],
+            readouts.sigma_text(sigma, cache.sigma_range(data, cal, kind, value, side=side)),
+            help=f"The side served on Calibrate: {readouts.SIDE_LABELS[side]}. {readouts.SIDE_HELP[side]} "
+                 + readouts.SIGMA_RANGE_HELP)
 m[1].metric("v* = σ*²/S²", fmt(v_star, ".4g"))
 m[2].metric("served accuracy", fmt(served_accuracy, ".4f"))
 m[3].metric("v_use (measured curve)", fmt(bound.v_use, ".4g"))

@@ -86,8 +86,10 @@ def _request_verify():
 
 
 def _readout(record, intervals, kind, side, value):
-    r = st.columns(3)
-    r[0].metric(readouts.SIGMA_LABELS[side], fmt(record.sigma, ".5g"), help=readouts.SIDE_HELP[side])
+    r = st.columns([3, 2, 2])  # σ with its range needs the width
+    r[0].metric(readouts.SIGMA_LABELS[side],
+                readouts.sigma_text(record.sigma, cache.sigma_range(data, cal, kind, value, side=side)),
+                help=readouts.SIDE_HELP[side] + " " + readouts.SIGMA_RANGE_HELP)
     r[1].metric(readouts.V_LABELS[side], fmt(record.v, ".5g"))
     r[2].metric("logistic σ (closed form)", fmt(record.sigma_logistic, ".5g"),
                 help="Eq. inverse-v on the fitted law at the target itself (the point), for comparison; "

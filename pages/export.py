@@ -131,14 +131,17 @@ except ValueError as exc:
     st.stop()
 
 st.subheader("Config")
-results_df = export_config.preview_table(list(results) + surrogate)
+results_df = export_config.preview_table(list(results) + surrogate, cal=cal)
 for r in results:
     if r.saturated:
         st.warning(ui.plain(f"{r.kind} {r.requested:g} is out of reach: the config serves σ = {r.sigma:.5g}, "
                             "the largest σ the sweep measured, marked saturated."), icon=":material/warning:")
+# σ as the readouts show it (rounded to its range); the config JSON below holds it in full.
 st.dataframe(results_df, hide_index=True, width="stretch",
-             column_config={c: st.column_config.NumberColumn(format="%.5g")
-                            for c in ("σ served", "v = σ²/S²", "σ logistic")}
+             column_order=[c for c in results_df.columns if c != "σ served"],
+             column_config={c: st.column_config.NumberColumn(format="%.3g", width="small")
+                            for c in ("v = σ²/S²", "σ logistic")}
+             | {"σ (range)": st.column_config.TextColumn(width="medium")}
              | {c: st.column_config.NumberColumn(format="%.2f")
                 for c in ("accuracy %", "retention %", "agreement %")}
              | {"σ s.e.": st.column_config.NumberColumn(format="%.2g")})

@@ -80,6 +80,12 @@ def test_table_shows_what_sigma_delivers_inside_its_interval():
     low, high = (float(x) for x in row["retention 95% interval"].rstrip("%").split("–"))
     assert low <= round(row["retention %"], 1) <= high
     assert row["retention %"] > 80.0  # at least 80% kept: sigma delivers more than the target on the sample
+    # Sigma as a readout: rounded to its range, the range around it; the config keeps it in full.
+    shown = row["σ (range)"]
+    value, low, high = map(float, re.fullmatch(r"([\d.]+) \(([\d.]+)–([\d.]+)\)", shown).groups())
+    sigma = json.loads(at.code[0].value)["targets"][0]["sigma"]
+    decimals = len(shown.split()[0].partition(".")[2])
+    assert low <= sigma <= high and abs(value - sigma) <= 0.5 * 10 ** -decimals + 1e-12
 
 
 def test_command_leaves_out_defaults_and_quotes_names():

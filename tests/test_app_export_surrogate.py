@@ -129,7 +129,7 @@ def test_surrogate_target_from_the_extraction_run_is_served(downloads):
     at.switch_page("pages/calibrate.py").run()
     at.selectbox(key="calibrate_model").set_value(sha).run()
     assert not at.exception
-    sigma = float([m.value for m in at.metric if m.label == "σ* (logit units)"][0])
+    sigma = float([m.value for m in at.metric if m.label == "σ* (logit units)"][0].split()[0])
     (latest,) = [r for k, (_, r) in at.session_state[runs.RUNS].items() if k.startswith(sha)]  # the one run
     found = thief.surrogate_at(latest, sigma)
     assert found is not None and found.bracket[0] <= sigma <= found.bracket[1]

@@ -76,7 +76,7 @@ def test_centring_removes_every_class_mean_and_gives_unit_variance_on_the_rows()
 def test_unit_variance_over_keys_matches_the_kernel_on_average():
     # Averaged over keys, raw g at one point has variance 1 (sum of F cosines, E[2 cos^2] = 1)
     z = np.random.default_rng(1).normal(size=(1, 10)) * 5
-    draws = np.array([_noise(z, key=bytes([k]) * 16, features=64)(z)[0] for k in range(1, 201)])
+    draws = np.array([_noise(z, key=k.to_bytes(16, "big"), features=64)(z)[0] for k in range(1, 201)])
     assert abs(draws.var() - 1.0) < 0.15  # 2000 draws: s.e. of the variance ~0.03
 
 
@@ -132,6 +132,7 @@ def test_nested_levels_add_up():
 def _calibrate(tmp_path, *extra):
     key = tmp_path / "serving.key"
     key.write_text(KEY.hex() * 2 + "\n")
+    key.chmod(0o600)  # a key readable by others is refused
     out = tmp_path / "cfg.json"
     proc = subprocess.run([sys.executable, "-m", "caliber_core", "calibrate", str(ROOT / "data" / "digits_mlp-wide.npz"),
                            "--retention", "0.9", "0.75", "--seeding", "consistent", "--key-file", str(key),
@@ -167,6 +168,7 @@ def test_cli_refuses_consistent_without_a_key(tmp_path):
     assert proc.returncode == 2 and "--key-file" in proc.stderr
     bad = tmp_path / "bad.key"
     bad.write_text("abcd\n")
+    bad.chmod(0o600)
     proc = subprocess.run([sys.executable, "-m", "caliber_core", "calibrate", str(ROOT / "data" / "digits_mlp-wide.npz"),
                            "--seeding", "consistent", "--key-file", str(bad), "--quiet"], cwd=ROOT,
                           capture_output=True, text=True)

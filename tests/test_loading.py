@@ -490,7 +490,7 @@ def test_corrupt_npz_member_fails_crc(tmp_path):
 
 RANDOM_EXPECTED = {
     ".npz": r"not a valid npz archive",
-    ".npy": r"the file is not a valid npy array",
+    ".npy": r"the file is not an npy array \(it does not start with numpy's magic string\)",
     ".pt": r"not a valid torch \(\.pt zip\) archive",
     ".pth": r"not a valid torch \(\.pt zip\) archive",
     ".safetensors": r"not a valid safetensors file",
@@ -537,7 +537,8 @@ def test_csv_non_numeric_cell_and_empty_header(tmp_path):
     df = df.astype({"c2": object})
     df.loc[17, "c2"] = "oops"
     df.to_csv(tmp_path / "bad.csv", index=False)
-    refuse(tmp_path / "bad.csv", r"bad\.csv: column 'c2' row 17 is 'oops', not a number")
+    message = refuse(tmp_path / "bad.csv", r"bad\.csv: column 'c2' row 17 is not a number \(text of 4 characters\)")
+    assert "oops" not in message
     (tmp_path / "hdr.csv").write_text("a,,label\n1,2,0\n3,1,1\n")
     refuse(tmp_path / "hdr.csv", r"hdr\.csv: column 2 has an empty header")
 
@@ -766,7 +767,7 @@ def test_pickle_payload_messages(tmp_path):
     refuse(files["pt"][0], r"evil\.pt: refused: the file holds Python objects other than tensors "
            r"\(it references (io|builtins)\.open\)")
     refuse(files["raw pickle as .pt"][0], r"raw_pickle\.pt: not a valid torch \(\.pt zip\) archive")
-    refuse(files["raw pickle as .npy"][0], r"raw_pickle\.npy: the file is not a valid npy array")
+    refuse(files["raw pickle as .npy"][0], r"raw_pickle\.npy: the file is not an npy array")
     assert not marker.exists()
 
 
@@ -846,3 +847,50 @@ def test_mutated_valid_files_give_data_or_logits_file_error(ext, cut, edits):
     if cut is not None:
         content = content[: cut % (len(content) + 1)]
     _outcome(bytes(content), f"mutant{ext}")
+
+
+# ---------------------------------------------------------------- no echo, short and wide files
+
+
+def test_no_error_echoes_the_file_contents(tmp_path):
+    secret = b"rooty:$6$saltsalt$hashhashhash:19000:0:99999:7:::\n"
+    for ext in (".npy", ".npz", ".pt", ".safetensors", ".parquet", ".csv"):
+        path = tmp_path / f"shadow{ext}"
+        path.write_bytes(secret * 3)
+        with pytest.raises(LogitsFileError) as info:
+            load_logits(path)
+        message = str(info.value).split(": ", 1)[1]  # after the file name
+        assert "rooty" not in message and "$6$" not in message and "salt" not in message, message
+    # through a symlink, numpy's own magic-number message would have quoted the first bytes
+    (tmp_path / "link.npy").symlink_to(tmp_path / "shadow.csv")
+    refuse(tmp_path / "link.npy", r"link\.npy: the file is not an npy array \(it does not start with numpy's magic")
+
+
+def test_library_messages_lose_their_quoted_literals():
+    from caliber_core.loading.safety import describe_exception
+
+    text = describe_exception(ValueError("expected b'\\x93NUMPY', got b'root:$' near \"secret\" and 'it\\'s'"))
+    assert text == "ValueError: expected <...>, got <...> near <...> and <...>"
+
+
+def test_a_short_wide_csv_is_refused_before_parsing(tmp_path):
+    import time
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "wide.csv"
+    z = rng.normal(size=(100, 20_000))
+    np.savetxt(path, np.column_stack([z, rng.integers(0, 20_000, 100)]), delimiter=",", fmt="%.3f",
+               header=",".join([f"c{j}" for j in range(20_000)] + ["label"]), comments="")
+    start = time.perf_counter()
+    refuse(path, r"wide\.csv: 100 rows and 20,000 class columns: more classes than rows in a file of fewer than "
+           r"200 rows \(.*is it transposed\?\); nothing was computed")
+    assert time.perf_counter() - start < 10  # generous: refusing parses no number
+    np.savetxt(path, z, delimiter=",", fmt="%.3f")  # headerless: every line is a row
+    refuse(path, r"wide\.csv: 100 rows and 20,000 class columns")
+    # the same rule on any format, from the declared shape
+    np.save(tmp_path / "wide.npy", np.zeros((150, 151), np.float32))
+    refuse(tmp_path / "wide.npy", r"wide\.npy: 150 rows and 151 class columns")
+    np.save(tmp_path / "fine.npy", rng.normal(size=(150, 150)))
+    assert load_logits(tmp_path / "fine.npy").n_classes == 150  # as many classes as rows: accepted
+    np.save(tmp_path / "tall.npy", rng.normal(size=(200, 3000)))
+    assert load_logits(tmp_path / "tall.npy").n_classes == 3000  # 200 rows are enough for any K

@@ -167,16 +167,54 @@ def test_key_file_round_trip_and_mode(tmp_path):
     assert keys.read_key_file(path) == key  # untouched
 
 
+SECRET_HEX = bytes(range(7, 39)).hex()
+
+
 @pytest.mark.parametrize("content, match", [
     ("not hex\n", "one line of hex digits"),
     ("", "the key file is empty"),
+    ("\n\n", "the key file is empty"),
     ("00ff\n", "key is 2 bytes; need at least 16"),
+    ("00" * 32 + "\n", "32 copies of one byte, not a secret"),
+    ("ab" * 32 + "\n", "32 copies of one byte, not a secret"),
+    (SECRET_HEX + "\n" + SECRET_HEX + "\n", "one line of hex digits, this one has 2 lines"),
+    (SECRET_HEX + "\r\n" + "ff" * 20, "this one has 2 lines"),
+    ("0123456789abcdef" * 9 + "\n", "the key is 72 bytes, more than the 64 allowed"),
+    ("0123456789abcdef" * 375 + "\n", r"longer than 256 bytes; a key is at most 64 bytes .* never cut short"),
 ])
 def test_bad_key_files_are_refused(tmp_path, content, match):
     path = tmp_path / "k"
     path.write_text(content)
-    with pytest.raises(ValueError, match=match):
+    path.chmod(0o600)
+    with pytest.raises(ValueError, match=match) as err:
         keys.read_key_file(path)
+    assert SECRET_HEX[:8] not in str(err.value) and "0123456789" not in str(err.value)  # never the contents
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o666, 0o620])
+def test_key_file_readable_or_writable_by_others_is_refused(tmp_path, mode):
+    path = tmp_path / "caliber.key"
+    path.write_text(SECRET_HEX + "\n")
+    path.chmod(mode)
+    with pytest.raises(ValueError, match=rf"group or others \(mode {mode:04o}\).*chmod 600 .*caliber.key"):
+        keys.read_key_file(path)
+    path.chmod(0o600)
+    assert keys.read_key_file(path) == bytes.fromhex(SECRET_HEX)
+    path.chmod(0o400)  # read-only for its owner is fine too
+    assert keys.read_key_file(path) == bytes.fromhex(SECRET_HEX)
+
+
+def test_key_file_must_be_a_regular_file(tmp_path):
+    with pytest.raises(ValueError, match="must be a regular file"):
+        keys.read_key_file("/dev/null")
+
+
+def test_constant_keys_are_refused_in_memory_too():
+    with pytest.raises(ValueError, match="32 copies of one byte"):
+        check_key(bytes(32))
+    with pytest.raises(ValueError, match="16 copies of one byte"):
+        keys.key_fingerprint(b"k" * 16)
 
 
 def test_fingerprint_names_the_key_without_revealing_it():
@@ -240,6 +278,32 @@ def test_deeply_nested_json_is_refused_in_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "caliber_core", "check", str(path), str(tmp_path / "logits.npy")],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "nested 100001 levels deep" in proc.stderr
+
+
+def test_an_oversized_config_is_refused_before_parsing_in_one_line(tmp_path):
+    from caliber_core.config import MAX_CONFIG_BYTES
+
+    big = '{"schema": "caliber.config/v2", "pad": "' + "x" * MAX_CONFIG_BYTES + '"}'
+    with pytest.raises(ConfigError, match=r"^config is larger than 4,194,304 bytes \(4 MiB\)"):
+        load_config(big)
+    with pytest.raises(ConfigError, match="config is larger than 4,194,304 bytes"):
+        load_config(big.encode())
+    # A 30 MB file: refused from its first 4 MiB, in one line, without the process growing by it.
+    path = tmp_path / "huge.json"
+    with open(path, "w") as fh:
+        fh.write('{"schema": "caliber.config/v2", "pad": [')
+        fh.write("1.0, " * 6_000_000)
+        fh.write("1.0]}")
+    assert path.stat().st_size > 30_000_000
+    np.save(tmp_path / "logits.npy", np.zeros((4, 3)))
+    argv = [sys.executable, "-m", "caliber_core", "check", str(path), str(tmp_path / "logits.npy")]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)  # one line of stderr cannot fill the pipe
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert os.waitstatus_to_exitcode(status) == 2 and err.count("\n") == 1, err
+    assert f"{path}: config is larger than 4,194,304 bytes" in err and "1.0" not in err
+    assert usage.ru_maxrss * 1024 < 400e6  # ru_maxrss is in KiB on Linux
 
 
 def test_served_logits_stay_finite_at_the_edges():

@@ -126,6 +126,7 @@ def test_a_wrong_key_is_refused_at_construction_with_both_fingerprints(calibrate
         Throttle.from_files(folder / "policy.json", key=None, store=f"sqlite:///{tmp_path / 'l.db'}",
                             metrics=False).respond("a", _logits())
     (tmp_path / "other.key").write_text(OTHER.hex() + "\n")
+    (tmp_path / "other.key").chmod(0o600)  # a key readable by others is refused before its fingerprint
     out = tmp_path / "refused.json"
     code = main(["throttle", "init", str(folder / "cfg.json"), "--levels", "0", "1", "--escalate-after", "8",
                  "--out", str(out), "--key-file", str(tmp_path / "other.key")])

@@ -19,7 +19,8 @@ pytest.importorskip("uvicorn")
 
 from caliber_core import Perturber  # noqa: E402
 from caliber_core.throttle import Throttle  # noqa: E402
-from examples.serve_fastapi import linear_model, row_ids  # noqa: E402
+from caliber_core.serving import canonical_features, canonical_ids  # noqa: E402
+from examples.serve_fastapi import linear_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def served(tmp_path):
     policy = write_policy(tmp_path, escalate_after=1000)
     (tmp_path / "caliber.key").write_text(KEY.hex() + "\n")
+    (tmp_path / "caliber.key").chmod(0o600)  # a key readable by others is refused
     port, metrics_port = free_port(), free_port()
     env = os.environ | {"CALIBER_POLICY": str(policy), "CALIBER_KEY_FILE": str(tmp_path / "caliber.key"),
                         "CALIBER_STORE": f"sqlite:///{tmp_path / 'ledger.db'}", "CALIBER_FEATURES": "8",
@@ -55,7 +57,7 @@ def served(tmp_path):
 
 def test_flagged_and_clean_accounts_over_http(served):
     base, policy, folder, metrics_port = served
-    inputs = np.random.default_rng(1).normal(size=(3, 8))
+    inputs = canonical_features(np.random.default_rng(1).normal(size=(3, 8)), decimals=6)
     clean_logits = linear_model(8, 10)(inputs)
     with Throttle.from_files(policy, store=f"sqlite:///{folder / 'ledger.db'}", metrics=False) as admin:
         admin.flag("acct-7", level=2, reason="detector 0.93")
@@ -68,7 +70,7 @@ def test_flagged_and_clean_accounts_over_http(served):
     assert clean.status_code == flagged.status_code == 200
     np.testing.assert_allclose(clean.json()["logits"], clean_logits, rtol=0, atol=1e-12)
     config = json.loads((folder / "cfg.json").read_text())
-    expected = Perturber.from_config(config, target=1, key=KEY).perturb(clean_logits, row_ids(inputs))
+    expected = Perturber.from_config(config, target=1, key=KEY).perturb(clean_logits, canonical_ids(inputs, decimals=6))
     np.testing.assert_allclose(flagged.json()["logits"], expected, rtol=0, atol=1e-12)
     assert flagged.json() == again.json()  # per-input seeding: a repeat gets the identical answer
     # Nothing but the numbers differs: same keys, same header names.
@@ -84,3 +86,32 @@ def test_flagged_and_clean_accounts_over_http(served):
     assert 'caliber_throttle_requests_total{level="0"} 1.0' in metrics
     with Throttle.from_files(policy, store=f"sqlite:///{folder / 'ledger.db'}", metrics=False) as admin:
         assert admin.state("acct-7").queries == {2: 6}
+
+
+SPELLINGS = [b"bearer acct-7", b"BEARER acct-7", b"Bearer\tacct-7", b"bEaReR   acct-7",
+             "Bearer compte-e\u0301".encode("utf-8")]  # NFD over the wire; the CLI flags the NFC spelling
+MALFORMED = [b"Basic acct-7", b"Bearer", b"Bearer \xff\xfe", b"Beareracct-7"]
+
+
+def test_every_spelling_of_the_scheme_and_a_utf8_token_reach_the_flag_set_by_the_cli(served):
+    from caliber_core.cli import main
+
+    base, policy, folder, _ = served
+    store = f"sqlite:///{folder / 'ledger.db'}"
+    for account in ("acct-7", "compte-\u00e9"):
+        assert main(["throttle", "flag", account, "--policy", str(policy), "--store", store, "--level", "1"]) == 0
+    inputs = canonical_features(np.random.default_rng(2).normal(size=(2, 8)), decimals=6)
+    clean = linear_model(8, 10)(inputs)
+    config = json.loads((folder / "cfg.json").read_text())
+    expected = Perturber.from_config(config, target=0, key=KEY).perturb(clean, canonical_ids(inputs, decimals=6))
+    for header in SPELLINGS:
+        r = httpx.post(base + "/v1/classify", json={"inputs": inputs.tolist()}, headers={"Authorization": header},
+                       timeout=30)
+        assert r.status_code == 200, header
+        np.testing.assert_allclose(r.json()["logits"], expected, rtol=0, atol=1e-12, err_msg=repr(header))
+    for header in MALFORMED:
+        r = httpx.post(base + "/v1/classify", json={"inputs": inputs.tolist()}, headers={"Authorization": header},
+                       timeout=30)
+        assert r.status_code == 401 and "acct-7" not in r.text, header
+    with Throttle.from_files(policy, store=store, metrics=False) as admin:
+        assert admin.state("acct-7").queries == {1: 8} and admin.state("compte-e\u0301").queries == {1: 2}

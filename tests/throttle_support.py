@@ -58,7 +58,7 @@ def free_port() -> int:
 class RedisServer:
     """A real redis-server on 127.0.0.1 with AOF (appendfsync always) in ``folder``; restartable on its port."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, *, extra: tuple = (), password: str | None = None):
         exe = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server")
                                                else None)
         if exe is None:
@@ -67,6 +67,7 @@ class RedisServer:
             pytest.skip("redis-server is not installed (./scripts/test.sh installs Debian's redis-server "
                         "when it runs as root)")
         self.exe, self.folder, self.port, self.proc = exe, folder, free_port(), None
+        self.extra, self.password = tuple(extra), password
 
     @property
     def url(self) -> str:
@@ -76,11 +77,11 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
              "--save", "", "--appendonly", "yes", "--appendfsync", "always", "--protected-mode", "yes",
-             "--logfile", str(self.folder / "redis.log")],
+             "--logfile", str(self.folder / "redis.log"), *self.extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         import redis
 
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.2, password=self.password)
         deadline = time.monotonic() + 10
         while True:
             try:

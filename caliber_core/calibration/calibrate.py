@@ -135,7 +135,7 @@ def calibrate_model(
         a0 = sample.clean_accuracy
         if not a0 > 1.0 / k:
             raise ValueError(
-                f"clean accuracy A0={a0:.4f} is not above chance 1/K={1 / k:.4f}: nothing to calibrate"
+                f"clean accuracy A0={a0:.4g} is not above chance 1/K={1 / k:.4g}: nothing to calibrate"
             )
     r = default_realizations(n, k) if realizations is None else realizations
     intervals = survival_intervals(sample, realizations=r, seed=seed, progress=progress)

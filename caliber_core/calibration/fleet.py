@@ -75,7 +75,7 @@ def calibrate_from_scale(
         raise ValueError(f"scale S must be positive, got {scale}")
     chance = 1.0 / n_classes
     if not clean_accuracy > chance:
-        raise ValueError(f"clean accuracy {clean_accuracy} is not above chance {chance:.4f}")
+        raise ValueError(f"clean accuracy {clean_accuracy:.4g} is not above chance 1/K={chance:.4g}")
     accuracy = value if kind == "accuracy" else value * clean_accuracy
     u = float(normalized_utility(accuracy, clean=clean_accuracy, n_classes=n_classes))
     v = float(fit.inverse(min(u, 1.0), saturate=saturate))

@@ -111,7 +111,7 @@ def normalized_utility(accuracy, *, clean: float, n_classes: int):
     chance = chance_level(n_classes)
     if not clean > chance:
         raise ValueError(
-            f"clean accuracy A0={clean:.4f} is not above chance 1/K={chance:.4f}; "
+            f"clean accuracy A0={clean:.4g} is not above chance 1/K={chance:.4g}; "
             "utility cannot be normalized"
         )
     return (np.asarray(accuracy, dtype=np.float64) - chance) / (clean - chance)

@@ -43,6 +43,7 @@ def validate_logits(raw, src: str, *, max_elements: int) -> np.ndarray:
             src, f"logits have {k} class column(s) (shape {arr.shape}); need at least 2 classes"
         )
     check_count(src, "logits", arr.shape, max_elements)
+    check_rows_and_classes(src, n, k)
     z = np.asarray(arr, dtype=np.float64, order="C")
     if not z.flags.writeable:  # a view of the caller's bytes: hand back our own copy
         z = z.copy()
@@ -55,6 +56,29 @@ def validate_logits(raw, src: str, *, max_elements: int) -> np.ndarray:
         raise fail(src, f"logits row {row}, column {col} is {float(z[row, col])!r} "
                    "(every value must be finite)")
     return z
+
+
+#: Below this many rows a file may not have more classes than rows (see check_rows_and_classes).
+WIDE_MIN_ROWS = 200
+
+
+def check_rows_and_classes(src: str, n_rows: int, n_classes: int) -> None:
+    """Refuse a short, wide file: fewer than :data:`WIDE_MIN_ROWS` rows and more classes than rows.
+
+    Such a file is most often transposed (one row per class); as logits it
+    gives an accuracy that cannot be told from chance (1/K) and a margin scale
+    from a handful of rows, and its sweep would cost K-wide work per row for
+    nothing. Checked from the shape alone, before any conversion.
+
+    Raises
+    ------
+    LogitsFileError
+        ``"<file>: 100 rows and 100,000 class columns: ..."``.
+    """
+    if n_rows < WIDE_MIN_ROWS and n_classes > n_rows:
+        raise fail(src, f"{n_rows:,} rows and {n_classes:,} class columns: more classes than rows in a file "
+                   f"of fewer than {WIDE_MIN_ROWS} rows (one row per input, one column per class; is it "
+                   f"transposed?); nothing was computed")
 
 
 def validate_labels(

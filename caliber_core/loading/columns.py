@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from .safety import fail
 
 LABEL_COLUMNS = ("label", "labels")  # the names of the column that holds the labels
+# A header shown in messages: a short identifier. Anything else (a line of some other file read
+# as a CSV, say) is named by its position only, so that no message repeats a file's contents.
+_SHOWN_HEADER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,23}")
+
+
+def column_name(index: int, header: str) -> str:
+    """``"column 'c2'"`` for a short identifier header, else ``"column 3"`` (1-based position)."""
+    if _SHOWN_HEADER.fullmatch(header):
+        return f"column {header!r}"
+    return f"column {index + 1}"
 
 
 def split_columns(names: list[str], src: str) -> tuple[list[int], int | None]:

@@ -13,7 +13,8 @@ import io
 
 import numpy as np
 
-from .columns import split_columns, stack_columns
+from .checks import check_rows_and_classes
+from .columns import LABEL_COLUMNS, column_name, split_columns, stack_columns
 from .safety import Unvalidated, decode_text, fail, is_number, library_errors, rule
 
 
@@ -35,6 +36,9 @@ def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
     # pandas writes integer column names 0..K-1 as the header: that row is not data
     class_index_header = fields == [str(i) for i in range(len(fields))]
     headerless = all(map(is_number, fields)) and not class_index_header
+    # Before pandas parses anything: rows and classes counted from the text alone.
+    not_classes = sum(f in LABEL_COLUMNS for f in fields) + (fields[0] == "")  # labels, a saved index
+    check_rows_and_classes(src, _data_lines(text) + headerless, n_fields - not_classes)
 
     import pandas as pd
 
@@ -57,11 +61,18 @@ def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
             if name.startswith("Unnamed: "):
                 raise fail(src, f"column {i + 1} has an empty header; name every column")
         classes, label = split_columns(names, src)
-    logits = stack_columns([_column(df.iloc[:, i], names[i], src) for i in classes], len(df))
+    logits = stack_columns([_column(df.iloc[:, i], column_name(i, names[i]), src) for i in classes], len(df))
     labels = None
     if label is not None:
-        labels = _column(df.iloc[:, label], names[label], src, field="labels")
+        labels = _column(df.iloc[:, label], column_name(label, names[label]), src, field="labels")
     return Unvalidated(logits=logits, labels=labels, warnings=tuple(warnings))
+
+
+def _data_lines(text: str) -> int:
+    """Lines that hold something, less one for a possible header (a count, no copies)."""
+    lines = text.count("\n") + (0 if text.endswith("\n") else 1)
+    blank = text.count("\n\n") + text.count("\n\r\n")
+    return max(0, lines - blank - 1)
 
 
 def _is_row_index(column) -> bool:
@@ -69,17 +80,19 @@ def _is_row_index(column) -> bool:
     return values.dtype.kind in "iu" and np.array_equal(values, np.arange(len(values)))
 
 
-def _column(column, header: str, src: str, *, field: str = "logits") -> np.ndarray:
+def _column(column, shown: str, src: str, *, field: str = "logits") -> np.ndarray:
     import pandas as pd
 
     values = column.to_numpy()
     if values.dtype.kind in "iuf":
         return values
     if values.dtype.kind == "b":
-        raise fail(src, f"column {header!r} is bool; {rule(field)}")
+        raise fail(src, f"{shown} is bool; {rule(field)}")
     converted = pd.to_numeric(column, errors="coerce")
     bad = converted.isna().to_numpy() & column.notna().to_numpy()
     if bad.any():
         row = int(np.argmax(bad))
-        raise fail(src, f"column {header!r} row {row} is {str(values[row])[:40]!r}, not a number")
+        # The cell is described, not shown: an error never echoes a file's contents.
+        raise fail(src, f"{shown} row {row} is not a number (text of {len(str(values[row]))} "
+                   "characters)")
     return converted.to_numpy(dtype=np.float64)

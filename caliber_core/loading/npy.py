@@ -22,6 +22,7 @@ from numpy.lib import format as npy_format
 from .safety import Unvalidated, check_count, check_dtype, fail, library_errors
 
 HEADER_MAX_BYTES = 10_000  # numpy's own default max_header_size
+NPY_MAGIC = b"\x93NUMPY"
 HEAD_BYTES = 16 + HEADER_MAX_BYTES  # magic, version and length field, then the header
 
 
@@ -52,6 +53,11 @@ def read_header(fp, *, src: str, where: str) -> NpyHeader:
     LogitsFileError
         ``"<src>: <where> is not a valid npy array (...)"``.
     """
+    start = fp.tell()
+    if fp.read(len(NPY_MAGIC)) != NPY_MAGIC:
+        # numpy's own message would quote the bytes found: never a file's contents in an error
+        raise fail(src, f"{where} is not an npy array (it does not start with numpy's magic string)")
+    fp.seek(start)
     with library_errors(src, f"{where} is not a valid npy array"):
         version = npy_format.read_magic(fp)
         if version == (1, 0):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from .columns import split_columns, stack_columns
+from .columns import column_name, split_columns, stack_columns
 from .safety import Unvalidated, check_unpacked_size, fail, library_errors, rule
 
 _INDEX_COLUMN = re.compile(r"__index_level_\d+__")
@@ -43,7 +43,7 @@ def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
         if pa.types.is_integer(kind) or pa.types.is_floating(kind):
             continue
         shown = "bool" if pa.types.is_boolean(kind) else f"type {kind}"
-        raise fail(src, f"column {name!r} is {shown}; {rule('labels' if i == label else 'logits')}")
+        raise fail(src, f"{column_name(i, name)} is {shown}; {rule('labels' if i == label else 'logits')}")
 
     with library_errors(src, "not a valid parquet file"):
         table = pf.read(columns=names, use_threads=False)

@@ -31,6 +31,8 @@ FILENAME_MAX_CHARS = 120
 NAME_MAX_CHARS = 200
 
 # control characters other than the whitespace that `str.split` folds into one space
+# a quoted string or bytes literal in a library's message (it may quote a file's bytes)
+_QUOTED = re.compile(r"[bB]?'(?:[^'\\]|\\.)*'|[bB]?\"(?:[^\"\\]|\\.)*\"")
 _CONTROL = re.compile(r"[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f]")
 
 
@@ -100,9 +102,14 @@ def fail(src: str, message: str) -> LogitsFileError:
 
 
 def describe_exception(err: BaseException) -> str:
-    """A library exception as a short clause: its type and first line."""
+    """A library exception as a short clause: its type and first line, quoted text removed.
+
+    Libraries quote what they found (``got b'root:$'``): a quoted literal is
+    replaced by ``<...>`` so that no message repeats a file's contents.
+    """
     lines = [ln for ln in str(err).splitlines() if ln.strip()]
-    text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+    first = _QUOTED.sub("<...>", lines[0]) if lines else ""
+    text = f"{type(err).__name__}: {first}" if first else type(err).__name__
     return one_line(text, max_chars=120)
 
 

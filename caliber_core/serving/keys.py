@@ -14,14 +14,17 @@ import hashlib
 import hmac
 import os
 import secrets
+import stat
 
-from ..validation import MIN_KEY_BYTES, check_key
+from ..validation import MAX_KEY_BYTES, MIN_KEY_BYTES, check_key
 
-__all__ = ["MIN_KEY_BYTES", "KEY_BYTES", "new_key", "write_key_file", "read_key_file", "key_fingerprint"]
+__all__ = ["MIN_KEY_BYTES", "MAX_KEY_BYTES", "KEY_BYTES", "new_key", "write_key_file", "read_key_file", "key_fingerprint"]
 
 #: Length of a key made by :func:`new_key`: 256 bits, beyond any offline search.
 KEY_BYTES = 32
 _FINGERPRINT_LABEL = b"caliber.key-fingerprint/v1"
+# The longest key file read: the longest key in hex (2 * MAX_KEY_BYTES) with room for spaces.
+_KEY_FILE_MAX_BYTES = 4 * MAX_KEY_BYTES
 
 
 def new_key() -> bytes:
@@ -44,27 +47,53 @@ def write_key_file(path) -> bytes:
 
 
 def read_key_file(path) -> bytes:
-    """Read a key written by :func:`write_key_file` (one line of hex).
+    """Read a key written by :func:`write_key_file`: one line of hex, readable by its owner only.
+
+    A key file is refused, never warned about, when group or others may read
+    it (as ssh refuses a private key): anyone who can read the key can
+    subtract the noise. The refusal says the ``chmod`` that fixes it.
 
     Raises
     ------
     ValueError
-        The file is not one line of an even number of hex digits, or the key
-        is shorter than :data:`MIN_KEY_BYTES`.
+        The file is readable by group or others, is not a regular file, holds
+        more than one line, is not an even number of hex digits, or holds a
+        key shorter than :data:`MIN_KEY_BYTES`, longer than
+        :data:`MAX_KEY_BYTES` or of one repeated byte (all zeros, say).
+        Messages give lengths and modes, never the file's contents.
     OSError
-        The file cannot be read.
+        The file cannot be opened.
     """
+    name = os.fspath(path)
     with open(path, "rb") as fh:
-        raw = fh.read(4096)
-    text = raw.decode("ascii", errors="replace").strip()
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{name}: a key file must be a regular file")
+        if os.name == "posix" and info.st_mode & 0o077:
+            raise ValueError(f"{name}: the key file is readable or writable by group or others "
+                             f"(mode {stat.S_IMODE(info.st_mode):04o}); anyone who reads it can remove "
+                             f"the noise: run 'chmod 600 {name}'")
+        raw = fh.read(_KEY_FILE_MAX_BYTES + 1)
+    if len(raw) > _KEY_FILE_MAX_BYTES:
+        raise ValueError(f"{name}: the key file is longer than {_KEY_FILE_MAX_BYTES} bytes; a key is at most "
+                         f"{MAX_KEY_BYTES} bytes ({2 * MAX_KEY_BYTES} hex digits) and is never cut short")
+    if not raw.strip():
+        raise ValueError(f"{name}: the key file is empty")
+    lines = raw.strip().splitlines()
+    if len(lines) > 1:
+        raise ValueError(f"{name}: a key file holds one line of hex digits, this one has {len(lines)} lines")
     try:
-        key = bytes.fromhex(text)
-    except ValueError:
-        raise ValueError(f"{os.fspath(path)}: a key file holds one line of hex digits "
-                         f"(as written by 'caliber keygen'), got {len(raw)} bytes that are not") from None
-    if not key:
-        raise ValueError(f"{os.fspath(path)}: the key file is empty")
-    return check_key(key)
+        key = bytes.fromhex(lines[0].decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise ValueError(f"{name}: a key file holds one line of hex digits (as written by "
+                         f"'caliber keygen'), got {len(lines[0])} bytes that are not") from None
+    if len(key) > MAX_KEY_BYTES:
+        raise ValueError(f"{name}: the key is {len(key)} bytes, more than the {MAX_KEY_BYTES} allowed "
+                         f"(a longer key adds nothing to HMAC-SHA256 and is never cut short)")
+    try:
+        return check_key(key)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
 
 
 def key_fingerprint(key) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
+import unicodedata
 from dataclasses import dataclass, field, replace
 
 _ACCOUNT_DOMAIN = b"caliber.throttle.account/v1\x00"
@@ -28,13 +29,16 @@ EVENTS = ("flagged", "unflagged", "escalated", "expired")
 def account_fingerprint(account) -> str:
     """The ledger's name for an account: 32 hex chars of a domain-separated sha256 of its id.
 
+    A str id is NFC-normalized and UTF-8 encoded first; bytes are taken as they are.
+
     Raises
     ------
     TypeError, ValueError
         Not a str/bytes, empty, or longer than 4096 bytes (the value itself is never echoed).
     """
     if isinstance(account, str):
-        raw = account.encode("utf-8")
+        # NFC: one account however its characters were composed (the CLI and HTTP headers agree).
+        raw = unicodedata.normalize("NFC", account).encode("utf-8", "surrogateescape")
     elif isinstance(account, (bytes, bytearray)):
         raw = bytes(account)
     else:

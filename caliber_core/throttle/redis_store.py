@@ -152,21 +152,31 @@ def _refused(exc) -> bool:
 class RedisStore:
     """The ledger on a Redis server (see the module docstring for the guarantees and failure behaviour)."""
 
-    def __init__(self, *, host: str, port: int, db: int = 0, password=None, url_for_messages: str = "",
-                 connect_timeout: float = 0.5, timeout: float = 2.0):
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 6379, db: int = 0, password=None,
+                 username=None, url_for_messages: str = "", connect_timeout: float = 0.5, timeout: float = 2.0,
+                 _url: str | None = None):
         import redis
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
         self._errors = redis.exceptions.RedisError
         self.url = url_for_messages or f"redis://{host}:{port}/{db}"
-        self._client = redis.Redis(host=host, port=port, db=db, password=password,
-                                   socket_connect_timeout=connect_timeout, socket_timeout=timeout,
-                                   retry=Retry(NoBackoff(), 0), decode_responses=False)
+        options = dict(socket_connect_timeout=connect_timeout, socket_timeout=timeout,
+                       retry=Retry(NoBackoff(), 0), decode_responses=False)
+        if _url is not None:  # redis-py's own URL parsing: percent-encoded user and password, TLS, sockets
+            self._client = redis.Redis.from_url(_url, **options)
+        else:
+            self._client = redis.Redis(host=host, port=port, db=db, password=password, username=username,
+                                       **options)
         self._record = self._client.register_script(RECORD_SCRIPT)
         self._flag = self._client.register_script(FLAG_SCRIPT)
         self._resolve = self._client.register_script(RESOLVE_SCRIPT)
         self._lost = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+    @classmethod
+    def from_url(cls, url: str, *, url_for_messages: str = "", **options) -> "RedisStore":
+        """A store for ``url``, read by redis-py's ``Redis.from_url`` (see :func:`.stores.open_store`)."""
+        return cls(url_for_messages=url_for_messages or "redis store", _url=url, **options)
 
     def __repr__(self) -> str:
         return f"RedisStore({self.url!r})"

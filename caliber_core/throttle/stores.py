@@ -12,6 +12,11 @@ __all__ = ["StoreURLError", "StoreUnavailable", "open_store"]
 def open_store(url: str):
     """``sqlite:///PATH`` (relative) or ``sqlite:////abs/path`` -> SqliteStore; ``redis://HOST:PORT/DB`` -> RedisStore.
 
+    Redis URLs are read as redis-py's ``Redis.from_url`` reads them:
+    ``redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]`` with percent-encoded user
+    and password (an ACL user, or only a password), ``rediss://`` for TLS and
+    ``unix://PATH?db=N`` for a socket. Messages never show the user or password.
+
     Raises
     ------
     StoreURLError
@@ -21,6 +26,8 @@ def open_store(url: str):
     """
     if not isinstance(url, str):
         raise StoreURLError(f"store must be a URL string, got {type(url).__name__}")
+    if "\x00" in url:
+        raise StoreURLError("store URL holds a NUL character")
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///"):]
         if not path:
@@ -28,26 +35,29 @@ def open_store(url: str):
         from .sqlite_store import SqliteStore
 
         return SqliteStore(path)
-    if url.startswith("redis://"):
+    if url.startswith(("redis://", "rediss://", "unix://")):
         parts = urlsplit(url)
         try:
             port = parts.port or 6379
         except ValueError:
             raise StoreURLError(f"store URL {_safe(url)} has a bad port") from None
-        db = parts.path.lstrip("/") or "0"
+        db = (parts.path.lstrip("/") if parts.scheme != "unix" else "") or "0"
         if not db.isdigit() or int(db) > 10000:
             raise StoreURLError(f"store URL {_safe(url)}: the database must be a number, got {db!r}")
+        del port  # checked; redis-py reads the URL itself
         from .redis_store import RedisStore
 
-        return RedisStore(host=parts.hostname or "127.0.0.1", port=port, db=int(db),
-                          password=parts.password, url_for_messages=_safe(url))
-    raise StoreURLError(f"store URL must start with sqlite:/// or redis://, got {_safe(url)!r}")
+        try:
+            return RedisStore.from_url(url, url_for_messages=_safe(url))
+        except ValueError as exc:
+            raise StoreURLError(f"store URL {_safe(url)}: {exc}") from None
+    raise StoreURLError(f"store URL must start with sqlite:///, redis://, rediss:// or unix://, got {_safe(url)!r}")
 
 
 def _safe(url: str) -> str:
-    """The URL without any password, for messages."""
+    """The URL without its user or password, for messages."""
     parts = urlsplit(url)
-    if parts.password is None:
+    if "@" not in parts.netloc:
         return url
-    netloc = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
-    return parts._replace(netloc=netloc).geturl()
+    host = parts.netloc.rsplit("@", 1)[1]
+    return parts._replace(netloc=host).geturl()

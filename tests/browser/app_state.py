@@ -73,3 +73,12 @@ def settle_run(page, action=None, *, ready: str | None = None, timeout: float = 
     if ready is not None:
         page.wait_for_selector(ready, timeout=timeout)
         page.wait_for_selector(IDLE, timeout=timeout)
+
+
+def sigma_readout(cal, sigma: float, kind: str = "retention") -> str:
+    """What the page shows for a served sigma: the same readout function and bootstrap as the app."""
+    from caliber_core.calibration.target_intervals import interval_estimator
+    from caliber_dashboard import readouts
+
+    interval = interval_estimator(cal).at(sigma).get(kind)
+    return readouts.sigma_text(sigma, readouts.sigma_range(cal, sigma, interval, kind))

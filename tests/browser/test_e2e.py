@@ -19,7 +19,7 @@ from caliber_core.calibration import pipeline
 from caliber_core.calibration.calibrate import sigma_for_target
 from caliber_core.loading import LogitsFileError, load_logits
 
-from app_state import IDLE, settle_run, upload  # this folder is on sys.path (pytest's prepend import mode)
+from app_state import IDLE, settle_run, sigma_readout, upload  # this folder is on sys.path (pytest's prepend import mode)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -125,13 +125,13 @@ def test_upload_calibrate_slide_download_equals_cli(page, server, tmp_path):
     _goto_page(page, "Calibrate")
     _no_exception(page)
     assert _selected_model(page).startswith("e2e-blobs · ")
-    assert _metric(page, "σ* (logit units)") == f"{sigma_for_target(cal, 0.8).sigma:.5g}"
+    assert _metric(page, "σ* (logit units)") == sigma_readout(cal, sigma_for_target(cal, 0.8).sigma)
     # Move the target: ten steps of 0.5 points down, 80% -> 75% retention.
     thumb = page.locator("[data-testid='stSlider'] input[type=range]").first
     thumb.focus()
     for _ in range(10):
         thumb.press("ArrowLeft")
-    expected = f"{sigma_for_target(cal, 0.75).sigma:.5g}"
+    expected = sigma_readout(cal, sigma_for_target(cal, 0.75).sigma)
     page.wait_for_function(
         """([label, want]) => [...document.querySelectorAll("[data-testid='stMetric']")]
              .some(m => m.innerText.includes(label) && m.innerText.includes(want))""",

@@ -16,7 +16,7 @@ import pytest
 from caliber_core.calibration import pipeline
 from caliber_core.loading import load_logits
 
-from app_state import settle_run as settle, upload  # this folder is on sys.path (pytest's prepend import mode)
+from app_state import settle_run as settle, sigma_readout, upload  # this folder is on sys.path (pytest's prepend import mode)
 
 pytestmark = pytest.mark.browser
 
@@ -64,7 +64,8 @@ def test_at_least_80_reads_as_a_guarantee_export_follows_and_fleet_pools_one_k(p
            ready="text=retention ≥ 80.0% (one-sided 95%)")
     data = load_logits(logits, labels_path=labels)
     _, results, _ = pipeline.config_for(data, [("retention", 0.8)], side="at-least")
-    assert _metric(page, "σ served, at least (logit units)") == f"{results[0].sigma:.5g}"
+    cal = pipeline.calibrate_data(data)
+    assert _metric(page, "σ served, at least (logit units)") == sigma_readout(cal, results[0].sigma)
     assert page.locator("[data-testid='stMetricLabel']", has_text="σ* (logit units)").count() == 0
     assert page.get_by_text(re.compile(r"^Two-sided, at the σ served: retention ")).count() == 1
 

@@ -16,7 +16,7 @@ from caliber_core.calibration.calibrate import sigma_for_target
 from caliber_core.loading import load_logits
 from caliber_dashboard.workspace import SQLiteStore
 
-from app_state import IDLE, settle_run, upload  # this folder is on sys.path (pytest's prepend import mode)
+from app_state import IDLE, settle_run, sigma_readout, upload  # this folder is on sys.path (pytest's prepend import mode)
 
 ROOT = Path(__file__).resolve().parents[2]
 N_DEMO = len(list((ROOT / "data").glob("digits_*.npz")))
@@ -130,7 +130,8 @@ def test_upload_survives_reload_and_restart_with_its_options(restartable_server,
     for _ in range(10):
         thumb.press("ArrowLeft")
     # The readout shows the 75% target's sigma*, and the workspace has stored the choice.
-    want = f"{sigma_for_target(pipeline.calibrate_data(load_logits(kept), statistic='mean'), 0.75).sigma:.5g}"
+    cal_mean = pipeline.calibrate_data(load_logits(kept), statistic="mean")
+    want = sigma_readout(cal_mean, sigma_for_target(cal_mean, 0.75).sigma)
     page.wait_for_function(
         """([label, want]) => [...document.querySelectorAll("[data-testid='stMetric']")]
              .some(m => m.innerText.includes(label) && m.innerText.includes(want))""",

@@ -1,0 +1,139 @@
+"""Peak memory per logit element of ``calibrate`` and ``check``, above a 2,000-row baseline.
+
+For each shape (N, K) the script writes a float32 ``.npz`` (logits and labels)
+and a 2,000 x K baseline file, runs each command in a fresh process, reads
+the child's peak resident set size from ``os.wait4`` (``ru_maxrss``) and
+prints
+
+    bytes per element = (peak(N x K) - peak(2,000 x K)) / (N x K)
+
+The baseline holds the interpreter, numpy and scipy and the command's fixed
+costs at that K, so the figure is what the data themselves cost. ``check``
+reads a config calibrated on the baseline file. The table is also written to
+``docs/figures/memory.md`` (with the date, the machine and this command).
+
+Usage::
+
+    python benchmarks/bench_memory.py [--shapes 2000000x2 2000000x10 20000x1000 2000x32000]
+                                      [--commands calibrate check] [--workdir DIR] [--no-figure]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+BASELINE_ROWS = 2_000
+DEFAULT_SHAPES = ("2000000x2", "2000000x10", "20000x1000", "2000x32000")
+FIGURE = ROOT / "docs" / "figures" / "memory.md"
+
+
+def write_logits(path: Path, n: int, k: int, *, seed: int) -> None:
+    """A float32 npz of n x k logits (the label's column raised by 2.5) and int64 labels, built in blocks."""
+    rng = np.random.default_rng(seed)
+    logits = np.empty((n, k), dtype=np.float32)
+    labels = rng.integers(0, k, size=n)
+    block = max(1, 4_000_000 // k)
+    for start in range(0, n, block):
+        stop = min(n, start + block)
+        part = rng.standard_normal((stop - start, k), dtype=np.float32)
+        part[np.arange(stop - start), labels[start:stop]] += 2.5
+        logits[start:stop] = part
+    np.savez(path, logits=logits, labels=labels)
+
+
+def peak_rss(argv: list[str]) -> tuple[int, float, int]:
+    """Run ``argv``; return the child's peak RSS in bytes, its wall seconds and exit status."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode(errors="replace").strip()
+    proc.stderr.close()
+    if proc.returncode not in (0, 3):  # check exits 3 on drift, which is still a full run
+        raise SystemExit(f"{' '.join(argv)} exited {proc.returncode}: {err[-400:]}")
+    return usage.ru_maxrss * 1024, wall, proc.returncode  # Linux reports KiB
+
+
+def command(name: str, data: Path, config: Path, out: Path) -> list[str]:
+    cli = [sys.executable, "-m", "caliber_core"]
+    if name == "calibrate":
+        return cli + ["calibrate", str(data), "--quiet", "--out", str(out)]
+    if name == "check":
+        return cli + ["check", str(config), str(data)]
+    raise ValueError(f"unknown command {name!r}")
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    n, k = text.lower().split("x")
+    return int(n), int(k)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES))
+    parser.add_argument("--commands", nargs="+", default=["calibrate", "check"], choices=("calibrate", "check"))
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--no-figure", action="store_true", help="print only; leave docs/figures/memory.md")
+    args = parser.parse_args(argv)
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="caliber-mem-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    head = f"{'command':>10} {'N':>10} {'K':>7} {'elements':>12} {'peak MB':>9} {'baseline MB':>12} " \
+           f"{'B/element':>10} {'wall s':>7}"
+    print(head, flush=True)
+    for text in args.shapes:
+        n, k = parse_shape(text)
+        big, small = work / f"logits-{n}x{k}.npz", work / f"logits-{BASELINE_ROWS}x{k}.npz"
+        for path, rows_ in ((big, n), (small, BASELINE_ROWS)):
+            if not path.exists():
+                write_logits(path, rows_, k, seed=rows_ + k)
+        config = work / f"config-{BASELINE_ROWS}x{k}.json"
+        if "check" in args.commands and not config.exists():
+            peak_rss(command("calibrate", small, config, config))
+        for name in args.commands:
+            out = work / f"out-{name}-{n}x{k}.json"
+            base, _, _ = peak_rss(command(name, small, config, out))
+            peak, wall, _ = peak_rss(command(name, big, config, out))
+            per = (peak - base) / (n * k)
+            rows.append((name, n, k, peak, base, per, wall))
+            print(f"{name:>10} {n:>10,} {k:>7,} {n * k:>12,} {peak / 1e6:>9.0f} {base / 1e6:>12.0f} "
+                  f"{per:>10.1f} {wall:>7.1f}", flush=True)
+    if not args.no_figure:
+        write_figure(rows, argv if argv is not None else sys.argv[1:])
+    return 0
+
+
+def write_figure(rows, argv) -> None:
+    cmd = "python benchmarks/bench_memory.py" + ("".join(f" {a}" for a in argv) if argv else "")
+    lines = [
+        f"Measured {datetime.date.today().isoformat()} on {platform.platform()}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}, with `{cmd}`. "
+        f"Float32 `.npz` input; peak RSS from `wait4`; bytes per element = (peak - peak at "
+        f"{BASELINE_ROWS:,} x K) / (N x K).",
+        "",
+        "| command | N | K | elements | peak MB | baseline MB | bytes / element | wall s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, n, k, peak, base, per, wall in rows:
+        lines.append(f"| {name} | {n:,} | {k:,} | {n * k:,} | {peak / 1e6:.0f} | {base / 1e6:.0f} | "
+                     f"{per:.1f} | {wall:.1f} |")
+    FIGURE.parent.mkdir(parents=True, exist_ok=True)
+    FIGURE.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {FIGURE.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
