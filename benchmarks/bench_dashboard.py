@@ -267,4 +267,7 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from figure_files import figure_name, transcript
+
+    with transcript(figure_name("dashboard-timings", "--skip-slider", "--skip-cold", "--skip-large", "--large"), "Dashboard timings in Chromium"):
+        main()

@@ -29,6 +29,12 @@ account is flagged. A request whose answer cannot be produced is not counted
 (a 500 is rolled back with ``Throttle.void``). Flag accounts with
 ``python -m caliber_core throttle flag``.
 
+Every request is bounded before it is read (:mod:`caliber_core.serving.request_limits`):
+a body over ``CALIBER_MAX_BODY_BYTES`` (default 8 MiB) is answered 413 without
+being held; the body is parsed in a worker thread, never on the event loop;
+``NaN``, ``Infinity`` or a number beyond float64 (``1e400``) is answered 422;
+a refused request is never counted; and no error body quotes the input.
+
 The model here is a stand-in (a fixed, seeded linear map from
 ``CALIBER_FEATURES`` features to the config's K classes): pass your own to
 :func:`create_app`. Prometheus counters are served on a separate, internal
@@ -40,11 +46,13 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from fastapi import FastAPI, Header, HTTPException
-from pydantic import BaseModel, Field
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, Field, FiniteFloat, ValidationError
 
 from caliber_core.serving import AuthorizationError, account_from_authorization, canonical_features, canonical_ids
 from caliber_core.serving.keys import read_key_file
+from caliber_core.serving.request_limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, RequestRejected, parse_json
 from caliber_core.throttle import StoreUnavailable, Throttle
 
 MAX_ROWS = 1024
@@ -53,20 +61,41 @@ DEFAULT_ID_DECIMALS = 6
 
 
 class ClassifyRequest(BaseModel):
-    inputs: list[list[float]] = Field(..., min_length=1, max_length=MAX_ROWS)
+    inputs: list[list[FiniteFloat]] = Field(..., min_length=1, max_length=MAX_ROWS)
 
 
-def create_app(throttle: Throttle, model, *, decimals: int = DEFAULT_ID_DECIMALS) -> FastAPI:
+def parse_request(raw: bytes) -> ClassifyRequest:
+    """The body as a :class:`ClassifyRequest`; a 422 that says where and why, never what was sent."""
+    try:
+        return ClassifyRequest.model_validate(parse_json(raw))
+    except RequestRejected as exc:
+        raise HTTPException(status_code=422, detail=str(exc)) from None
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False, include_context=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "body"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise HTTPException(status_code=422, detail=f"{where}: {first['msg']}{more}") from None
+
+
+async def classify_request(request: Request) -> ClassifyRequest:
+    """Read the (bounded) body, then parse and validate it in a worker thread, off the event loop."""
+    return await run_in_threadpool(parse_request, await request.body())
+
+
+def create_app(throttle: Throttle, model, *, decimals: int = DEFAULT_ID_DECIMALS,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The app: ``model(inputs (N, D) float64) -> logits (N, K)``, served through ``throttle``.
 
     The model reads the inputs rounded to ``decimals`` places (-0.0 as 0.0);
     under per-input seeding each row's id is the canonical id of what it read.
+    A body over ``max_body_bytes`` is answered 413 before it is read.
     """
     app = FastAPI(title="classifier behind the Caliber throttle")
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     per_input = throttle.policy.seeding == "per-input"
 
     @app.post("/v1/classify")
-    def classify(body: ClassifyRequest, authorization: str = Header(default="")):
+    def classify(body: ClassifyRequest = Depends(classify_request), authorization: str = Header(default="")):
         try:
             account = account_from_authorization(authorization)
         except AuthorizationError as exc:
@@ -111,8 +140,9 @@ def app_from_environment() -> FastAPI:
         start_http_server(int(port), addr="127.0.0.1")
     n_classes = throttle.policy.config["n_classes"]
     decimals = int(os.environ.get("CALIBER_ID_DECIMALS", str(DEFAULT_ID_DECIMALS)))
+    max_body = int(os.environ.get("CALIBER_MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES)))
     return create_app(throttle, linear_model(int(os.environ.get("CALIBER_FEATURES", "64")), n_classes),
-                      decimals=decimals)
+                      decimals=decimals, max_body_bytes=max_body)
 
 
 app = app_from_environment() if os.environ.get("CALIBER_POLICY") else None

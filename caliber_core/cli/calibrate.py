@@ -80,6 +80,8 @@ def run(args) -> int:
 
     if str(args.file).lower().endswith((".jsonl", ".json")):
         return _run_llm(args)
+    if _is_full_vocabulary(args.file):
+        return _run_full_vocab(args)
     data = load(args.file, args, labels_path=args.labels)
     for warning in data.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -136,6 +138,45 @@ def _run_llm(args) -> int:
             widths = ", ".join(f"{w:.4f}" for w in bounds["widths"])
             print(f"certified agreement bounds (k={bounds['k']}, V={bounds['vocab_size']}): "
                   f"width at each target {widths}")
+        print(f"config written to {args.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _is_full_vocabulary(path) -> bool:
+    """A .npy/.safetensors/.pt matrix of at least STREAM_MIN_CLASSES classes: streamed, never loaded."""
+    from ..calibration.full_vocab import STREAM_MIN_CLASSES
+    from ..loading.row_stream import STREAM_EXTENSIONS, declared_shape
+
+    if not str(path).lower().endswith(STREAM_EXTENSIONS):
+        return False
+    shape = declared_shape(path)
+    return shape is not None and shape[1] >= STREAM_MIN_CLASSES
+
+
+def _run_full_vocab(args) -> int:
+    """A full-vocabulary dump, streamed (``calibration.full_vocab``)."""
+    from ..calibration.full_vocab import config_for_vocab_file
+    from ..calibration.pipeline import DEFAULT_TARGETS
+    from ..config import config_to_json
+    from ..loading import DEFAULT_MAX_ELEMENTS
+
+    if args.labels or args.seeding != "per-input" or args.key_file:
+        raise ValueError("a full-vocabulary dump calibrates agreement targets only: --labels and consistent "
+                         "seeding do not apply")
+    targets = getattr(args, "targets", None) or list(DEFAULT_TARGETS)
+    _, config = config_for_vocab_file(
+        args.file, targets, side=args.side, progress=progress(not args.quiet, "streaming rows"),
+        max_elements=DEFAULT_MAX_ELEMENTS if args.max_elements is None else args.max_elements)
+    text = config_to_json(config)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        print(_target_table(config))
+        widths = ", ".join(f"{w:.2g}" for w in config["bounds"]["widths"])
+        print(f"full vocabulary streamed (V={config['n_classes']}, top {config['bounds']['k']} gaps exact, "
+              f"the rest binned): agreement bound width at each target {widths}")
         print(f"config written to {args.out}")
     else:
         sys.stdout.write(text)
