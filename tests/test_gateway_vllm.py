@@ -116,16 +116,17 @@ def positions(chunks):
 
 SHAPES = {
     "completions logprobs": ("/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "logprobs": 5, "temperature": 0}),
+    # several sequences need sampling (vLLM refuses n > 1 when greedy); seeded, so clean and flagged compare
     "completions n=2": ("/v1/completions", {"prompt": PROMPT, "max_tokens": 3, "logprobs": 5, "n": 2,
-                                            "temperature": 0}),
+                                            "temperature": 1.0, "seed": 7}),
     "completions best_of": ("/v1/completions", {"prompt": PROMPT, "max_tokens": 3, "logprobs": 5, "n": 1,
-                                                "best_of": 2, "temperature": 0}),
+                                                "best_of": 2, "temperature": 1.0, "seed": 7}),
     "completions stream": ("/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "logprobs": 5, "temperature": 0,
                                                "stream": True}),
     "chat top_logprobs": ("/v1/chat/completions", {"messages": CHAT_PROMPT, "max_tokens": 4, "logprobs": True,
                                                    "top_logprobs": 5, "temperature": 0}),
     "chat n=2": ("/v1/chat/completions", {"messages": CHAT_PROMPT, "max_completion_tokens": 3, "logprobs": True,
-                                          "top_logprobs": 5, "n": 2, "temperature": 0}),
+                                          "top_logprobs": 5, "n": 2, "temperature": 1.0, "seed": 7}),
     "chat stream": ("/v1/chat/completions", {"messages": CHAT_PROMPT, "max_tokens": 4, "logprobs": True,
                                              "top_logprobs": 5, "temperature": 0, "stream": True}),
 }
