@@ -28,6 +28,35 @@ def level_targets(config: dict) -> list[int]:
     return order
 
 
+def config_from_upload(raw: bytes, *, name: str) -> tuple[str, dict]:
+    """(its text, the loaded config) of an uploaded config JSON; ValueError in one line naming the file."""
+    from caliber_core.config import ConfigError, load_config
+
+    try:
+        text = raw.decode("utf-8")
+        return text, load_config(text)
+    except UnicodeDecodeError:
+        raise ValueError(f"{name}: not UTF-8 text") from None
+    except ConfigError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+
+
+def config_matches(config: dict, data_sha256: str) -> bool:
+    """Whether a config was calibrated on the selected model's data (its extraction run then applies)."""
+    return config.get("sha256") in (None, data_sha256)
+
+
+def seeding_caption(policy) -> str:
+    """One line on the policy's seeding and what a repeater gets from it."""
+    if policy.seeding == "consistent":
+        return ("Consistent seeding: the noise is a keyed function of the logits, calibrated for one key (serve it "
+                "with that key). Repeats and near-duplicates get nearly the same noise, so averaging them gains "
+                "nothing, and no request id is needed.")
+    return ("Per-input seeding: the noise follows each request's id. Repeats with the same id get the same answer, "
+            "but every near-duplicate with a new id is a fresh draw, so ids should be canonical "
+            "(caliber_core.serving.canonical_id). A config from calibrate --seeding consistent binds a thief better.")
+
+
 def choices(saved) -> dict:
     """The stored policy choices merged over the defaults, bad values dropped."""
     out = dict(DEFAULT_CHOICES)

@@ -154,10 +154,12 @@ st.caption(
     "plain or prior-corrected."
 )
 s1, s2, s3 = st.columns(3)
-length = s1.selectbox("Length scale ℓ (units of S)", seedings.LENGTH_SCALES, index=2, key="extraction_length",
-                      help="Small ℓ behaves like per-input noise; large ℓ acts more and more like a class bias.")
+length = s1.selectbox("Consistent design", seedings.LENGTH_SCALES, index=0, key="extraction_length",
+                      format_func=seedings.design_label,
+                      help="The class cycle is what --seeding consistent serves; the field (version 1) at length "
+                      "scale ℓ: small ℓ behaves like per-input noise, large ℓ more and more like a class bias.")
 keys = s2.number_input("Keys", min_value=1, max_value=5, value=3, key="extraction_keys")
-seed_opts = seedings.options_key(settings.retention, int(keys), 1, float(length))
+seed_opts = seedings.options_key(settings.retention, int(keys), 1, length)
 if not (seedings.is_cached(archive, seed_opts) or st.session_state.get("extraction_seedings_key") == (sha, seed_opts)):
     s3.button("Compare the seedings", key="extraction_seedings_run", icon=":material/compare_arrows:",
               on_click=lambda: st.session_state.update(extraction_seedings_key=(sha, seed_opts)))
@@ -169,6 +171,15 @@ else:
     st.caption("Mean ± sd over keys. Across: what a wrongly flagged user keeps; up: what the strongest thief "
                "keeps. The second chart is the teacher's retention over σ for each simulated key (band: "
                "min–max; crosses: the σ each key's calibration chose).")
+
+measured = seedings.measured_frontier()
+if measured:
+    st.subheader("The thief's frontier per noise design (measured on the demo data)")
+    st.dataframe(measured, hide_index=True, width="stretch")
+    st.caption("What the strongest label-free thief keeps of its clean accuracy where a flagged user keeps 75% "
+               "(± half the 95% interval over keys and seeds), and beside it a thief holding 10 labels a class. "
+               "From benchmarks/bench_frontier.py (docs/figures/frontier.md has every point); "
+               "`caliber extract FILE --frontier` measures your own file.")
 
 from caliber_core.extraction.report import report_to_json, to_report  # noqa: E402
 
