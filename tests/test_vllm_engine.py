@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 from vllm_support import run_in_vllm, skip_reason, vllm_python
 
-pytestmark = pytest.mark.skipif(vllm_python() is None, reason=skip_reason())
+# Engine loads take about 30 s each on an idle 2-core machine, minutes on a busy one: the module's first test
+# (which starts them) gets more than the suite's 900 s.
+pytestmark = [pytest.mark.skipif(vllm_python() is None, reason=skip_reason()), pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="module")
