@@ -33,7 +33,7 @@ import sqlite3
 import threading
 
 from .ledger import AccountState, Event, advance, expired
-from .store_errors import StoreUnavailable
+from .ledger_store import StoreUnavailable
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS accounts (
@@ -308,14 +308,6 @@ class SqliteStore:
 
         return self._write(account, full=False, change=change)
 
-    def begin_record(self, account: str, *, token: str | None = None, **request):
-        """``record`` now; returns ``finish() -> Decision`` (the same call shape as the Redis store's).
-
-        A transaction commits or does not: no request is ever in doubt here, so ``token`` is not needed.
-        """
-        decision = self.record(account, **request)
-        return lambda: decision
-
     def void(self, account: str, decision) -> None:
         """A counted request whose answer was not produced: its rows move from ``queries`` to ``failed``."""
 
@@ -330,7 +322,7 @@ class SqliteStore:
         self._write(account, full=False, change=change)
 
     def resolve(self, account: str, token: str, *, served: bool) -> bool:
-        """No SQLite request is ever in doubt (see :meth:`begin_record`); present for the common interface."""
+        """False: a SQLite transaction commits or does not, so no request is ever left in doubt."""
         return False
 
     def add_uncounted(self, account: str, *, process: str, first: float, last: float, queries: dict) -> None:
