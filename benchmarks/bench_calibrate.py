@@ -166,4 +166,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from figure_files import figure_name, transcript
+
+    with transcript(figure_name("calibrate-speed", "--skip-large", "--runs"), "Calibration speed and peak memory on synthetic ImageNet-scale logits"):
+        main()

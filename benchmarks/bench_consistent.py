@@ -339,4 +339,7 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from figure_files import figure_name, transcript
+
+    with transcript(figure_name("consistent-seeding", "--quick", "--cost", "--ablation", "--teacher"), "Consistent against per-input seeding: teacher and thief retention over keys"):
+        main()

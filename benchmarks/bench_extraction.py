@@ -314,4 +314,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from figure_files import figure_name, transcript
+
+    with transcript(figure_name("extraction", "--quick", "--width"), "Extraction: what the surrogate of the thief keeps, with the judged checks"):
+        raise SystemExit(main())

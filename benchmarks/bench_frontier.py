@@ -7,7 +7,8 @@ pool is answered as served, and every thief of
 T = 1..32 and three weight decays, each plain and prior-corrected; hard
 labels; 16 near-duplicates averaged). Prints one table per archive and the
 thief's retention where the user keeps 0.75, and writes them to
-docs/figures/frontier.md (``--out``) and, with ``--json``, the raw points.
+docs/figures/frontier.md (``--out``) and the points to docs/figures/frontier.json (``--json``), which the
+dashboard's Extraction page reads.
 
     python benchmarks/bench_frontier.py                       # quick: 3 designs, demo file, 2 keys, 1 seed
     python benchmarks/bench_frontier.py --full --processes 16 # every design, two teachers, 3 keys, 2 seeds
@@ -48,7 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("--processes", type=int, default=max(1, min(16, (os.cpu_count() or 1))))
     ap.add_argument("--full", action="store_true", help="every design, both demo teachers, 3 keys, 2 seeds")
     ap.add_argument("--out", default=str(ROOT / "docs" / "figures" / "frontier.md"))
-    ap.add_argument("--json", help="also write the points as JSON here")
+    ap.add_argument("--json", default=str(ROOT / "docs" / "figures" / "frontier.json"),
+                    help="the points as JSON (the Extraction page reads docs/figures/frontier.json)")
     args = ap.parse_args(argv)
     archives = args.archive or ([str(DEMO), str(SECOND)] if args.full else [str(DEMO)])
     designs = args.designs or (sorted(DESIGNS) if args.full else list(QUICK_DESIGNS))

@@ -90,4 +90,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from figure_files import figure_name, transcript
+
+    with transcript(figure_name("extraction-peer", "--models"), "Our thief against the KnockoffNets of ART on the same answers"):
+        raise SystemExit(main())

@@ -135,4 +135,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from figure_files import figure_name, transcript
+
+    with transcript(figure_name("runtime-overhead", "--batch"), "Serving overhead per row: Perturber.perturb against plain normals plus the add"):
+        raise SystemExit(main())

@@ -321,4 +321,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from figure_files import figure_name, transcript
+
+    with transcript(figure_name("throttle", "--quick"), "The throttle: overhead, timing side channel, concurrency, faults, hostile policies"):
+        main()

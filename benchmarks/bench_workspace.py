@@ -265,4 +265,7 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from figure_files import figure_name, transcript
+
+    with transcript(figure_name("workspace", "--skip-sessions", "--skip-large"), "Dashboard workspaces: concurrent sessions and a large upload"):
+        main()

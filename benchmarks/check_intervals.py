@@ -286,4 +286,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from figure_files import figure_name, transcript
+
+    with transcript(figure_name("intervals", "--quick", "--samples"), "Intervals, sides and the drift check on classifiers never seen before"):
+        main()

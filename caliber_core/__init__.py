@@ -7,8 +7,9 @@ The package, by purpose:
   nested levels bound to the config; per-input, fresh and consistent seeding), ``keyed_noise``,
   ``keyed_noise_torch`` and ``normal_table`` (the one keyed generator, numpy and torch),
   ``keys`` (key files, fingerprints), ``rows`` (row checks, ids), ``consistent_noise`` (the
-  keyed smooth function of the logits) and ``responses`` (probabilities, top-k
-  log-probabilities, HF processor)
+  keyed smooth function of the logits), ``responses`` (probabilities, top-k
+  log-probabilities, HF processor), ``canonical`` (request ids that cannot be multiplied)
+  and ``accounts`` (the account of an Authorization header)
 * :mod:`caliber_core.throttle`     serving a config to flagged accounts: the policy file, the
   ledger and its SQLite and Redis stores, ``Throttle``, audit, simulation, metrics
 * :mod:`caliber_core.calibration`  the numerics, one concept per module:

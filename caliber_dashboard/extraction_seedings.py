@@ -8,7 +8,9 @@ several and shows what calibrating with *a* key will settle (the spread).
 
 from __future__ import annotations
 
+import json
 import threading
+from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
@@ -17,7 +19,14 @@ import streamlit as st
 from caliber_core.extraction.archive import ExtractionArchive
 from caliber_core.extraction.seedings import SeedingComparison
 
-LENGTH_SCALES = (1.0, 2.0, 4.0, 8.0)
+#: None: the served design (the balanced class cycle); numbers: the version-1 field at that length scale.
+LENGTH_SCALES = (None, 1.0, 2.0, 4.0, 8.0)
+FRONTIER_JSON = Path(__file__).resolve().parent.parent / "docs" / "figures" / "frontier.json"
+
+
+def design_label(length_scale) -> str:
+    """How the page names a consistent design."""
+    return "class cycle, served" if length_scale is None else f"field, ℓ = {length_scale:g} S"
 COLORS = {"per-input": "#1f77b4", "consistent": "#9467bd"}
 
 
@@ -32,8 +41,9 @@ def _slot(key: tuple) -> _Slot:
     return _Slot()
 
 
-def options_key(levels, keys: int, seeds: int, length_scale: float) -> tuple:
-    return (tuple(sorted(levels, reverse=True)), int(keys), int(seeds), float(length_scale))
+def options_key(levels, keys: int, seeds: int, length_scale: float | None) -> tuple:
+    return (tuple(sorted(levels, reverse=True)), int(keys), int(seeds),
+            None if length_scale is None else float(length_scale))
 
 
 def is_cached(archive: ExtractionArchive, options: tuple) -> bool:
@@ -76,7 +86,7 @@ def seedings_frontier_figure(result: SeedingComparison) -> go.Figure:
         pts = sorted(result.at(seeding), key=lambda p: p.level)
         if not pts:
             continue
-        label = seeding if seeding == "per-input" else f"consistent (ℓ = {result.length_scale:g} S)"
+        label = seeding if seeding == "per-input" else f"consistent ({design_label(result.length_scale)})"
         fig.add_trace(go.Scatter(
             x=[p.teacher_retention.mean * 100 for p in pts], y=[p.thief_retention.mean * 100 for p in pts],
             mode="lines+markers", name=label, line=dict(color=COLORS[seeding]),
@@ -118,3 +128,40 @@ def sigma_spread(result: SeedingComparison) -> list[dict]:
                     "σ range over keys": f"{v.min():.4g}–{v.max():.4g}",
                     "teacher retention": f"{p.teacher_retention.mean:.1%}"})
     return out
+
+
+def measured_frontier(path: Path = FRONTIER_JSON) -> list[dict] | None:
+    """The benchmark's frontier at a flagged-user retention of 0.75, one row per design (None: not measured).
+
+    Read from ``benchmarks/bench_frontier.py``'s JSON; each cell is the strongest label-free thief's
+    retention there (linear between measured targets) with half its 95% interval, and the thief
+    holding 10 labels per class beside it.
+    """
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_text())
+    rows: dict[str, dict] = {}
+    for f in doc["frontiers"]:
+        by_design: dict[str, list] = {}
+        for p in f["points"]:
+            by_design.setdefault(p["design"], []).append(p)
+        for name, pts in by_design.items():
+            pts.sort(key=lambda p: p["teacher"]["mean"])
+            xs = [p["teacher"]["mean"] for p in pts]
+            row = rows.setdefault(name, {"design": name})
+            if not xs[0] <= 0.75 <= xs[-1]:
+                row[f"{f['archive']}: thief keeps"] = "–"
+                continue
+            j = max(1, int(np.searchsorted(xs, 0.75)))
+            a, b = pts[j - 1], pts[j]
+            w = 0.0 if xs[j] == xs[j - 1] else (0.75 - xs[j - 1]) / (xs[j] - xs[j - 1])
+
+            def mix(get):
+                return (1 - w) * get(a) + w * get(b)
+
+            mean = mix(lambda p: p["thief"]["mean"])
+            half = mix(lambda p: (p["thief"]["hi"] - p["thief"]["lo"]) / 2)
+            row[f"{f['archive']}: thief keeps"] = f"{mean:.1%} ± {half:.1%}"
+            if a.get("labelled") and b.get("labelled"):
+                row[f"{f['archive']}: with labels"] = f"{mix(lambda p: p['labelled']['mean']):.1%}"
+    return list(rows.values())

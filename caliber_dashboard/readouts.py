@@ -13,7 +13,7 @@ import math
 from caliber_core.calibration.calibrate import Calibration, sigma_for_target
 from caliber_core.calibration.intervals import WIDE_HALF_WIDTH, Interval, IntervalSet, sample_size_advice
 
-from .rounding import with_range
+from .rounding import decimals_for, with_range
 
 QUANTITY_ORDER = ("retention", "accuracy", "agreement")
 SIDE_LABELS = {"point": "point", "at-least": "at least", "at-most": "at most"}
@@ -54,6 +54,20 @@ def sigma_text(sigma: float, sigma_range: tuple[float, float] | None) -> str:
     if sigma_range is None or not sigma > 0:
         return f"{sigma:.3g}"
     return with_range(sigma, *sigma_range)
+
+
+def rounded_like(value: float, sigma: float, sigma_range: tuple[float, float] | None, *, power: int = 1) -> str:
+    """A quantity that scales as σ**power (v = σ²/S²: 2; a logistic σ: 1), rounded to σ's relative range.
+
+    None (no such value, e.g. no logistic σ for the target) shows as a dash.
+    """
+    if value is None:
+        return "—"
+    value = float(value)
+    if sigma_range is None or not (sigma > 0 and math.isfinite(value)):
+        return f"{value:.3g}"
+    relative = max(sigma - sigma_range[0], sigma_range[1] - sigma) / sigma
+    return f"{value:.{decimals_for(abs(value) * power * relative)}f}"
 
 
 SIGMA_RANGE_HELP = ("In brackets: the σ range, where the measured curve crosses the ends of the "

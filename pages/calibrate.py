@@ -87,11 +87,13 @@ def _request_verify():
 
 def _readout(record, intervals, kind, side, value):
     r = st.columns([3, 2, 2])  # σ with its range needs the width
-    r[0].metric(readouts.SIGMA_LABELS[side],
-                readouts.sigma_text(record.sigma, cache.sigma_range(data, cal, kind, value, side=side)),
+    sigma_range = cache.sigma_range(data, cal, kind, value, side=side)
+    r[0].metric(readouts.SIGMA_LABELS[side], readouts.sigma_text(record.sigma, sigma_range),
                 help=readouts.SIDE_HELP[side] + " " + readouts.SIGMA_RANGE_HELP)
-    r[1].metric(readouts.V_LABELS[side], fmt(record.v, ".5g"))
-    r[2].metric("logistic σ (closed form)", fmt(record.sigma_logistic, ".5g"),
+    r[1].metric(readouts.V_LABELS[side], readouts.rounded_like(record.v, record.sigma, sigma_range, power=2),
+                help="Rounded like σ: its relative range, doubled (v grows as σ²).")
+    r[2].metric("logistic σ (closed form)",
+                readouts.rounded_like(record.sigma_logistic, record.sigma, sigma_range),
                 help="Eq. inverse-v on the fitted law at the target itself (the point), for comparison; "
                      "σ* inverts the curve.")
     if side == "point":
@@ -100,9 +102,10 @@ def _readout(record, intervals, kind, side, value):
         bound = cache.side_bound(data, cal, kind, value, side=side)
         st.markdown(f"**{readouts.guarantee(kind, bound, side=side, level=intervals.level)}**")
         st.caption("Two-sided, at the σ served: " + readouts.interval_line(intervals, first=kind))
-    t1, t2 = st.columns([4, 1], vertical_alignment="center")
+    t1, t2 = st.columns([3, 1], vertical_alignment="center")
     t1.markdown(thief.readout_line(data.sha256, record.sigma))
-    t2.page_link("pages/extraction.py", label="Extraction frontier", icon=":material/content_copy:")
+    t2.page_link("pages/extraction.py", label="Extraction", icon=":material/content_copy:",
+                 help="The extraction frontier: what a distilled surrogate keeps at each σ.")
     advice, wide = readouts.advice(intervals, kind=kind)
     method = (f"Method: {record.method}" + (" (saturated)" if record.saturated else "")
               + f" · side: {readouts.SIDE_LABELS[side]} · interval: {intervals.method}.")
@@ -181,11 +184,16 @@ def target_panel(kind, side, view, with_bands):
         st.warning(ui.plain(str(exc)))
     if record is not None:
         _readout(record, intervals, kind, side, value)
-        st.button("Export this σ", key="export_this_btn", icon=":material/download:",
+        b1, b2 = st.columns(2)
+        b1.button("Export this σ", key="export_this_btn", icon=":material/download:",
                   on_click=_export_this, args=(kind, percent, side),
                   help="Opens Export with this target, kind and side.")
+        b2.button("Verify", key="verify_btn", icon=":material/science:", on_click=_request_verify,
+                  help="Measure what this σ delivers with fresh Monte-Carlo noise (a new seed every click); "
+                       "the result appears right below.")
     if st.session_state.pop(EXPORT_REQUEST, False):
         st.switch_page("pages/export.py")
+    _verification(record, intervals, kind, side, key)  # next to its button, above the plot
     _plot(record, intervals, view, with_bands)
     # The slider's neighbours, the next one in the direction of the last move first.
     rng = slider_range(kind, clean_accuracy=cal.clean_accuracy, n_classes=cal.n_classes)
@@ -194,7 +202,6 @@ def target_panel(kind, side, view, with_bands):
     ahead = [percent - rng.step, percent + rng.step][:: 1 if last >= percent else -1]
     cache.prefetch(data, cal, kind, [percent_to_fraction(p) for p in ahead if rng.lo <= p <= rng.hi],
                    side=side)
-    _verification(record, intervals, kind, side, key)
     # The workspace write (two database commits) need not hold up the readout and plot.
     background.run_after(state.remember_target, kind, percent, side)
 
@@ -214,8 +221,6 @@ with right:
                            help="The row bootstrap's band around the curve σ* inverts.")
     with_bands = with_bands and view != "residuals"
     st.caption(CAPTIONS[view])
-    st.markdown("**Verify** σ with fresh Monte-Carlo noise (a new seed every click).")
-    st.button("Verify", key="verify_btn", icon=":material/science:", on_click=_request_verify)
 with left:
     target_panel(ui.target_kind(cal, key_prefix="calibrate"), side, view, with_bands)
 

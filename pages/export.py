@@ -139,7 +139,7 @@ for r in results:
 # σ as the readouts show it (rounded to its range); the config JSON below holds it in full.
 st.dataframe(results_df, hide_index=True, width="stretch",
              column_order=[c for c in results_df.columns if c != "σ served"],
-             column_config={c: st.column_config.NumberColumn(format="%.3g", width="small")
+             column_config={c: st.column_config.NumberColumn(format="%.3g")
                             for c in ("v = σ²/S²", "σ logistic")}
              | {"σ (range)": st.column_config.TextColumn(width="medium")}
              | {c: st.column_config.NumberColumn(format="%.2f")

@@ -50,14 +50,19 @@ sha = st.selectbox("Model (files that carry their inputs)", options, key="extrac
 archive = archives[sha]
 
 c1, c2, c3 = st.columns(3)
+# Defaults through Session State only: a widget given a default as well as a Session State value
+# (set by seed_widgets from the last run) makes Streamlit warn.
+st.session_state.setdefault("extraction_retention", [0.95, 0.85, 0.75])
+st.session_state.setdefault("extraction_seeds", 3)
 retention = c1.multiselect("Teacher retention targets", runs.RETENTION_CHOICES,
-                           default=[0.95, 0.85, 0.75], format_func=lambda r: f"{r:.0%}", key="extraction_retention")
-seeds = c2.number_input("Seeds", min_value=1, max_value=runs.MAX_SEEDS, value=3, key="extraction_seeds",
+                           format_func=lambda r: f"{r:.0%}", key="extraction_retention")
+seeds = c2.number_input("Seeds", min_value=1, max_value=runs.MAX_SEEDS, key="extraction_seeds",
                         help="Independent replicates (noise draws and student initializations).")
 attack = c3.selectbox("Attackers", runs.ATTACKS, key="extraction_attack",
                       help="fixed: the light and strong recipes; tuned: chooses its own regularization by "
                            "k-fold agreement with its own noisy answers; all: every recipe.")
-retune = st.checkbox("Re-tune the attacker for averaged answers (slower)", value=False,
+st.session_state.setdefault("extraction_retune", False)
+retune = st.checkbox("Re-tune the attacker for averaged answers (slower)",
                      key="extraction_retune",
                      help="Off: averaged answers are attacked with the frontier attacker's recipe. On: the "
                           "tuned attacker chooses its recipe again for every M, as the command line does.")
@@ -154,10 +159,12 @@ st.caption(
     "plain or prior-corrected."
 )
 s1, s2, s3 = st.columns(3)
-length = s1.selectbox("Length scale ℓ (units of S)", seedings.LENGTH_SCALES, index=2, key="extraction_length",
-                      help="Small ℓ behaves like per-input noise; large ℓ acts more and more like a class bias.")
+length = s1.selectbox("Consistent design", seedings.LENGTH_SCALES, index=0, key="extraction_length",
+                      format_func=seedings.design_label,
+                      help="The class cycle is what --seeding consistent serves; the field (version 1) at length "
+                      "scale ℓ: small ℓ behaves like per-input noise, large ℓ more and more like a class bias.")
 keys = s2.number_input("Keys", min_value=1, max_value=5, value=3, key="extraction_keys")
-seed_opts = seedings.options_key(settings.retention, int(keys), 1, float(length))
+seed_opts = seedings.options_key(settings.retention, int(keys), 1, length)
 if not (seedings.is_cached(archive, seed_opts) or st.session_state.get("extraction_seedings_key") == (sha, seed_opts)):
     s3.button("Compare the seedings", key="extraction_seedings_run", icon=":material/compare_arrows:",
               on_click=lambda: st.session_state.update(extraction_seedings_key=(sha, seed_opts)))
@@ -169,6 +176,15 @@ else:
     st.caption("Mean ± sd over keys. Across: what a wrongly flagged user keeps; up: what the strongest thief "
                "keeps. The second chart is the teacher's retention over σ for each simulated key (band: "
                "min–max; crosses: the σ each key's calibration chose).")
+
+measured = seedings.measured_frontier()
+if measured:
+    st.subheader("The thief's frontier per noise design (measured on the demo data)")
+    st.dataframe(measured, hide_index=True, width="stretch")
+    st.caption("What the strongest label-free thief keeps of its clean accuracy where a flagged user keeps 75% "
+               "(± half the 95% interval over keys and seeds), and beside it a thief holding 10 labels a class. "
+               "From benchmarks/bench_frontier.py (docs/figures/frontier.md has every point); "
+               "`caliber extract FILE --frontier` measures your own file.")
 
 from caliber_core.extraction.report import report_to_json, to_report  # noqa: E402
 

@@ -39,24 +39,33 @@ expire_hours = c2.number_input("Flags expire after (hours; 0 = never)", min_valu
 shadow = c3.checkbox("Shadow mode (decide and record, serve clean)", value=saved["shadow"],
                      key=f"policy_shadow_{data.sha256[:12]}")
 
+uploaded = st.file_uploader(
+    "Or serve a config calibrated with your key (consistent seeding)", type=["json"], key="policy_config_upload",
+    help="A config from `caliber calibrate --seeding consistent --key-file KEY`: its noise is calibrated for that "
+    "key, so it is made on the command line, never here. Its targets become the levels.")
 try:
-    targets = target_list(retention_text, "", "")
-    if not targets:
-        raise ValueError("enter at least one retention target")
-    _, _, config = cache.config(data, targets)
-    config_text = config_to_json(config)
-    config_name = f"{data.name}.caliber.json"
+    if uploaded is not None:
+        config_text, config = view.config_from_upload(uploaded.getvalue(), name=uploaded.name)
+        config_name = uploaded.name
+    else:
+        targets = target_list(retention_text, "", "")
+        if not targets:
+            raise ValueError("enter at least one retention target")
+        _, _, config = cache.config(data, targets)
+        config_text = config_to_json(config)
+        config_name = f"{data.name}.caliber.json"
     doc, policy = policy_for_config_text(
         config_text, config_name=config_name, targets=view.level_targets(config),
         escalate_after=int(escalate_after), expire_after=view.expire_seconds(expire_hours), shadow=shadow)
 except (ValueError, PolicyError) as exc:
     st.error(ui.plain(str(exc)))
     st.stop()
+st.caption(ui.plain(view.seeding_caption(policy)))
 state.set_model_option(data.sha256, "policy", {"retention": retention_text, "escalate_after": int(escalate_after),
                                                "expire_hours": float(expire_hours), "shadow": bool(shadow)})
 
 archive = runs.archives().get(data.sha256)
-latest = None if archive is None else runs.latest(archive)
+latest = None if archive is None or not view.config_matches(config, data.sha256) else runs.latest(archive)
 extraction = None
 if latest is not None:
     from caliber_core.extraction.report import to_report

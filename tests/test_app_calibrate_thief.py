@@ -49,4 +49,4 @@ def test_calibrate_says_how_to_measure_the_thief_without_a_run():
     lines = [m.value for m in at.markdown if m.value.startswith("Thief:")]
     assert lines == ["Thief: not measured yet — run an extraction on the Extraction page to see what a "
                      "distilled surrogate keeps at this σ."]
-    assert [(p.proto.label, p.proto.page) for p in at.get("page_link")] == [("Extraction frontier", "extraction")]
+    assert [(p.proto.label, p.proto.page) for p in at.get("page_link")] == [("Extraction", "extraction")]

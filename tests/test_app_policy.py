@@ -91,3 +91,28 @@ def test_level_table_and_trajectories_are_plain_functions(tmp_path):
     assert max(max(t.y) for t in fig.data) == 2
     with pytest.raises(Exception, match="changed since the policy was written"):
         parse_policy(doc, config_text=text + " ")
+
+
+def test_a_consistent_config_uploaded_serves_both_seedings_on_the_page(tmp_path):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    key = tmp_path / "k.key"
+    key.write_text(bytes(range(32)).hex() + "\n")
+    key.chmod(0o600)
+    proc = subprocess.run([sys.executable, "-m", "caliber_core", "calibrate", str(root / "data" / "digits_mlp-wide.npz"),
+                           "--retention", "0.9", "0.75", "--seeding", "consistent", "--key-file", str(key),
+                           "--out", str(tmp_path / "c.json"), "--quiet"], cwd=root, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    at = _app()
+    assert any(c.value.startswith("Per\\-input seeding") for c in at.caption)
+    at.file_uploader(key="policy_config_upload").set_value(
+        ("c.json", (tmp_path / "c.json").read_bytes(), "application/json")).run()
+    assert not at.exception and not at.error
+    doc = _policy_json(at)
+    assert doc["seeding"] == "consistent" and doc["config"]["path"] == "c.json" and len(doc["levels"]) == 3
+    assert any(c.value.startswith("Consistent seeding") for c in at.caption)
+    at.file_uploader(key="policy_config_upload").set_value(("bad.json", b"{not json", "application/json")).run()
+    assert at.error and "config is not valid JSON" in at.error[0].value.replace("\\", "")
+    assert at.error[0].value.replace("\\", "").startswith("bad.json: ")

@@ -12,7 +12,9 @@ import pytest
 from caliber_core.cli import EXIT_USER_ERROR, main
 from caliber_core.config import load_config
 from caliber_core.loading import LogitsFileError
-from caliber_core.loading.lm_eval_samples import read_lm_eval_samples, task_name
+from caliber_core.calibration.llm_inputs import samples_data as read_lm_eval_samples
+from caliber_core.loading import load_logits
+from caliber_core.loading.lm_eval_samples import task_name
 
 N_DOCS, K = 400, 4
 LETTERS = "ABCD"
@@ -188,3 +190,18 @@ def test_bad_lines_are_refused_naming_the_line(written, edit, match):
     files, _, _ = written
     with pytest.raises(LogitsFileError, match=match):
         read_lm_eval_samples(edited(files["cal_letters"], 2, edit), "samples_x_2026-01-01T00-00-00.jsonl")
+
+
+def test_the_ordinary_loader_reads_samples_and_points_logs_to_the_cli(written, tmp_path):
+    files, scores, answers = written
+    data = load_logits(files["cal_letters"])  # the Data page's reader (load_logits_bytes) too
+    assert data.name == "cal_letters"
+    np.testing.assert_allclose(data.logits, scores)
+    np.testing.assert_array_equal(data.labels, answers)
+    with pytest.raises(LogitsFileError, match="line 1: choices of several tokens"):
+        load_logits(files["cal_sentences"])
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({"choices": [{"logprobs": {"content": [
+        {"token": "a", "logprob": -0.1, "top_logprobs": [{"token": "a", "logprob": -0.1}]}]}}]}) + "\n")
+    with pytest.raises(LogitsFileError, match="a top-k logprob log gives agreement only"):
+        load_logits(log)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import pickle
 import re
 import time
@@ -326,7 +327,8 @@ def test_describe_and_require_labels(tmp_path):
 
 def test_public_constants():
     assert DEFAULT_MAX_ELEMENTS == 200_000_000
-    assert set(SUPPORTED_EXTENSIONS) == {".npz", ".npy", ".pt", ".pth", ".safetensors", ".csv", ".parquet"}
+    assert set(SUPPORTED_EXTENSIONS) == {".npz", ".npy", ".pt", ".pth", ".safetensors", ".csv", ".parquet",
+                                         ".jsonl", ".json"}
     assert set(LABELS_EXTENSIONS) == {".npy", ".npz", ".csv", ".txt"}
 
 
@@ -496,6 +498,8 @@ RANDOM_EXPECTED = {
     ".safetensors": r"not a valid safetensors file",
     ".csv": r"not UTF-8 text",
     ".parquet": r"not a valid parquet file",
+    ".jsonl": r"not UTF-8 text",
+    ".json": r"not UTF-8 text",
 }
 
 
@@ -805,6 +809,14 @@ def _valid_files() -> dict[str, bytes]:
     buf = io.BytesIO()
     df.to_parquet(buf)
     files[".parquet"] = buf.getvalue()
+    # lm-eval samples as 0.4.4+ writes them (strings), and the 0.4.0-0.4.2 array form.
+    lp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    samples = [{"doc_id": i, "doc": {}, "target": str(int(y[i])),
+                "arguments": {f"gen_args_{j}": {"arg_0": "Q", "arg_1": f" {'ABC'[j]}"} for j in range(3)},
+                "filtered_resps": [[repr(float(v)), "False"] for v in lp[i]], "filter": "none"}
+               for i in range(len(z))]
+    files[".jsonl"] = "".join(json.dumps(s) + "\n" for s in samples).encode()
+    files[".json"] = json.dumps(samples).encode()
     return files
 
 

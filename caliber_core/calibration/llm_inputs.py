@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from pathlib import Path
 
+from ..loading import LogitsData
 from ..loading.json_lines import JSON_EXTENSIONS, kind_of
 from ..loading.safety import DEFAULT_MAX_ELEMENTS, describe_exception, display_name, fail, max_file_bytes
 
@@ -111,12 +112,35 @@ def config_for_llm_file(
         records, config = config_for_logs(rows, targets, name=log.name, side=side, sha256=log.sha256,
                                           source=str(filename), progress=progress)
         return LLMResult(kind, records, config, log.warnings)
-    from ..loading.lm_eval_samples import read_lm_eval_samples
     from .pipeline import config_for
 
     if vocab_size is not None:
         raise ValueError(f"{src} holds lm-eval samples: --vocab-size applies to logprob logs only")
-    data = read_lm_eval_samples(content, filename, multi_token=multi_token)
+    data = samples_data(content, filename, multi_token=multi_token)
     _, records, config = config_for(data, targets, seed=seed, side=side, confidence=confidence,
                                     progress=progress)
     return LLMResult(kind, records, config, data.warnings)
+
+
+def samples_data(content: bytes, filename: str, *, multi_token: bool = False) -> LogitsData:
+    """An lm-eval samples file as validated :class:`LogitsData` (the loader's checks, ``multi_token`` allowed).
+
+    Raises
+    ------
+    LogitsFileError
+        See :func:`caliber_core.loading.lm_eval_samples.parse_samples`, and the loader's checks.
+    """
+    import hashlib
+
+    from ..loading.checks import check_margin_scale, validate_labels, validate_logits
+    from ..loading.lm_eval_samples import parse_samples
+
+    src = display_name(filename)
+    raw = parse_samples(content, filename, multi_token=multi_token, max_elements=DEFAULT_MAX_ELEMENTS)
+    logits = validate_logits(raw.logits, src, max_elements=DEFAULT_MAX_ELEMENTS)
+    labels = validate_labels(raw.labels, src, n_samples=logits.shape[0], n_classes=logits.shape[1],
+                             logits_src=src)
+    margins = check_margin_scale(logits, src)
+    margins.flags.writeable = False
+    return LogitsData(name=raw.name, logits=logits, labels=labels, sha256=hashlib.sha256(content).hexdigest(),
+                      source=str(filename), labels_source=str(filename), warnings=raw.warnings, margins=margins)

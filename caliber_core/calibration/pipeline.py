@@ -77,7 +77,7 @@ def config_for(
     if side not in SIDES:
         raise ValueError(f"side must be one of {SIDES}, got {side!r}")
     if any(kind != "agreement" for kind, _ in targets):
-        require_labels(data, "accuracy and retention targets")
+        require_labels(data, "an accuracy or retention target")
     cal = calibrate_data(data, statistic=statistic, seed=seed, realizations=realizations,
                          progress=progress)
     results = resolve_targets(cal, data, targets, inversion=inversion, saturate=saturate)

@@ -28,11 +28,12 @@ class _OrderedTarget(argparse.Action):
 
 def _add_seeding(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeding", choices=("per-input", "consistent"), default="per-input",
-                        help="per-input: noise drawn per request id (default); consistent: a keyed smooth "
-                        "function of the logits, calibrated for the key in --key-file")
+                        help="per-input: noise drawn per request id (default); consistent: a keyed function "
+                        "of the logits (a balanced class cycle), calibrated for the key in --key-file")
     parser.add_argument("--key-file", help="the serving key (hex, one line); consistent seeding only")
     parser.add_argument("--length-scale", type=float, default=None, metavar="L",
-                        help="consistent noise's correlation length in units of S (default 4)")
+                        help="consistent seeding: serve the version-1 smooth field instead, at this "
+                        "correlation length in units of S (4 was its default)")
     parser.add_argument("--noise-id", default=None, metavar="HEX",
                         help="consistent seeding: reuse this noise identity (default: a new random one)")
 
@@ -80,6 +81,8 @@ def run(args) -> int:
 
     if str(args.file).lower().endswith((".jsonl", ".json")):
         return _run_llm(args)
+    if _is_full_vocabulary(args.file):
+        return _run_full_vocab(args)
     data = load(args.file, args, labels_path=args.labels)
     for warning in data.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -142,6 +145,45 @@ def _run_llm(args) -> int:
     return 0
 
 
+def _is_full_vocabulary(path) -> bool:
+    """A .npy/.safetensors/.pt matrix of at least STREAM_MIN_CLASSES classes: streamed, never loaded."""
+    from ..calibration.full_vocab import STREAM_MIN_CLASSES
+    from ..loading.row_stream import STREAM_EXTENSIONS, declared_shape
+
+    if not str(path).lower().endswith(STREAM_EXTENSIONS):
+        return False
+    shape = declared_shape(path)
+    return shape is not None and shape[1] >= STREAM_MIN_CLASSES
+
+
+def _run_full_vocab(args) -> int:
+    """A full-vocabulary dump, streamed (``calibration.full_vocab``)."""
+    from ..calibration.full_vocab import config_for_vocab_file
+    from ..calibration.pipeline import DEFAULT_TARGETS
+    from ..config import config_to_json
+    from ..loading import DEFAULT_MAX_ELEMENTS
+
+    if args.labels or args.seeding != "per-input" or args.key_file:
+        raise ValueError("a full-vocabulary dump calibrates agreement targets only: --labels and consistent "
+                         "seeding do not apply")
+    targets = getattr(args, "targets", None) or list(DEFAULT_TARGETS)
+    _, config = config_for_vocab_file(
+        args.file, targets, side=args.side, progress=progress(not args.quiet, "streaming rows"),
+        max_elements=DEFAULT_MAX_ELEMENTS if args.max_elements is None else args.max_elements)
+    text = config_to_json(config)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        print(_target_table(config))
+        widths = ", ".join(f"{w:.2g}" for w in config["bounds"]["widths"])
+        print(f"full vocabulary streamed (V={config['n_classes']}, top {config['bounds']['k']} gaps exact, "
+              f"the rest binned): agreement bound width at each target {widths}")
+        print(f"config written to {args.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def _consistent(config, data, args):
     from ..calibration.keyed_config import consistent_config
     from ..serving.consistent_noise import DEFAULT_LENGTH_SCALE
@@ -154,9 +196,11 @@ def _consistent(config, data, args):
     if args.side != "point" or args.saturate or args.inversion != "curve":
         raise ValueError("--seeding consistent solves this key's exact curve: --side, --saturate and "
                          "--inversion do not apply")
+    design = "class-cycle" if args.length_scale is None else "field"
     length = DEFAULT_LENGTH_SCALE if args.length_scale is None else args.length_scale
-    return consistent_config(config, data.logits, data.labels, read_key_file(args.key_file), length_scale=length,
-                             seed=args.seed, confidence=args.confidence, noise_id=args.noise_id)
+    return consistent_config(config, data.logits, data.labels, read_key_file(args.key_file), design=design,
+                             length_scale=length, seed=args.seed, confidence=args.confidence,
+                             noise_id=args.noise_id)
 
 
 def _target_table(config: dict) -> str:

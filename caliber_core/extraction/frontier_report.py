@@ -17,17 +17,23 @@ def _pct(x: float) -> str:
 def frontier_table(frontier: Frontier) -> list[str]:
     """One row per design and target: sigma/S, the user's and the strongest thief's retention, with intervals."""
     lines = [f"**{Path(frontier.archive).name}**: strongest thief on clean answers {_pct(frontier.clean_accuracy)}% "
-             f"({frontier.clean_attacker}); {frontier.keys} keys x {frontier.seeds} training seeds per point.", "",
+             f"({frontier.clean_attacker}); {frontier.keys} keys x {frontier.seeds} training seeds per point. "
+             "Thief with labels: the same thieves holding 10 labelled pool rows per class (matrix scaling), "
+             "outside the label-free threat model.", "",
              "| design | target | σ/S | user keeps (x) | thief keeps (y) [95% CI] | y − x | strongest thief | "
-             "near-dups gain |",
-             "|---|---|---|---|---|---|---|---|"]
+             "near-dups gain | thief with labels |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name in dict.fromkeys(p.design for p in frontier.points):
         for p in frontier.of(name):
             lines.append(f"| {name} | {p.level:.2f} | {p.sigma_over_s.mean:.2f} | {_pct(p.teacher.mean)}% "
                          f"[{_pct(p.teacher.lo)}, {_pct(p.teacher.hi)}] | **{_pct(p.thief.mean)}%** "
                          f"[{_pct(p.thief.lo)}, {_pct(p.thief.hi)}] | {100 * (p.thief.mean - p.teacher.mean):+.1f} pt "
-                         f"| {p.attacker} | {p.near_gain:+.1f} pt |")
+                         f"| {p.attacker} | {p.near_gain:+.1f} pt | {_labelled(p)} |")
     return lines
+
+
+def _labelled(point) -> str:
+    return "–" if point.labelled is None else f"{_pct(point.labelled.mean)}%"
 
 
 def frontier_summary(frontiers: list[Frontier]) -> list[str]:

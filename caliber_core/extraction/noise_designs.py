@@ -17,7 +17,14 @@ and every design is calibrated the same way: a target in, sigma out.
   (length scale in probability units), centred on the rows;
 * ``mixed``: a field plus a share of per-input noise (variance shares add to 1);
 * ``deep``: a field whose amplitude grows with the row's margin (1 + margin / S),
-  so that errors fall inside class regions rather than on their borders.
+  so that errors fall inside class regions rather than on their borders;
+* ``class-cycle``: what ``--seeding consistent`` serves (noise version 2,
+  :class:`~caliber_core.serving.consistent_noise.ClassCycleNoise`): class pi(c)
+  gains a_c (z_c - mean z)+ along a keyed K-cycle, the amplitudes balanced on
+  the calibration rows so that class frequencies stay put at the target;
+* ``cycle-mix`` / ``cycle-push-bal`` / ``random-mix``: its relatives (the whole
+  centred logit vector mixed along the cycle, unbalanced; a bounded push toward
+  pi(argmax), balanced; a keyed random K x K mixing).
 
 Designs only see logits: the served API has no inputs.
 """
@@ -31,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..serving.consistent_noise import DEFAULT_FEATURES, ConsistentNoise, noise_binding
+from ..serving.consistent_noise import DEFAULT_FEATURES, ClassCycleNoise, ConsistentNoise, noise_binding
 
 #: Callable g: (N, K) logits -> (N, K) unit noise. ``rows`` names the rows for per-input draws.
 UnitNoise = Callable[..., np.ndarray]
@@ -45,12 +52,22 @@ class Design:
     family: str
     length_scale: float = 4.0
     iid_share: float = 0.0
+    balance_share: float = 0.0  # class cycles: balance class frequencies where this share of rows flips
 
-    def build(self, logits: np.ndarray, key: bytes, *, scale: float) -> UnitNoise:
-        """g for ``key``, scaled and centred on ``logits`` (the calibration rows)."""
+    def build(self, logits: np.ndarray, key: bytes, *, scale: float, target: float = 0.75) -> UnitNoise:
+        """g for ``key``, scaled and centred on ``logits`` (the calibration rows).
+
+        ``target`` is the teacher retention the noise will be calibrated for; only the
+        class cycle uses it (it is balanced where 1 - target of the rows change).
+        """
         z = np.asarray(logits, dtype=np.float64)
         if self.family == "per-input":
             return _PerInput(key)
+        if self.family == "class-cycle":
+            share = min(max(1.0 - float(target), 0.01), 0.95)
+            served = ClassCycleNoise(key, binding=hashlib.sha256(b"frontier|" + z.tobytes()).digest(),
+                                     n_classes=z.shape[1]).balanced_on(z, share=share)
+            return lambda x, rows=None: served(x)
         if self.family == "simplex":
             field = _field(_probabilities(z), key, self.name, scale=1.0, length_scale=self.length_scale)
             return _Composed(field, _probabilities, z)
@@ -62,7 +79,7 @@ class Design:
         if self.family == "deep":
             return _Composed(field, None, z, weight=lambda x: 1.0 + _margins(x) / scale)
         if self.family in ("cycle-mix", "cycle-push", "random-mix"):
-            return _ClassMix(z, key, self.family, scale=scale, balanced=self.iid_share)
+            return _ClassMix(z, key, self.family, scale=scale, balanced=self.balance_share)
         if self.family == "cycle-field":
             return _Mixed(_ClassMix(z, key, "cycle-push", scale=scale), _Composed(field, None, z), 0.5, z)
         if self.family == "mixed":
@@ -88,14 +105,14 @@ DESIGNS = {d.name: d for d in (
     Design("cycle-mix", "cycle-mix"),
     Design("cycle-push", "cycle-push"),
     Design("random-mix", "random-mix"),
-    Design("cycle-mix-bal", "cycle-mix", iid_share=0.25),
-    Design("cycle-push-bal", "cycle-push", iid_share=0.25),
+    Design("class-cycle", "class-cycle"),
+    Design("cycle-push-bal", "cycle-push", balance_share=0.25),
     Design("cycle-field-4", "cycle-field", 4.0),
 )}
 
 
 #: The design ``--seeding consistent`` serves (:mod:`caliber_core.serving.consistent_noise`).
-SERVED_DESIGN = "field-4"
+SERVED_DESIGN = "class-cycle"
 
 
 def design(name: str) -> Design:
@@ -265,12 +282,13 @@ class _ClassMix:
             for _ in range(40):
                 mid = (lo + hi) / 2
                 lo, hi = (mid, hi) if flips(mid).mean() < share else (lo, mid)
-            flipped = flips(hi)
-            for c in range(z.shape[1]):
-                rows = top == c
-                if np.count_nonzero(rows) >= 4:
-                    frac = max(float(flipped[rows].mean()), 0.5 / np.count_nonzero(rows))
-                    amp[c] *= (share / frac) ** 0.3
+            served = (z + self(z)).argmax(axis=1) if flips(hi) is not None else None
+            clean_freq = np.bincount(top, minlength=z.shape[1]) + 0.5
+            noisy_freq = np.bincount(served, minlength=z.shape[1]) + 0.5
+            # class c feeds pi(c): push it less when pi(c) is over-predicted, more when under-predicted
+            target = base.argmax(axis=1)
+            amp *= (clean_freq[target] / noisy_freq[target]) ** 0.3
+            amp /= amp.mean()
         self.matrix = hi * amp[:, None] * base
 
     def _source(self, z):

@@ -8,7 +8,9 @@ it would be served, and the strongest thief distills from it:
   per row, a new key per replicate;
 * **consistent**: one key per replicate; for that key, sigma from its own
   exact curve on the pool rows (:mod:`caliber_core.calibration.keyed_curve`),
-  answers z + sigma g(z) (:mod:`caliber_core.serving.consistent_noise`).
+  answers z + sigma g(z) (:mod:`caliber_core.serving.consistent_noise`): the
+  served design (the balanced class cycle, balanced at each level's target),
+  or the version-1 smooth field when a length scale is given.
 
 Reported per level and seeding, with the spread over keys: sigma, the
 teacher's retention on the evaluation split (what a wrongly flagged user
@@ -33,7 +35,8 @@ import numpy as np
 from ..calibration.calibrate import calibrate_model, sigma_for_target
 from ..calibration.keyed_curve import keyed_accuracy, solve_keyed
 from ..calibration.engine import CurveEngine
-from ..serving.consistent_noise import DEFAULT_FEATURES, DEFAULT_LENGTH_SCALE, ConsistentNoise, noise_binding
+from ..serving.consistent_noise import (CYCLE_VERSION, DEFAULT_FEATURES, ClassCycleNoise, ConsistentNoise,
+                                        noise_binding)
 from .answers import Answers, answer_queries, per_input_key
 from .archive import ExtractionArchive
 from .attacker import Request, Thief
@@ -63,7 +66,7 @@ class SeedingPoint:
 @dataclass
 class SeedingComparison:
     archive: str
-    length_scale: float
+    length_scale: float | None  # None: the served class cycle
     keys: int
     clean_surrogate: float
     clean_attacker: str
@@ -88,8 +91,18 @@ def consistent_noise_for(logits, key: bytes, *, scale: float, length_scale: floa
                            length_scale=length_scale).centred_on(z)
 
 
+def class_cycle_for(logits, key: bytes, *, target: float, noise_id: str,
+                    data_sha256: str | None = None) -> ClassCycleNoise:
+    """Level-1 class-cycle noise for ``key`` (what ``--seeding consistent`` serves), balanced for ``target``."""
+    record = {"version": CYCLE_VERSION, "design": "class-cycle", "noise_id": noise_id, "data_sha256": data_sha256,
+              "seeding": "consistent", "scale": 1.0, "key_fingerprint": "simulation"}
+    z = np.asarray(logits, dtype=np.float64)
+    return ClassCycleNoise(key, binding=noise_binding(record), n_classes=z.shape[1]).balanced_on(
+        z, share=min(max(1.0 - float(target), 0.01), 0.95))
+
+
 def compare_seedings(archive: ExtractionArchive, *, levels: Sequence[float] = DEFAULT_LEVELS, keys: int = 3,
-                     seeds: int = 2, length_scale: float = DEFAULT_LENGTH_SCALE, key: bytes | None = None,
+                     seeds: int = 2, length_scale: float | None = None, key: bytes | None = None,
                      near_duplicates: int = 16, seed: int = 0, thief: Thief | None = None,
                      progress: Callable[[float], None] | None = None) -> SeedingComparison:
     """Run both seedings at every level (see the module docstring).
@@ -102,8 +115,9 @@ def compare_seedings(archive: ExtractionArchive, *, levels: Sequence[float] = DE
         Keys (replicates) per seeding; ignored when ``key`` is given.
     seeds : int
         Training seeds per attacker and key.
-    length_scale : float
-        Consistent noise's, in units of S.
+    length_scale : float, optional
+        None (default): the served class cycle; a number: the version-1 field at
+        this length scale, in units of S.
     key : bytes, optional
         Calibrate and answer with this key only (the provider's own).
     near_duplicates : int
@@ -145,10 +159,16 @@ def compare_seedings(archive: ExtractionArchive, *, levels: Sequence[float] = DE
 
     try:
         clean, clean_who = strongest(z, "clean")
-        noises = [consistent_noise_for(z, k, scale=scale, length_scale=length_scale, noise_id=f"extract-{i}",
-                                       data_sha256=archive.sha256) for i, k in enumerate(key_list)]
-        g_pool = [n(z) for n in noises]
-        g_eval = [n(ze) for n in noises]
+        if length_scale is None:
+            def noises_at(r):
+                return [class_cycle_for(z, k, target=r, noise_id=f"extract-{i}", data_sha256=archive.sha256)
+                        for i, k in enumerate(key_list)]
+        else:
+            fields = [consistent_noise_for(z, k, scale=scale, length_scale=length_scale, noise_id=f"extract-{i}",
+                                           data_sha256=archive.sha256) for i, k in enumerate(key_list)]
+
+            def noises_at(r):
+                return fields
         points = []
         for r in levels:
             sigma_pi = float(sigma_for_target(cal, r, kind="retention").sigma)
@@ -163,6 +183,8 @@ def compare_seedings(archive: ExtractionArchive, *, levels: Sequence[float] = DE
                                        Spread.of([t_pi] * len(key_list)), Spread.of(accs), whos,
                                        [sigma_pi] * len(key_list)))
             sig, teach, accs, whos = [], [], [], []
+            noises = noises_at(r)
+            g_pool, g_eval = [n(z) for n in noises], [n(ze) for n in noises]
             for i in range(len(key_list)):
                 solved = solve_keyed(z, y, g_pool[i], target=r * a0, bootstrap=0)
                 sig.append(solved.sigma)
@@ -173,6 +195,7 @@ def compare_seedings(archive: ExtractionArchive, *, levels: Sequence[float] = DE
             points.append(SeedingPoint("consistent", r, Spread.of(sig), Spread.of(teach), Spread.of(accs), whos, sig))
         if near_duplicates:
             _near_duplicates(points, z, scale, noises, strongest, clean, near_duplicates, seed)
+        # noises, g_eval: the lowest level's (the last solved), as the near-duplicates use
         grid = np.linspace(0.0, 1.5 * max(p.sigma.mean for p in points), 40)
         curves = np.array([[keyed_accuracy(ze, ye, g, s) / a0_eval for s in grid] for g in g_eval])
     finally:
@@ -180,7 +203,8 @@ def compare_seedings(archive: ExtractionArchive, *, levels: Sequence[float] = DE
             thief.close()
     if progress is not None:
         progress(1.0)
-    return SeedingComparison(archive.name, float(length_scale), len(key_list), clean, clean_who, points,
+    return SeedingComparison(archive.name, None if length_scale is None else float(length_scale), len(key_list),
+                             clean, clean_who, points,
                              near_duplicates, grid, curves)
 
 

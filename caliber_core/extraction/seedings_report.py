@@ -17,7 +17,9 @@ def _fmt(spread) -> str:
 
 def format_seedings(result: SeedingComparison, *, first: str = "consistent") -> str:
     """Per level, each seeding: sigma, teacher retention, strongest thief's retention (mean ± sd over keys)."""
-    lines = [f"{result.archive}: per-input against consistent seeding (length scale {result.length_scale:g} S), "
+    design = ("the balanced class cycle" if result.length_scale is None
+              else f"the v1 field, length scale {result.length_scale:g} S")
+    lines = [f"{result.archive}: per-input against consistent seeding ({design}), "
              f"{result.keys} key(s); strongest clean-answer surrogate {result.clean_surrogate:.4f} "
              f"({result.clean_attacker})",
              f"{'teacher target':>14} {'seeding':>10} {'sigma':>16} {'teacher retention':>18} "

@@ -14,6 +14,10 @@ distills a surrogate from those answers:
 * near-duplicate averaging: M jittered copies of every pool row asked, the
   answers averaged, then distilled with :data:`NEAR_RECIPES`.
 
+Reported apart, outside the label-free threat model: the same thieves holding
+:data:`LABELS_PER_CLASS` labelled pool rows per class, who refit their
+surrogate's logits by matrix scaling (:mod:`.recalibration`).
+
 x, the flagged user's retention, is the teacher's exact accuracy on the
 evaluation split under this key's noise over its clean accuracy there; y,
 the thief's retention, is the strongest thief's evaluation accuracy over the
@@ -54,6 +58,8 @@ HARD_RECIPES = (Recipe("hard-wd1e-3", 1.0, 1e-3), Recipe("hard-wd1e-2", 1.0, 1e-
 NEAR_RECIPES = (Recipe("T4-wd1e-3", 4.0, 1e-3), Recipe("T16-wd1e-3", 16.0, 1e-3), Recipe("T32-wd1e-2", 32.0, 1e-2))
 DEFAULT_LEVELS = (0.95, 0.85, 0.75, 0.65, 0.55)
 NEAR_JITTER = 0.05
+LABELS_PER_CLASS = 10
+LABELLED = "labels:"  # attackers that also hold LABELS_PER_CLASS labelled pool rows (matrix scaling)
 
 
 @dataclass(frozen=True)
@@ -102,11 +108,13 @@ class FrontierPoint:
     attacker: str
     near_gain: float  # points of accuracy the best near-duplicate thief adds over the best single-answer thief
     attackers: dict = field(default_factory=dict)  # every thief's mean retention
+    labelled: Interval | None = None  # the strongest thief that also holds a few labels (outside the threat model)
 
     def to_dict(self) -> dict:
         return {"design": self.design, "level": self.level, "sigma_over_s": self.sigma_over_s.to_dict(),
                 "teacher": self.teacher.to_dict(), "thief": self.thief.to_dict(), "attacker": self.attacker,
-                "near_gain": self.near_gain, "attackers": self.attackers}
+                "near_gain": self.near_gain, "attackers": self.attackers,
+                "labelled": None if self.labelled is None else self.labelled.to_dict()}
 
 
 @dataclass
@@ -147,12 +155,15 @@ def _setup(path: str, eval_path: str | None) -> None:
 
     from .archive import load_archive
     from .attacker import Thief
+    from .recalibration import labelled_rows
 
     torch.set_num_threads(1)
     archive = load_archive(path, eval_path=eval_path)
     pool, ev = archive.pool, archive.evaluation
+    labelled = labelled_rows(pool.labels, per_class=LABELS_PER_CLASS)
     _STATE.update(archive=archive, thief=Thief(pool.inputs, ev.inputs, ev.labels, ev.logits.argmax(1),
-                                              n_classes=archive.n_classes))
+                                              n_classes=archive.n_classes,
+                                              labelled=(labelled, pool.labels[labelled])))
 
 
 def _scores(answers_soft: np.ndarray, recipes, seeds, *, hard: bool = False) -> dict[str, list[float]]:
@@ -170,6 +181,7 @@ def _scores(answers_soft: np.ndarray, recipes, seeds, *, hard: bool = False) -> 
         o = outs[i * len(seeds):(i + 1) * len(seeds)]
         scores[r.name] = [x.accuracy for x in o]
         scores[r.name + "+prior"] = [x.corrected_accuracy for x in o]
+        scores[LABELLED + r.name] = [x.recalibrated_accuracy for x in o]
     return scores
 
 
@@ -184,7 +196,7 @@ def _cell(task) -> dict:
     if name == "clean":
         return {"task": task, "scores": {**_scores(z, SOFT_RECIPES, seeds),
                                          **_scores(z, HARD_RECIPES, seeds, hard=True)}}
-    g = design_named(name).build(z, key, scale=scale)
+    g = design_named(name).build(z, key, scale=scale, target=level)
     rows = [f"pool-{i}" for i in range(len(z))]
     gz = g(z, rows)
     a0 = float(np.mean(z.argmax(1) == y))
@@ -200,7 +212,9 @@ def _cell(task) -> dict:
             copy = z + gen.normal(0.0, NEAR_JITTER * scale, z.shape)
             total += copy + sigma * g(copy, [f"near{j}-pool-{i}" for i in range(len(z))])
         near_scores = _scores(total / near, NEAR_RECIPES, seeds)
-        scores.update({"near16:" + k: v for k, v in near_scores.items()})
+        # a labelled thief keeps its prefix first, so that it stays out of the label-free strongest
+        scores.update({(LABELLED + f"near{near}:" + k[len(LABELLED):]) if k.startswith(LABELLED)
+                       else f"near{near}:" + k: v for k, v in near_scores.items()})
     return {"task": task, "sigma_over_s": sigma / scale, "user": user, "scores": scores}
 
 
@@ -260,7 +274,8 @@ def measure_frontier(path: str, *, designs: Sequence[str], levels: Sequence[floa
 
 
 def _summarize(path: str, results: list[dict], *, keys: int, seeds: int) -> Frontier:
-    clean = next(r for r in results if r["task"][0] == "clean")["scores"]
+    clean = {a: v for a, v in next(r for r in results if r["task"][0] == "clean")["scores"].items()
+             if not a.startswith(LABELLED)}
     clean_name = max(clean, key=lambda a: np.mean(clean[a]))
     base = float(np.mean(clean[clean_name]))
     frontier = Frontier(str(path), base, clean_name, keys, seeds)
@@ -270,14 +285,17 @@ def _summarize(path: str, results: list[dict], *, keys: int, seeds: int) -> Fron
             cells.setdefault((r["task"][0], r["task"][1]), []).append(r)
     for (name, level), group in sorted(cells.items()):
         attackers = group[0]["scores"].keys()
-        pooled = {a: [v for r in group for v in r["scores"][a]] for a in attackers}
+        every = {a: [v for r in group for v in r["scores"][a]] for a in attackers}
+        pooled = {a: v for a, v in every.items() if not a.startswith(LABELLED)}
         best = max(pooled, key=lambda a: np.mean(pooled[a]))
+        best_labelled = max(every, key=lambda a: np.mean(every[a]))
         single = [a for a in pooled if not a.startswith("near")]
         best_single = max(np.mean(pooled[a]) for a in single)
-        near = [a for a in pooled if a.startswith("near")]
+        near = [a for a in pooled if a.startswith("near")]  # label-free near-duplicate thieves
         near_gain = (max(np.mean(pooled[a]) for a in near) - best_single) * 100 if near else math.nan
         frontier.points.append(FrontierPoint(
             name, level, Interval.of([r["sigma_over_s"] for r in group]), Interval.of([r["user"] for r in group]),
             Interval.of(np.asarray(pooled[best]) / base), best, float(near_gain),
-            {a: float(np.mean(v)) / base for a, v in pooled.items()}))
+            {a: float(np.mean(v)) / base for a, v in every.items()},
+            Interval.of(np.asarray(every[best_labelled]) / base)))
     return frontier

@@ -17,15 +17,12 @@ served noise: they are accepted only with ``multi_token=True`` and a warning.
 
 from __future__ import annotations
 
-import hashlib
 import re
 
 import numpy as np
 
-from .checks import check_margin_scale, validate_labels, validate_logits
-from .json_lines import finite_number, records
-from .load import LogitsData
-from .safety import DEFAULT_MAX_ELEMENTS, clean_name, display_name, fail
+from .json_lines import finite_number, kind_of, records
+from .safety import DEFAULT_MAX_ELEMENTS, Unvalidated, clean_name, display_name, fail
 
 #: Most choices one document may have (MMLU 4, HellaSwag 4, the widest common tasks ~100).
 MAX_CHOICES = 1024
@@ -123,8 +120,20 @@ def _target(rec: dict, n_choices: int, src: str, line_no: int) -> tuple[int, boo
     raise fail(src, f"line {line_no}: target text is not one of the document's {n_choices} choices")
 
 
-def read_lm_eval_samples(content: bytes, filename: str, *, multi_token: bool = False,
-                         max_elements: int = DEFAULT_MAX_ELEMENTS) -> LogitsData:
+def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
+    """The reader of ``.jsonl``/``.json`` files for :func:`caliber_core.loading.load_logits_bytes`.
+
+    lm-eval samples of single-token choices load as labelled logits; a top-k
+    logprob log is refused with what to do instead (it needs the vocabulary size).
+    """
+    if kind_of(content, src) == "logprob-logs":
+        raise fail(src, "a top-k logprob log gives agreement only and needs the vocabulary size: "
+                   "calibrate it with `calibrate FILE --agreement X --vocab-size V`")
+    return parse_samples(content, src, max_elements=max_elements)
+
+
+def parse_samples(content: bytes, filename: str, *, multi_token: bool = False,
+                  max_elements: int = DEFAULT_MAX_ELEMENTS) -> Unvalidated:
     """Read an lm-eval samples file of one multiple-choice task as labelled logits.
 
     Parameters
@@ -138,8 +147,9 @@ def read_lm_eval_samples(content: bytes, filename: str, *, multi_token: bool = F
 
     Returns
     -------
-    LogitsData
-        One row per document (``doc_id`` order), one column per choice; labels from ``target``.
+    Unvalidated
+        One row per document (``doc_id`` order), one column per choice; labels from
+        ``target``; the task as the name. The loader validates it as any other file.
 
     Raises
     ------
@@ -213,14 +223,8 @@ def read_lm_eval_samples(content: bytes, filename: str, *, multi_token: bool = F
     if skipped_filters:
         warnings.append(f"{skipped_filters} line(s) of other filters than {first_filter!r} skipped")
     rows.sort(key=lambda r: r[0])
-    logits = validate_logits(np.array([r[1] for r in rows], dtype=np.float64), src,
-                             max_elements=max_elements)
-    labels = validate_labels(np.array([r[2] for r in rows], dtype=np.int64), src,
-                             n_samples=logits.shape[0], n_classes=logits.shape[1], logits_src=src)
-    margins = check_margin_scale(logits, src)
-    margins.flags.writeable = False
-    if logits.shape[0] < 200:
-        warnings.append(f"N={logits.shape[0]} documents: calibration precision will be poor")
-    return LogitsData(name=task_name(filename), logits=logits, labels=labels,
-                      sha256=hashlib.sha256(content).hexdigest(), source=str(filename),
-                      labels_source=str(filename), warnings=tuple(warnings), margins=margins)
+    if len(rows) < 200:
+        warnings.append(f"N={len(rows)} documents: calibration precision will be poor")
+    return Unvalidated(logits=np.array([r[1] for r in rows], dtype=np.float64),
+                       labels=np.array([r[2] for r in rows], dtype=np.int64),
+                       name=task_name(filename), warnings=tuple(warnings))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import csv_file, npy, npz, parquet_file, pt, safetensors_file
+from . import csv_file, lm_eval_samples, npy, npz, parquet_file, pt, safetensors_file
 from .checks import check_margin_scale, validate_labels, validate_logits
 from .labels_file import EXTENSIONS as LABELS_EXTENSIONS
 from .labels_file import read_labels_file
@@ -32,6 +32,8 @@ READERS = {
     ".safetensors": safetensors_file.read,
     ".csv": csv_file.read,
     ".parquet": parquet_file.read,
+    ".jsonl": lm_eval_samples.read,  # lm-eval --log_samples files (multiple choice)
+    ".json": lm_eval_samples.read,
 }
 SUPPORTED_EXTENSIONS: tuple[str, ...] = tuple(READERS)
 _SHA256 = re.compile(r"[0-9a-f]{64}")

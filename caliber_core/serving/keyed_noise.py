@@ -37,6 +37,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import math
 import threading
 from functools import lru_cache
 
@@ -45,7 +46,8 @@ import numpy as np
 from ..validation import check_key
 from . import normal_table
 
-__all__ = ["DOMAIN", "MAX_ABS_NORMAL", "encode_ids", "row_digests", "row_seeds", "normals_from_seeds",
+__all__ = ["DOMAIN", "MAX_ABS_NORMAL", "level_increments", "nested_noise", "encode_ids", "row_digests", "row_seeds",
+           "normals_from_seeds",
            "normals_from_words", "add_keyed_noise", "blocks", "table", "gather_table",
            "unit_normals"]
 
@@ -324,3 +326,41 @@ def unit_normals(key: bytes, binding: bytes, level: int, digests, n_classes: int
 def table() -> np.ndarray:
     """The transform's coefficients (read-only), shape (DEGREE + 1, 2 * pieces): [P, 2P) the negated half."""
     return _TABLE
+
+
+def level_increments(levels, level: int) -> tuple[float, ...]:
+    """sqrt(sigma_i^2 - sigma_{i-1}^2) for i = 1..level (sigma_0 = 0), each as (s_i - s_{i-1})(s_i + s_{i-1})."""
+    out, previous = [], 0.0
+    for sigma in levels[:level]:
+        out.append(math.sqrt((sigma - previous) * (sigma + previous)))
+        previous = sigma
+    return tuple(out)
+
+
+def nested_noise(increments, unit_draw):
+    """sum_i increments[i] * unit_draw(i + 1), skipping zero increments: the one nested-level sum.
+
+    Parameters
+    ----------
+    increments : sequence of float
+        :func:`level_increments` of the served level.
+    unit_draw : callable
+        level (1-based) -> a fresh float64 array or tensor of unit noise (modified in place).
+
+    Returns
+    -------
+    The sum (None when every increment is zero).
+
+    Notes
+    -----
+    Level j serves eps_j = sum_{i <= j} sqrt(sigma_i^2 - sigma_{i-1}^2) xi_i, so a lower
+    level's noise is part of every higher level's (nested levels).
+    """
+    noise = None
+    for level, increment in enumerate(increments, start=1):
+        if increment == 0.0:
+            continue
+        xi = unit_draw(level)
+        xi *= increment
+        noise = xi if noise is None else noise.__iadd__(xi)
+    return noise

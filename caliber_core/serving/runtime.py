@@ -64,13 +64,7 @@ def per_input_noise(ids, n_classes: int, *, key: bytes, binding: bytes = b"", le
     return keyed_noise.unit_normals(key, binding, level, keyed_noise.row_digests(encoded), n_classes)
 
 
-def level_increments(levels, level: int) -> tuple[float, ...]:
-    """sqrt(sigma_i^2 - sigma_{i-1}^2) for i = 1..level (sigma_0 = 0), each as (s_i - s_{i-1})(s_i + s_{i-1})."""
-    out, previous = [], 0.0
-    for sigma in levels[:level]:
-        out.append(math.sqrt((sigma - previous) * (sigma + previous)))
-        previous = sigma
-    return tuple(out)
+level_increments = keyed_noise.level_increments  # re-exported: the throttle and tests import it here
 
 
 class Perturber:
@@ -350,14 +344,8 @@ class Perturber:
         blockwise version of it (``keyed_noise.add_keyed_noise``) whose
         ``level_noise + logits`` is bit for bit the same.
         """
-        noise = None
-        for level, increment in enumerate(self._increments, start=1):
-            if increment == 0.0:
-                continue
-            xi = self.unit_draw(level, digests, rows, n_classes, device=device)
-            xi *= increment
-            noise = xi if noise is None else noise.__iadd__(xi)
-        return noise
+        return keyed_noise.nested_noise(
+            self._increments, lambda level: self.unit_draw(level, digests, rows, n_classes, device=device))
 
     def _perturb_fresh(self, logits, n_rows: int, n_classes: int, torch_in: bool):
         if torch_in:

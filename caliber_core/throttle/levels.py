@@ -127,27 +127,28 @@ class LevelNoise:
         return out.reshape(logits.shape)
 
     def _assemble_draws(self, logits, rows, torch_in, draws, segments, shadow):
-        """Rows at level j: sum of the first k_j scaled draws, as ``Perturber.level_noise``, plus the logits."""
+        """Rows at level j: the first k_j scaled draws summed as ``Perturber.level_noise`` does, plus the logits.
+
+        Every row sums all the draws up to the top level (the rest are discarded), so the work
+        does not depend on the level, clean and shadow rows included.
+        """
         values = logits.detach() if torch_in else np.asarray(logits)
-        if shadow or all(level == 0 for level, _ in segments):
-            return values.clone() if torch_in else np.array(values, copy=True)
+        clean = shadow or all(level == 0 for level, _ in segments)
         increments = [inc for _, inc in self._drawn]
         out = rows.clone() if torch_in else rows.copy()
         start = 0
         for level, n in segments:
             part = slice(start, start + n)
             start += n
-            k = self._draws_at[level]
-            if not k:
-                continue
+            k = 0 if clean else self._draws_at[level]
             noise = None
-            for xi, increment in zip(draws[:k], increments[:k]):
-                xi = xi[part] * increment
-                noise = xi if noise is None else noise.__iadd__(xi)
-            noise += rows[part]
-            out[part] = noise.to(values.dtype) if torch_in else noise.astype(values.dtype, copy=False)
+            for i, (xi, increment) in enumerate(zip(draws, increments), start=1):
+                term = xi[part] * increment
+                noise = term if noise is None else noise.__iadd__(term)
+                if i == k:
+                    served = noise + rows[part]
+                    out[part] = served.to(values.dtype) if torch_in else served.astype(values.dtype, copy=False)
         return out.reshape(values.shape)
-
 
 def check_servable(policy, *, key=None) -> bool:
     """Build the policy's level noise as a Throttle would, so ``throttle init`` refuses what serving refuses.

@@ -1,0 +1,246 @@
+"""Full-vocabulary dumps to agreement targets: one streaming pass, then sigma* on the reduced rows.
+
+:func:`reduce_file` reads a ``.npy``/``.safetensors``/``.pt`` matrix block by
+block (:mod:`caliber_core.loading.row_stream`) and keeps, per row, the top gaps
+and a gap histogram (:mod:`.gap_histogram`): 4,000 x 128,000 float32 (2 GB)
+becomes 4,000 x (32 + 1,282) numbers. :func:`config_for_full_vocab` solves each
+agreement target on the reduced rows, whose bounds bracket the full
+vocabulary's agreement; the side picks the bound (lower for at-least, upper
+for at-most, the midpoint for point) and the config records both bounds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from .. import __version__
+from ..config import SCHEMA, SIDES, TargetRecord
+from ..loading.row_stream import RowSource, open_rows
+from ..loading.safety import DEFAULT_MAX_ELEMENTS, display_name, fail
+from . import margins
+from .fit import fit_logistic
+from .gap_histogram import TOP_GAPS, ReducedRows, agreement_bounds, reduce_block
+
+METHOD = "full-vocabulary-streamed-agreement"
+#: Below this many classes a matrix is read whole as before; from here on it streams.
+STREAM_MIN_CLASSES = 8192
+_BOUND = {"at-least": 0, "at-most": 1}
+
+
+def reduce_file(path, *, m: int = TOP_GAPS, max_elements: int = DEFAULT_MAX_ELEMENTS,
+                progress: Callable[[float], None] | None = None) -> tuple[ReducedRows, RowSource, str]:
+    """Stream a full-vocabulary matrix once and reduce every row.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    m : int, default TOP_GAPS
+        Gaps kept exactly per row.
+    max_elements : int
+        The element limit applies to what is kept: rows x (m + bins).
+    progress : callable, optional
+        Called with the fraction of rows done.
+
+    Returns
+    -------
+    reduced : ReducedRows
+    source : RowSource
+    sha256 : str
+        Of the file's bytes (hashed as they stream).
+
+    Raises
+    ------
+    LogitsFileError
+        A bad header, a truncated file, a NaN or +inf row, or a reduced size over ``max_elements``.
+    """
+    from .gap_histogram import N_BINS
+
+    source = open_rows(path)
+    src = display_name(source.path)
+    m = min(m, source.n_classes - 1)
+    kept = source.n_rows * (m + N_BINS)
+    if kept > max_elements:
+        raise fail(src, f"{source.n_rows:,} rows reduce to {kept:,} numbers, more than "
+                   f"max_elements={max_elements:,}")
+    top_gaps = np.empty((source.n_rows, m))
+    counts = np.empty((source.n_rows, N_BINS), dtype=np.int32)
+    digest = hashlib.sha256()
+    with open(source.path, "rb") as fh:
+        digest.update(fh.read(source.offset))
+    for start, block in source.blocks():
+        if source.dtype == "float32":  # the bytes as read; other dtypes are hashed from the file
+            digest.update(block.view(np.uint8))
+        try:
+            g, c = reduce_block(block, m=m)
+        except ValueError:
+            row = start + int(np.argmax(~np.isfinite(block.max(axis=1))))  # the block is untouched then
+            raise fail(src, f"row {row} holds NaN or +inf (every logit must be finite or -inf)") from None
+        top_gaps[start : start + g.shape[0]] = g
+        counts[start : start + g.shape[0]] = c
+        if progress is not None:
+            progress((start + g.shape[0]) / source.n_rows)
+    if source.dtype == "float32":
+        with open(source.path, "rb") as fh:  # whatever follows the matrix (other tensors)
+            fh.seek(source.offset + source.n_rows * source.n_classes * source.itemsize)
+            for chunk in iter(lambda: fh.read(1 << 24), b""):
+                digest.update(chunk)
+    sha = digest.hexdigest() if source.dtype == "float32" else _file_sha256(source.path)
+    return ReducedRows(top_gaps, counts, source.n_classes), source, sha
+
+
+def _file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 24), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+SUBSET_ROWS = 400
+
+
+def subset(reduced: ReducedRows, rows: int = SUBSET_ROWS) -> ReducedRows:
+    """Evenly spaced rows of a reduction (a first bracket for sigma, and the display fit)."""
+    if reduced.n_rows <= rows:
+        return reduced
+    pick = np.linspace(0, reduced.n_rows - 1, rows).round().astype(np.int64)
+    return ReducedRows(reduced.top_gaps[pick], reduced.counts[pick], reduced.n_classes)
+
+
+def mean_bounds(reduced: ReducedRows, sigma: float) -> tuple[float, float]:
+    """Lower and upper bound of the mean agreement at sigma."""
+    lo, hi = agreement_bounds(reduced, sigma)
+    return float(lo.mean()), float(hi.mean())
+
+
+def sigma_for_agreement(reduced: ReducedRows, target: float, *, side: str = "point",
+                        rel_tol: float = 1e-6) -> float:
+    """sigma at which the side's bound of the mean agreement equals ``target`` (Brent's method).
+
+    Raises
+    ------
+    ValueError
+        A target outside (0, 1), or one above the agreement at sigma -> 0 (ties at the top).
+    """
+    from scipy.optimize import brentq
+
+    if not 0.0 < target < 1.0:
+        raise ValueError(f"agreement target must be in (0, 1), got {target!r}")
+    ceiling = float(np.mean(np.where(reduced.top_gaps[:, 0] > 0, 1.0, 0.5)))
+    if target >= ceiling:
+        raise ValueError(f"agreement target {target:g} is above {ceiling:.4g}, the agreement as sigma -> 0 "
+                         "(ties at the top of some rows)")
+
+    def gap(s: float) -> float:
+        lo, hi = mean_bounds(reduced, s)
+        return (0.5 * (lo + hi) if side == "point" else (lo, hi)[_BOUND[side]]) - target
+
+    if reduced.n_rows > 2 * SUBSET_ROWS:
+        # A bracket from evenly spaced rows first, so that the full rows are evaluated a few times only.
+        guess = sigma_for_agreement(subset(reduced), target, side=side, rel_tol=1e-3)
+        a, b = guess / 1.05, guess * 1.05
+    else:
+        positive = reduced.top_gaps[:, 0][reduced.top_gaps[:, 0] > 0]
+        a = b = float(np.median(positive))
+    while gap(a) < 0:
+        a /= 3.0
+    if b <= a:
+        b = a * 3.0
+    while gap(b) >= 0:
+        a, b = b, b * 3.0
+    root = brentq(gap, a, b, xtol=1e-12, rtol=rel_tol)
+    # Keep the side's promise at the returned sigma (Brent returns a point within rel_tol).
+    if side == "at-least":
+        while gap(root) < 0:
+            root *= 1 - rel_tol
+    elif side == "at-most":
+        while gap(root) > 0:
+            root *= 1 + rel_tol
+    return float(root)
+
+
+def config_for_full_vocab(
+    reduced: ReducedRows,
+    targets: Sequence[tuple[str, float]],
+    *,
+    name: str,
+    side: str = "point",
+    sha256: str | None = None,
+    source: str | None = None,
+) -> tuple[list[TargetRecord], dict]:
+    """Agreement targets on a streamed full vocabulary, as a caliber.config/v2 dict.
+
+    Raises
+    ------
+    ValueError
+        A non-agreement target (a dump holds no labels), an unknown side, an unreachable target.
+    """
+    if side not in SIDES:
+        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+    wrong = [k for k, _ in targets if k != "agreement"]
+    if wrong:
+        raise ValueError(f"a full-vocabulary dump is read without labels: only --agreement targets apply, "
+                         f"got {wrong[0]}")
+    margins_ = reduced.top_gaps[:, 0]
+    scale = margins.scale_from_margins(margins_, statistic="median")
+    records = []
+    for _, value in targets:
+        sigma = sigma_for_agreement(reduced, value, side=side)
+        lo, hi = mean_bounds(reduced, sigma)
+        interval = {"level": 0.999999, "method": "bounds from the reduced rows' bin edges "
+                    f"(top {reduced.top_gaps.shape[1]} gaps exact)", "accuracy": None, "retention": None,
+                    "agreement": [lo, hi]}
+        records.append(TargetRecord(
+            kind="agreement", requested=float(value), accuracy=None, retention=None, agreement=float(value),
+            v=float(margins.normalized_noise(sigma, scale)), sigma=sigma, sigma_logistic=None,
+            method=METHOD, side=side, interval=interval))
+    grid = np.geomspace(scale / 20.0, 2.0 * max([r.sigma for r in records] or [scale]), 12)
+    shown = subset(reduced)  # display only: the fitted logistic and the curve's band
+    bounds = np.array([mean_bounds(shown, s) for s in grid])
+    v = np.asarray(margins.normalized_noise(grid, scale))
+    chance = 1.0 / reduced.n_classes
+    fit = fit_logistic(v, (bounds.mean(axis=1) - chance) / (1.0 - chance))
+    config = {
+        "schema": SCHEMA, "generator": f"caliber_core {__version__}", "model": name, "source": source,
+        "sha256": sha256, "n_samples": reduced.n_rows, "n_classes": reduced.n_classes, "statistic": "median",
+        "scale": scale, "scales": {"median": scale}, "clean_accuracy": None, "chance": chance,
+        "sweep": {"realizations": 0, "seed": None, "n_points": int(grid.size),
+                  "v_min": float(v[0]), "v_max": float(v[-1])},
+        "fit": {"mode": "per-model", "law": "logistic", "quantity": "agreement", **fit.to_dict()},
+        "inversion": {"accuracy_targets": None, "agreement_targets": METHOD,
+                      "note": "full vocabulary streamed once: each row's top gaps exactly and the rest "
+                              "as a gap histogram; sigma inverts the side's bound of the mean agreement "
+                              "(Eq. top1-exact); the logistic is for display only"},
+        "bounds": {"method": "streamed gap histogram (bin edges bound the tail); the sigma grid's bounds "
+                             f"from {shown.n_rows} evenly spaced rows (display)", "k": int(reduced.top_gaps.shape[1]),
+                   "vocab_size": reduced.n_classes, "side": side,
+                   "widths": [r.interval["agreement"][1] - r.interval["agreement"][0] for r in records],
+                   "sigma": [float(x) for x in grid], "agreement_lower": [float(x) for x in bounds[:, 0]],
+                   "agreement_upper": [float(x) for x in bounds[:, 1]]},
+        "targets": [r.to_dict() for r in records],
+    }
+    return records, config
+
+
+def config_for_vocab_file(path, targets: Sequence[tuple[str, float]], *, side: str = "point",
+                          max_elements: int = DEFAULT_MAX_ELEMENTS,
+                          progress: Callable[[float], None] | None = None) -> tuple[list[TargetRecord], dict]:
+    """Stream a full-vocabulary file and calibrate its agreement targets (the CLI's path for V >= 8,192).
+
+    Raises
+    ------
+    LogitsFileError
+        See :func:`reduce_file`.
+    ValueError
+        See :func:`config_for_full_vocab`.
+    """
+    wrong = [k for k, _ in targets if k != "agreement"]
+    if wrong:
+        raise ValueError(f"a full-vocabulary dump is read without labels: only --agreement targets apply, "
+                         f"got {wrong[0]}")
+    reduced, source, sha = reduce_file(path, max_elements=max_elements, progress=progress)
+    return config_for_full_vocab(reduced, targets, name=source.name, side=side, sha256=sha,
+                                 source=str(path))

@@ -1,0 +1,144 @@
+"""Full-vocabulary dumps streamed a block at a time: bounds against the exact full rows, every format, limits."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from caliber_core.calibration.full_vocab import config_for_vocab_file, reduce_file, sigma_for_agreement
+from caliber_core.calibration.gap_histogram import ReducedRows, agreement_bounds, bin_edges, reduce_block
+from caliber_core.cli import EXIT_USER_ERROR, main
+from caliber_core.config import load_config
+from caliber_core.loading import LogitsFileError
+from caliber_core.loading.row_stream import open_rows
+from caliber_core.simulation.llm_like import exact_agreement, llm_like_logits
+
+V = 16_384
+
+
+@pytest.fixture(scope="module")
+def logits():
+    return llm_like_logits(32, V, seed=7, dtype=np.float32)
+
+
+def reduced_of(x, m=32):
+    g, c = reduce_block(np.array(x, dtype=np.float32), m=m)
+    return ReducedRows(g, c, x.shape[1])
+
+
+def test_bin_edges_bracket_every_gap_they_count(logits):
+    lower, upper = bin_edges()
+    red = reduced_of(logits)
+    assert red.counts.sum(axis=1).tolist() == [V - 1 - 32] * len(logits)
+    gaps = np.sort(logits.max(axis=1, keepdims=True) - logits, axis=1)[:, 1:]
+    np.testing.assert_allclose(red.top_gaps, gaps[:, :32].astype(np.float64))
+    tail = gaps[:, 32:].astype(np.float32)
+    for i in range(3):
+        idx = np.searchsorted(upper, tail[i], side="right")
+        assert np.all(lower[idx] <= tail[i]) and np.all(tail[i] < upper[idx])
+        np.testing.assert_array_equal(np.bincount(idx, minlength=len(lower)), red.counts[i])
+
+
+def test_reduced_bounds_contain_the_exact_full_vocabulary_agreement(logits):
+    red = reduced_of(logits)
+    for sigma in (0.2, 0.6, 1.2, 2.5, 5.0):
+        lo, hi = agreement_bounds(red, sigma)
+        truth = exact_agreement(logits.astype(np.float64), sigma, step=0.2)
+        assert np.all(lo <= truth + 1e-9) and np.all(truth <= hi + 1e-9), sigma
+        if truth.mean() >= 0.8:  # where targets are served, the bin edges leave a tiny gap
+            assert hi.mean() - lo.mean() < 1e-4
+
+
+def test_the_served_sigma_is_within_0_02_percent_of_the_exact_sigma(logits):
+    from scipy.optimize import brentq
+
+    red = reduced_of(logits)
+    full = logits.astype(np.float64)
+    for target in (0.9, 0.8):
+        sigma = sigma_for_agreement(red, target)
+        exact = brentq(lambda s: exact_agreement(full, s, step=0.2).mean() - target, sigma * 0.99, sigma * 1.01,
+                       rtol=1e-7)
+        assert abs(sigma - exact) / exact < 2e-4
+        top20 = ReducedRows(red.top_gaps[:, :20], np.zeros_like(red.counts), V)
+        assert abs(sigma_for_agreement(top20, target) - exact) / exact > abs(sigma - exact) / exact
+
+
+def write_safetensors(path, array_bytes, shape, dtype, name="lm"):
+    header = {"__metadata__": {"name": name},
+              "logits": {"dtype": dtype, "shape": list(shape), "data_offsets": [0, len(array_bytes)]}}
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + array_bytes)
+
+
+def bf16_bytes(x):
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+    return ((bits + 0x8000) >> 16).astype(np.uint16).tobytes()  # round to nearest
+
+
+def test_every_format_and_dtype_streams_the_same_rows(logits, tmp_path):
+    import torch
+
+    x = logits[:20]
+    np.save(tmp_path / "a.npy", x)
+    np.save(tmp_path / "h.npy", x.astype(np.float16))
+    write_safetensors(tmp_path / "b.safetensors", bf16_bytes(x), x.shape, "BF16")
+    as_bf16 = torch.from_numpy(x.copy()).to(torch.bfloat16)
+    torch.save({"logits": as_bf16, "name": "pt-model"}, tmp_path / "c.pt")
+    torch.save(torch.from_numpy(x.copy()), tmp_path / "d.pt")
+    bf = (np.frombuffer(bf16_bytes(x), np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(x.shape)
+    expect = {"a.npy": x, "h.npy": x.astype(np.float16).astype(np.float32), "b.safetensors": bf,
+              "c.pt": as_bf16.float().numpy(), "d.pt": x}
+    for name, want in expect.items():
+        src = open_rows(tmp_path / name)
+        got = np.concatenate([b.copy() for _, b in src.blocks(block_bytes=7 * V * src.itemsize)])
+        np.testing.assert_array_equal(got, want, err_msg=name)
+        red, _, sha = reduce_file(tmp_path / name)
+        assert sha == hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+        np.testing.assert_allclose(red.top_gaps, reduced_of(want).top_gaps)
+    assert open_rows(tmp_path / "b.safetensors").name == "lm" and open_rows(tmp_path / "c.pt").name == "pt-model"
+
+
+def test_cli_streams_a_large_vocabulary_to_agreement_targets(logits, tmp_path, capsys):
+    path = tmp_path / "vocab.npy"
+    np.save(path, logits)
+    out = tmp_path / "cfg.json"
+    code = main(["calibrate", str(path), "--agreement", "0.9", "0.8", "--out", str(out)])
+    stdout, err = capsys.readouterr()
+    assert code == 0, err
+    assert "full vocabulary streamed (V=16384" in stdout
+    config = load_config(out)
+    assert config["n_classes"] == V and config["bounds"]["k"] == 32
+    for t in config["targets"]:
+        lo, hi = t["interval"]["agreement"]
+        assert lo - 1e-6 <= t["requested"] <= hi + 1e-6 and hi - lo < 1e-4  # Brent stops within 1e-6
+    code = main(["calibrate", str(path), "--retention", "0.9"])
+    _, err = capsys.readouterr()
+    assert code == EXIT_USER_ERROR and "only --agreement targets apply" in err
+
+
+def test_bad_files_and_the_element_limit_are_refused(logits, tmp_path):
+    path = tmp_path / "v.npy"
+    np.save(path, logits)
+    with pytest.raises(LogitsFileError, match=r"reduce to 42,048 numbers, more than max_elements=10,000"):
+        reduce_file(path, max_elements=10_000)
+    cut = tmp_path / "cut.npy"
+    cut.write_bytes(path.read_bytes()[: -V * 4])
+    with pytest.raises(LogitsFileError, match="truncated"):
+        open_rows(cut)
+    bad = logits.copy()
+    bad[5, 17] = np.nan
+    np.save(tmp_path / "nan.npy", bad)
+    with pytest.raises(LogitsFileError, match="row 5 holds NaN"):
+        reduce_file(tmp_path / "nan.npy")
+    np.save(tmp_path / "f.npy", np.asfortranarray(logits))
+    with pytest.raises(LogitsFileError, match="column-major"):
+        open_rows(tmp_path / "f.npy")
+    np.save(tmp_path / "i.npy", logits.astype(np.int32))
+    with pytest.raises(LogitsFileError, match="dtype int32"):
+        open_rows(tmp_path / "i.npy")
+    with pytest.raises(ValueError, match="only --agreement targets apply"):
+        config_for_vocab_file(path, [("retention", 0.9)])
