@@ -18,7 +18,7 @@ from caliber_dashboard import extraction_seedings as seedings  # noqa: E402
 from caliber_dashboard import extraction_view as view  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-APP = str(ROOT / "app.py")
+APP = str(ROOT / "caliber_dashboard" / "app.py")
 
 
 def test_an_uploaded_archive_is_confirmed_and_selected(tmp_path):
