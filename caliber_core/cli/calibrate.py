@@ -75,7 +75,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args) -> int:
     """Run ``calibrate``; returns the exit status (errors propagate to the CLI's handler)."""
-    from ..calibration.pipeline import DEFAULT_TARGETS, config_for
+    from ..calibration.pipeline import DEFAULT_TARGETS, calibrate_data, config_from_calibration
+    from ..loading import require_labels
     from ..calibration.target_intervals import interval_notes
     from ..config import config_to_json, saturation_message
 
@@ -87,11 +88,12 @@ def run(args) -> int:
     for warning in data.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     targets = getattr(args, "targets", None) or list(DEFAULT_TARGETS)
-    _, results, config = config_for(
-        data, targets, statistic=args.margin_stat, seed=args.seed,
-        realizations=args.realizations, inversion=args.inversion, saturate=args.saturate,
-        side=args.side, confidence=args.confidence, progress=progress(not args.quiet, "sweeping noise"),
-    )
+    if any(kind != "agreement" for kind, _ in targets):
+        require_labels(data, "an accuracy or retention target")  # before the sweep, not after it
+    cal = calibrate_data(data, statistic=args.margin_stat, seed=args.seed, realizations=args.realizations,
+                         progress=progress(not args.quiet, "sweeping noise"))
+    results, config = config_from_calibration(cal, data, targets, inversion=args.inversion,
+                                              saturate=args.saturate, side=args.side, confidence=args.confidence)
     if args.seeding == "consistent" or args.key_file or args.length_scale is not None or args.noise_id:
         config = _consistent(config, data, args)
     text = config_to_json(config)
