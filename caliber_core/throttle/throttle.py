@@ -269,52 +269,42 @@ class Throttle:
     def grant(self, account, *, rows: int, valid_minutes: float | None = None) -> str:
         """Count ``rows`` for ``account``, escalate as :meth:`respond` does, and return a signed grant token.
 
-        For engines that add the noise themselves (vLLM's logits processor,
-        :mod:`caliber_core.serving.vllm`): the token names the level to serve
-        (0 under shadow mode), the policy's digest, an expiry and a nonce,
-        under an HMAC keyed from the seeding key (:mod:`.grants`).
-
         Parameters
         ----------
         account : str or bytes
-            The account id (stored only as a fingerprint).
         rows : int
-            Rows to count: the positions the request may generate (a gateway
-            passes ``max_tokens`` times the number of sequences).
+            The positions the request may generate.
         valid_minutes : float, optional
-            How long the engine honours the token (default
-            :data:`.grants.DEFAULT_VALID_MINUTES`).
+            How long the engine honours the token (default ``grants.DEFAULT_VALID_MINUTES``).
 
         Returns
         -------
         str
-            ``caliber-grant.v1.<payload>.<mac>``; the level is the highest any row was decided at.
+            The token (:mod:`.grants`): the level (the highest any row got; 0 under shadow mode),
+            the policy's digest, an expiry and a nonce, under an HMAC keyed from the seeding key.
 
         Raises
         ------
         ValueError
             No key, bad ``rows`` or ``valid_minutes`` (nothing is counted).
         StoreUnavailable
-            The store is unreachable and the policy's ``on_store_error`` is "refuse".
+            As for :meth:`respond`.
         """
-        from .grants import DEFAULT_VALID_MINUTES, check_valid_minutes, sign_grant
+        from .grants import check_valid_minutes, sign_grant
         from .ledger import check_rows
 
         if self._levels is None:
             raise ValueError("grant needs the seeding key: build the Throttle with key=<secret bytes>")
-        rows = check_rows(rows)
-        minutes = check_valid_minutes(DEFAULT_VALID_MINUTES if valid_minutes is None else valid_minutes)
-        fp = account_fingerprint(account)
-        policy = self.policy
-        decision = None
+        rows, minutes = check_rows(rows), check_valid_minutes(valid_minutes)
+        fp, decision = account_fingerprint(account), None
         try:
             decision = self._decide(fp, rows)
             segments = decision.segments
         except StoreUnavailable as exc:
             segments = self._degraded(fp, rows, exc)
         if self._metrics:
-            self._metrics.observe(segments, decision, shadow=policy.shadow)
-        level = 0 if policy.shadow else max(level for level, _ in segments)
+            self._metrics.observe(segments, decision, shadow=self.policy.shadow)
+        level = 0 if self.policy.shadow else max(level for level, _ in segments)
         return sign_grant(level=level, digest=self._policy_digest, rows=rows, signing_key=self._grant_key,
                           now=self._now(), valid_minutes=minutes)
 
