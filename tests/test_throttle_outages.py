@@ -337,3 +337,29 @@ def test_a_500_from_the_example_is_not_counted(tmp_path, monkeypatch):
     assert client.post("/v1/classify", json=body, headers={"Authorization": "Bearer acct-7"}).status_code == 500
     state = t.state("acct-7")
     assert state.queries == {1: 3} and state.failed == {1: 3}
+
+
+def test_requests_in_doubt_are_settled_once_the_store_answers(redis, tmp_path, caplog):
+    """A script that ran but whose reply was lost: counted if the caller was served, moved to failed if not."""
+    from caliber_core.throttle import account_fingerprint
+
+    t = Throttle.from_files(write_policy(tmp_path, escalate_after=1000), key=KEY, store=redis.url, metrics=False)
+    t.flag("acct-7", level=1)
+    seen, unseen = account_fingerprint("acct-7"), account_fingerprint("stranger")
+    request = dict(rows=4, now=1.0, escalate_after=1000, top=3, expire_after=None, shadow=False)
+    for fp, token in ((seen, "tok-served"), (unseen, "tok-refused")):
+        t.store.record(fp, token=token, **request)  # Redis ran it; the reply "was lost"
+        error = StoreUnavailable("redis store: reply lost")
+        error.in_doubt = token
+        if fp == seen:
+            assert t._degraded(fp, 4, error) == ((1, 4),)  # served uncounted, at the level last seen
+        else:
+            with pytest.raises(StoreUnavailable):
+                t._degraded(fp, 4, error)  # an unseen account: refused
+    assert t.pending_uncounted() == {seen: {1: 4}}
+    logits, ids = _batch()
+    assert t.respond("acct-7", logits, ids).counted  # the store answers: both are settled
+    assert not t.pending_uncounted() and not t._outages.in_doubt
+    served, refused = t.state("acct-7"), t.state("stranger")
+    assert served.queries == {1: 8} and served.uncounted == () and served.failed == {}
+    assert refused.queries == {0: 0} and refused.failed == {0: 4}
