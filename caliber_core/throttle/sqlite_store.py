@@ -124,15 +124,30 @@ class SqliteStore:
         return st.st_dev, st.st_ino
 
     def _shm_size(self) -> int | None:
+        st = self._shm_stat()
+        return None if st is None else st.st_size
+
+    def _shm_stat(self):
         try:
-            return os.stat(self.path + "-shm").st_size
+            return os.stat(self.path + "-shm")
         except FileNotFoundError:
             return None
 
-    def _check_shm(self) -> None:
-        shm = self.path + "-shm"
-        if os.path.exists(shm) and not os.access(shm, os.R_OK | os.W_OK):
+    def _check_shm(self, st=None) -> None:
+        """StoreUnavailable when the -shm file exists and this process may not write it.
+
+        ``access`` is asked again only when the file's inode, mode, owner or
+        change time moved (chmod, chown and chattr all change the change time).
+        """
+        st = self._shm_stat() if st is None else st
+        if st is None:
+            return
+        stamp = (st.st_ino, st.st_mode, st.st_uid, st.st_gid, st.st_ctime_ns)
+        if stamp == getattr(self._local, "shm_ok", None):
+            return
+        if not os.access(self.path + "-shm", os.R_OK | os.W_OK):
             raise StoreUnavailable(f"sqlite store {self.path}: its -shm file is not writable")
+        self._local.shm_ok = stamp
 
     def _same_file(self, local) -> bool:
         """True when the open connection may be used: same file at the path, -shm intact and writable."""
@@ -143,10 +158,10 @@ class SqliteStore:
             raise StoreUnavailable(f"sqlite store {self.path}: the ledger file was deleted") from None
         except OSError as exc:
             raise StoreUnavailable(f"sqlite store {self.path}: {exc.strerror}") from None
-        shm = self._shm_size()
-        if shm is None:  # deleted: our mapping is of the unlinked file; reopen to share the new one
+        st = self._shm_stat()
+        if st is None:  # deleted: our mapping is of the unlinked file; reopen to share the new one
             return False
-        if shm < min(local.shm, _SHM_REGION):
+        if st.st_size < min(local.shm, _SHM_REGION):
             # Truncated under our mapping: grow it back (zeros; SQLite rebuilds the index from the
             # WAL) before anything touches the mapped pages, then reopen.
             try:
@@ -157,8 +172,8 @@ class SqliteStore:
                 raise StoreUnavailable(f"sqlite store {self.path}: its -shm file was truncated ({exc.strerror})") \
                     from None
             return False
-        self._check_shm()
-        local.shm = max(local.shm, shm)
+        self._check_shm(st)
+        local.shm = max(local.shm, st.st_size)
         return same
 
     def _drop(self, local) -> None:
