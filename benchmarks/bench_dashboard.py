@@ -106,7 +106,7 @@ def first_visits(browser, log_dir: Path, *, quiet: float, root: Path, settle: fl
     first request, after ``settle`` s and right away.
     """
     out: dict = {"settle_s": settle}
-    with serve("app.py", log_dir / "visits.log", root=root) as (url, healthy):
+    with serve("caliber_dashboard/app.py", log_dir / "visits.log", root=root) as (url, healthy):
         out["server_healthy_s"] = healthy
         time.sleep(settle)
         for who in ("cold", "warm"):
@@ -119,7 +119,7 @@ def first_visits(browser, log_dir: Path, *, quiet: float, root: Path, settle: fl
                 v.close()
     for wait in (settle, 0.0):
         for path, title in (("calibrate", "Calibrate"), ("fleet", "Fleet")):
-            with serve("app.py", log_dir / f"deep_{path}.log", root=root) as (url, _):
+            with serve("caliber_dashboard/app.py", log_dir / f"deep_{path}.log", root=root) as (url, _):
                 time.sleep(wait)
                 v = Visitor(browser, quiet_ms=quiet)
                 try:
@@ -304,7 +304,7 @@ def main(argv=None) -> None:
                     print(f"  deep link as a fresh server's first request, {wait:g} s after start: "
                           f"/calibrate {v[f'deep /calibrate after {wait:g} s']:.2f} s, "
                           f"/fleet {v[f'deep /fleet after {wait:g} s']:.2f} s")
-            with serve("app.py", tmp_dir / "app.log", root=args.root) as (app_url, _), \
+            with serve("caliber_dashboard/app.py", tmp_dir / "app.log", root=args.root) as (app_url, _), \
                     serve(MINIMAL_PAGE, tmp_dir / "minimal.log") as (minimal_url, _):
                 if not args.skip_cold:
                     floor = new_tab_floor(browser, minimal_url, quiet=args.quiet)
