@@ -67,13 +67,13 @@ def test_seedings_side_by_side_on_the_page():
     sha = at.selectbox(key="extraction_model").value
     archive = next(a for a in (load_archive(p) for p in sorted((ROOT / "data").glob("digits_*.npz")))
                    if a.sha256 == sha)
-    expected = compare_seedings(archive, levels=(0.75,), keys=1, seeds=1, length_scale=None, near_duplicates=16)
+    expected = compare_seedings(archive, levels=(0.75,), keys=1, seeds=1, length_scale=4.0, near_duplicates=16)
     specs = {json.loads(c.proto.spec)["layout"]["yaxis"]["title"]["text"]: json.loads(c.proto.spec)
              for c in at.get("plotly_chart")}
     frontier = next(v for k, v in specs.items() if k.startswith("thief retention"))
     lines = {t["name"]: t for t in frontier["data"]}
     cons = expected.at("consistent")[0]
-    assert lines["consistent (class cycle, served)"]["y"] == [pytest.approx(cons.thief_retention.mean * 100)]
+    assert lines["consistent (ℓ = 4 S)"]["y"] == [pytest.approx(cons.thief_retention.mean * 100)]
     assert lines["per-input"]["x"] == [pytest.approx(expected.at("per-input")[0].teacher_retention.mean * 100)]
     assert any(k.startswith("teacher retention on held-out") for k in specs)
     assert seedings.sigma_spread(expected)[0]["σ (key mean)"] == f"{cons.sigma.mean:.4g}"

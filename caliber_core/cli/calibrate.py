@@ -28,12 +28,11 @@ class _OrderedTarget(argparse.Action):
 
 def _add_seeding(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeding", choices=("per-input", "consistent"), default="per-input",
-                        help="per-input: noise drawn per request id (default); consistent: a keyed function "
-                        "of the logits (a balanced class cycle), calibrated for the key in --key-file")
+                        help="per-input: noise drawn per request id (default); consistent: a keyed smooth "
+                        "function of the logits, calibrated for the key in --key-file")
     parser.add_argument("--key-file", help="the serving key (hex, one line); consistent seeding only")
     parser.add_argument("--length-scale", type=float, default=None, metavar="L",
-                        help="consistent seeding: serve the version-1 smooth field instead, at this "
-                        "correlation length in units of S (4 was its default)")
+                        help="consistent noise's correlation length in units of S (default 4)")
     parser.add_argument("--noise-id", default=None, metavar="HEX",
                         help="consistent seeding: reuse this noise identity (default: a new random one)")
 
@@ -198,9 +197,8 @@ def _consistent(config, data, args):
     if args.side != "point" or args.saturate or args.inversion != "curve":
         raise ValueError("--seeding consistent solves this key's exact curve: --side, --saturate and "
                          "--inversion do not apply")
-    design = "class-cycle" if args.length_scale is None else "field"
     length = DEFAULT_LENGTH_SCALE if args.length_scale is None else args.length_scale
-    return consistent_config(config, data.logits, data.labels, read_key_file(args.key_file), design=design,
+    return consistent_config(config, data.logits, data.labels, read_key_file(args.key_file), design="field",
                              length_scale=length, seed=args.seed, confidence=args.confidence,
                              noise_id=args.noise_id)
 

@@ -6,6 +6,7 @@
 * :mod:`.sqlite_store`, :mod:`.redis_store`  the two stores
 * :mod:`.levels`        serving a level with the same work at every level
 * :mod:`.throttle`      :class:`Throttle`, the Python API
+* :mod:`.outages`       the fail-closed rule applied, and what a process owes the ledger after an outage
 * :mod:`.audit`         the appeal report
 * :mod:`.simulate`      synthetic accounts replayed through a policy
 * :mod:`.metrics`       Prometheus counters
@@ -20,7 +21,7 @@ from ..lazy_names import lazy_names
 _NAMES = {
     "Policy": "policy", "PolicyError": "policy", "build_policy": "policy", "load_policy": "policy",
     "Response": "throttle", "Throttle": "throttle",
-    "StoreURLError": "store_errors", "StoreUnavailable": "store_errors", "open_store": "stores",
+    "StoreURLError": "ledger_store", "StoreUnavailable": "ledger_store", "LedgerStore": "ledger_store", "open_store": "stores",
     "account_fingerprint": "ledger",
 }
 __all__ = sorted(_NAMES)

@@ -159,10 +159,10 @@ st.caption(
     "plain or prior-corrected."
 )
 s1, s2, s3 = st.columns(3)
-length = s1.selectbox("Consistent design", seedings.LENGTH_SCALES, index=0, key="extraction_length",
+length = s1.selectbox("Length scale ℓ (units of S)", seedings.LENGTH_SCALES, index=3, key="extraction_length",
                       format_func=seedings.design_label,
-                      help="The class cycle is what --seeding consistent serves; the field (version 1) at length "
-                      "scale ℓ: small ℓ behaves like per-input noise, large ℓ more and more like a class bias.")
+                      help="Small ℓ behaves like per-input noise; large ℓ acts more and more like a class bias. "
+                      "The class cycle (version 2) is there for comparison: a thief who knows it undoes it.")
 keys = s2.number_input("Keys", min_value=1, max_value=5, value=3, key="extraction_keys")
 seed_opts = seedings.options_key(settings.retention, int(keys), 1, length)
 if not (seedings.is_cached(archive, seed_opts) or st.session_state.get("extraction_seedings_key") == (sha, seed_opts)):
