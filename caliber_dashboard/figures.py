@@ -83,10 +83,27 @@ def _layout(fig: go.Figure, *, title: str | None, x_title: str, y_title: str,
         # A log axis labels its 2s and 5s with the digit alone by default ("5 0.1 2 5 1"):
         # 1, 2 and 5 of each decade, written in full, read "0.05 0.1 0.2 0.5 1".
         xaxis=dict(title=dict(text=x_title), type="log" if x_log else "linear",
-                   tickformat="~g" if x_log else None, dtick="D2" if x_log else None),
+                   tickformat="~g" if x_log else None, dtick=_log_dtick(fig) if x_log else None),
         yaxis=dict(title=dict(text=y_title)),
     )
     return fig
+
+
+#: Decades a log axis may span and still label 1, 2 and 5 of each without the labels running together.
+LOG_LABELS_125_DECADES = 2.5
+
+
+def _log_dtick(fig: go.Figure):
+    """"D2" (1, 2, 5 of each decade) over a short span; every decade (1) over a long one.
+
+    Over many decades the 1-2-5 labels of a ~900 px axis run into each other ("0.00050.001").
+    """
+    xs = [np.asarray(t.x, dtype=float) for t in fig.data if getattr(t, "x", None) is not None]
+    xs = [x[np.isfinite(x) & (x > 0)] for x in xs]
+    xs = np.concatenate(xs) if xs else np.array([])
+    if xs.size < 2:
+        return "D2"
+    return "D2" if np.log10(xs.max() / xs.min()) <= LOG_LABELS_125_DECADES else 1
 
 
 _ANCHOR = {"top right": (1.0, "right", "bottom"), "top left": (0.0, "left", "bottom"),
@@ -110,8 +127,10 @@ def _label(text: str, *, y: float | None = None, x: float | None = None, x_log: 
     """The text beside a guide line: at data y on a horizontal one, data x on a vertical one."""
     along, xanchor, yanchor = _ANCHOR[position]
     if y is not None:
+        # On a light box: markers sitting on the line (per-input seeding, at the target) stay readable around it.
         return dict(text=text, showarrow=False, xref="x domain", x=along, yref="y", y=y,
-                    xanchor=xanchor, yanchor=yanchor)
+                    xanchor=xanchor, yanchor=yanchor, bgcolor="rgba(255,255,255,0.85)",
+                    yshift=6 if yanchor == "bottom" else -6)
     # Annotations (unlike shapes) sit at log10(x) on a log axis.
     xa = float(np.log10(x)) if x_log else x
     return dict(text=text, showarrow=False, xref="x", x=xa, yref="y domain",
@@ -119,16 +138,28 @@ def _label(text: str, *, y: float | None = None, x: float | None = None, x_log: 
                 xanchor="left", yanchor="bottom" if position.startswith("bottom") else "top")
 
 
+#: Widest point (in y units) below which a band's edges are drawn as lines to stay visible.
+THIN_BAND = 0.01
+THIN_BAND_EDGE = "rgba(44, 160, 44, 0.9)"
+
+
 def _band(fig: go.Figure, x, lower, upper, *, name: str, hover_x: str, hover_y: str,
           fill: str = CORRIDOR_FILL) -> None:
-    """Shaded band: the upper bound (no line), then the lower bound filled to it."""
+    """Shaded band: the upper bound (no line), then the lower bound filled to it.
+
+    A band narrower than :data:`THIN_BAND` (e.g. the corridor of a model with A0 near 1)
+    would be listed in the legend yet invisible: its edges are then drawn as lines.
+    """
+    width = np.asarray(upper, dtype=float) - np.asarray(lower, dtype=float)
+    thin = bool(np.all(~np.isfinite(width)) or np.nanmax(width) < THIN_BAND)
+    edge = dict(width=1.5, color=THIN_BAND_EDGE) if thin else dict(width=0, color=fill)
     fig.add_trace(go.Scatter(
-        x=_arr(x), y=_arr(upper), mode="lines", line=dict(width=0, color=fill),
+        x=_arr(x), y=_arr(upper), mode="lines", line=edge,
         name=f"{name} (upper)", showlegend=False, legendgroup=name,
         hovertemplate=f"{hover_x}=%{{x:.4g}}<br>upper {hover_y}=%{{y:.4f}}<extra>{name}</extra>",
     ))
     fig.add_trace(go.Scatter(
-        x=_arr(x), y=_arr(lower), mode="lines", line=dict(width=0, color=fill),
+        x=_arr(x), y=_arr(lower), mode="lines", line=edge,
         fill="tonexty", fillcolor=fill, name=name, legendgroup=name,
         hovertemplate=f"{hover_x}=%{{x:.4g}}<br>lower {hover_y}=%{{y:.4f}}<extra>{name}</extra>",
     ))
@@ -187,6 +218,10 @@ def move_target(fig: go.Figure, target: tuple[float, float] | None, *,
 # --------------------------------------------------------------------- data page
 
 
+#: Histograms overlaid on one axis up to this many models; more are drawn as small multiples.
+MAX_OVERLAID = 3
+
+
 def margin_histogram(
     margins: Mapping[str, Sequence[float]],
     *,
@@ -194,16 +229,43 @@ def margin_histogram(
     nbins: int = 40,
     title: str | None = None,
 ) -> go.Figure:
-    """Overlaid histograms of the per-input top-two margins, one per model (% of its inputs)."""
-    fig = go.Figure()
-    for i, (name, m) in enumerate(margins.items()):
+    """Histograms of the per-input top-two margins, one per model (% of its inputs).
+
+    Up to :data:`MAX_OVERLAID` models overlaid on one axis; more as small multiples
+    (three a row, one shared x axis), since 8 overlaid histograms cannot be told apart.
+    """
+    n = len(margins)
+    if n <= MAX_OVERLAID:
+        fig = go.Figure()
+        for i, (name, m) in enumerate(margins.items()):
+            fig.add_trace(go.Histogram(
+                x=_arr(m), name=name, nbinsx=nbins, histnorm="percent", opacity=0.55,
+                marker_color=PALETTE[i % len(PALETTE)],
+                hovertemplate="m=%{x}<br>%{y:.1f}% of inputs<extra>" + name + "</extra>",
+            ))
+        fig.update_layout(barmode="overlay")
+        return _layout(fig, title=title, x_title=x_title, y_title="share of the model's inputs (%)")
+    from plotly.subplots import make_subplots
+
+    cols = 3
+    rows = -(-n // cols)
+    names = list(margins)
+    fig = make_subplots(rows=rows, cols=cols, shared_xaxes="all", subplot_titles=names,
+                        vertical_spacing=min(0.12, 0.5 / rows), horizontal_spacing=0.06)
+    for i, name in enumerate(names):
         fig.add_trace(go.Histogram(
-            x=_arr(m), name=name, nbinsx=nbins, histnorm="percent", opacity=0.55,
-            marker_color=PALETTE[i % len(PALETTE)],
+            x=_arr(margins[name]), name=name, nbinsx=nbins, histnorm="percent",
+            marker_color=PALETTE[i % len(PALETTE)], showlegend=False,
             hovertemplate="m=%{x}<br>%{y:.1f}% of inputs<extra>" + name + "</extra>",
-        ))
-    fig.update_layout(barmode="overlay")
-    return _layout(fig, title=title, x_title=x_title, y_title="share of the model's inputs (%)")
+        ), row=i // cols + 1, col=i % cols + 1)
+    fig.layout.template = {"layout": LIGHT_LAYOUT}
+    fig.update_annotations(font_size=12)
+    fig.update_layout(height=max(300, 190 * rows + 80), margin=dict(l=60, r=20, t=60 if title else 40, b=60),
+                      title=dict(text=title) if title else None)
+    for c in range(1, cols + 1):
+        fig.update_xaxes(title_text=x_title if c == 2 else None, row=rows, col=c)
+    fig.update_yaxes(title_text="% of inputs", col=1)
+    return fig
 
 
 # --------------------------------------------------------------------- calibrate page

@@ -107,24 +107,31 @@ def level_table(policy, extraction: dict | None = None) -> pd.DataFrame:
 def trajectory_figure(result: dict) -> go.Figure:
     """Level served against queries sent, one line per account (sybils thin and grey)."""
     fig = go.Figure()
+    named = 0
     for account in result["accounts"]:
         name = account["account"]
         xs, ys = zip(*account["trajectory"])
         sybil = name.startswith("sybil-")
-        if sybil and name != "sybil-01":
-            show = False
-        else:
-            show = True
+        show = not sybil or name == "sybil-01"
+        # Two accounts can share a trajectory (a thief escalating like a repeater): each named
+        # line is thinner and dashed differently from the one drawn before it, so both show.
+        style = {"color": "#8d99ae", "width": 1} if sybil else {
+            "color": SCENARIO_COLOURS.get(name, "#264653"), "width": max(1.5, 4.5 - 1.0 * named),
+            "dash": _DASHES[named % len(_DASHES)]}
+        named += 0 if sybil else 1
         fig.add_trace(go.Scatter(
             x=xs, y=ys, mode="lines", line_shape="hv", name="sybils (each)" if sybil else name,
-            legendgroup="sybils" if sybil else name, showlegend=show,
-            line={"color": "#8d99ae" if sybil else SCENARIO_COLOURS.get(name, "#264653"),
-                  "width": 1 if sybil else 2.5}))
+            legendgroup="sybils" if sybil else name, showlegend=show, line=style))
     top = max(lv["level"] for lv in result["levels"])
+    # The legend above the plot: below it, a horizontal legend shares its row with the x-axis title.
     fig.update_layout(xaxis_title="queries sent by the account", yaxis_title="level served",
                       yaxis={"tickmode": "linear", "dtick": 1, "range": [-0.2, top + 0.2]},
-                      height=360, margin={"t": 30, "b": 40}, legend={"orientation": "h"})
+                      height=380, margin={"t": 60, "b": 50},
+                      legend={"orientation": "h", "x": 0.0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"})
     return fig
+
+
+_DASHES = ("solid", "dash", "dot", "dashdot")
 
 
 def outcome_table(result: dict) -> pd.DataFrame:

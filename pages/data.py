@@ -5,7 +5,8 @@ import streamlit as st
 
 from caliber_core.calibration import margins
 from caliber_core.loading import LABELS_EXTENSIONS, SUPPORTED_EXTENSIONS
-from caliber_dashboard import cache, figures, navigation, state, tables, ui, uploads
+from caliber_core.config import config_to_json
+from caliber_dashboard import cache, figures, logprob_log_view, navigation, state, tables, ui, uploads
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 
@@ -31,7 +32,7 @@ with col_up:
     # No `type=`: Streamlit would raise on another extension; the core's reader
     # refuses it with a one-line message instead.
     logits_uploads = st.file_uploader(
-        f"Logits files ({', '.join(SUPPORTED_EXTENSIONS)})",
+        f"Logits files ({', '.join(SUPPORTED_EXTENSIONS)}; .jsonl/.json: lm-eval samples)",
         accept_multiple_files=True, key="upload_logits", on_change=_on_upload,
         help="npz with `logits` (N, K) and `labels` (N,), npy, pt (tensors), safetensors, "
              "csv or parquet (a `label` column). Several files at once are fine.",
@@ -139,3 +140,38 @@ if models:
     if sampled:
         st.caption("Histogram drawn from evenly spaced rows of the larger files (every row "
                    "enters S and the table): " + ui.plain(", ".join(sampled)) + ".")
+
+st.subheader("Top-k logprob log (agreement only)")
+with st.expander("Calibrate an API log of top-k logprobs", expanded=False):
+    st.caption(
+        "One OpenAI-compatible response per line (chat `logprobs.content[].top_logprobs` or legacy "
+        "`logprobs.top_logprobs`). The log has no labels, so it calibrates agreement only, at a σ "
+        "certified over every unseen tail; it is not added to the models above. lm-eval samples "
+        "files load with the logits files instead."
+    )
+    lc1, lc2, lc3 = st.columns([3, 1, 1])
+    with lc1:
+        log_upload = st.file_uploader("Log file (.jsonl, .json)", key="upload_logprob_log")
+    with lc2:
+        log_vocab = st.number_input("Vocabulary size V", min_value=3, value=32_000, step=1,
+                                    key="logprob_log_vocab")
+    with lc3:
+        log_side = st.selectbox("Side", ["at-least", "point", "at-most"], key="logprob_log_side")
+    log_targets = st.multiselect("Agreement targets", [0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6],
+                                 default=[0.9, 0.8], key="logprob_log_targets")
+    if log_upload is not None and log_targets and st.button("Calibrate log", key="logprob_log_btn"):
+        with st.spinner("Solving the certified bounds"):
+            st.session_state["caliber_logprob_log"] = logprob_log_view.calibrate_log(
+                log_upload.getvalue(), log_upload.name, vocab_size=int(log_vocab),
+                targets=sorted(log_targets, reverse=True), side=log_side)
+    log_config, log_error = st.session_state.get("caliber_logprob_log", (None, None))
+    if log_error:
+        st.error(ui.plain(log_error), icon=_ICONS["error"])
+    elif log_config:
+        st.plotly_chart(logprob_log_view.bounds_figure(log_config), width="stretch",
+                        config=figures.chart_config("caliber_logprob_log"), key="logprob_log_band")
+        st.caption("Band: the agreement lies between the bounds for every tail the log allows. "
+                   "Bound width at each target: "
+                   + ", ".join(f"{w:.4f}" for w in log_config["bounds"]["widths"]) + ".")
+        st.download_button("Config (JSON)", config_to_json(log_config), file_name="logprob_log.caliber.json",
+                           mime="application/json", key="logprob_log_download")

@@ -124,6 +124,6 @@ def test_the_core_verifies_the_throttles_tokens(policy, tmp_path):
     t = Throttle(policy, key=KEY, store=f"sqlite:///{tmp_path / 'l.db'}", metrics=False)
     t.flag("acct", level=3)
     assert core.verify(t.grant("acct", rows=2)).level == 3
-    other = BatchNoise(policy, key=bytes(32))
+    other = BatchNoise(policy, key=bytes(range(100, 132)))
     with pytest.raises(ValueError, match=r"signature does not verify"):
         other.verify(t.grant("acct", rows=2))

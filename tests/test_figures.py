@@ -316,3 +316,33 @@ def test_with_mean_row():
                                {"model": "b", "scale": 3.0, "e": 4.0}], "model")
     assert list(df["model"]) == ["a", "b", "mean"]
     assert df["e"].iloc[-1] == 3.0 and math.isnan(df["scale"].iloc[-1])
+
+
+def test_margin_histogram_small_multiples_past_three_models():
+    rng = np.random.default_rng(2)
+    margins = {f"model {i}": rng.gamma(2.0, size=200) for i in range(7)}
+    fig = figures.margin_histogram(margins)
+    assert [t.type for t in fig.data] == ["histogram"] * 7
+    assert len({t.xaxis for t in fig.data}) == 7  # one axis each: nothing overlaid
+    assert [a.text for a in fig.layout.annotations] == list(margins)
+
+
+def test_log_axis_labels_every_decade_over_a_long_span():
+    import plotly.graph_objects as go
+
+    short = figures._layout(go.Figure(go.Scatter(x=[0.1, 2.0], y=[0, 1])), title=None, x_title="x", y_title="y",
+                            x_log=True)
+    long = figures._layout(go.Figure(go.Scatter(x=[1e-4, 10.0], y=[0, 1])), title=None, x_title="x", y_title="y",
+                           x_log=True)
+    assert short.layout.xaxis.dtick == "D2" and long.layout.xaxis.dtick == 1
+
+
+def test_a_thin_band_draws_its_edges():
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    figures._band(fig, [1, 2], [0.95, 0.951], [0.952, 0.953], name="corridor", hover_x="v", hover_y="A")
+    assert all(t.line.width > 0 for t in fig.data)
+    wide = go.Figure()
+    figures._band(wide, [1, 2], [0.5, 0.6], [0.7, 0.8], name="corridor", hover_x="v", hover_y="A")
+    assert all(t.line.width == 0 for t in wide.data)

@@ -103,7 +103,7 @@ def test_forged_altered_and_foreign_tokens_are_refused(policy, tmp_path):
     with pytest.raises(GrantError, match=signature):  # a forged MAC
         _verify(token[:-8] + ("A" * 8 if not token.endswith("A" * 8) else "B" * 8), policy)
     with pytest.raises(GrantError, match=signature):  # signed with another key
-        _verify(token, policy, key=bytes(32))
+        _verify(token, policy, key=bytes(range(100, 132)))
     with pytest.raises(GrantError, match=signature):  # the seeding key itself does not sign tokens
         verify_grant(token, signing_key=KEY, digest=policy_digest(policy), top=3)
 

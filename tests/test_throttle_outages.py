@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from throttle_support import KEY, RedisServer, write_policy
 
 from caliber_core import Perturber
 from caliber_core.cli import main
-from caliber_core.throttle import StoreUnavailable, Throttle, load_policy
+from caliber_core.throttle import StoreUnavailable, Throttle
 from caliber_core.throttle.levels import LevelNoise
 from caliber_core.throttle.redis_store import RedisStore
 from caliber_core.throttle.sqlite_store import SqliteStore
@@ -217,7 +216,7 @@ def test_redis_counts_exactly_across_sigterm_and_sigkill_restarts(redis, tmp_pat
     finally:
         proc.kill()
     result = json.loads(out)
-    assert result["served"] > 50 and result["refused"] > 0
+    assert result["served"] > 20 and result["refused"] > 0
     t = Throttle.from_files(policy, store=redis.url, metrics=False)
     state = t.state("acct-7")
     # Every answered request is counted once; every refused one is not (or was moved to failed).
@@ -338,3 +337,29 @@ def test_a_500_from_the_example_is_not_counted(tmp_path, monkeypatch):
     assert client.post("/v1/classify", json=body, headers={"Authorization": "Bearer acct-7"}).status_code == 500
     state = t.state("acct-7")
     assert state.queries == {1: 3} and state.failed == {1: 3}
+
+
+def test_requests_in_doubt_are_settled_once_the_store_answers(redis, tmp_path, caplog):
+    """A script that ran but whose reply was lost: counted if the caller was served, moved to failed if not."""
+    from caliber_core.throttle import account_fingerprint
+
+    t = Throttle.from_files(write_policy(tmp_path, escalate_after=1000), key=KEY, store=redis.url, metrics=False)
+    t.flag("acct-7", level=1)
+    seen, unseen = account_fingerprint("acct-7"), account_fingerprint("stranger")
+    request = dict(rows=4, now=1.0, escalate_after=1000, top=3, expire_after=None, shadow=False)
+    for fp, token in ((seen, "tok-served"), (unseen, "tok-refused")):
+        t.store.record(fp, token=token, **request)  # Redis ran it; the reply "was lost"
+        error = StoreUnavailable("redis store: reply lost")
+        error.in_doubt = token
+        if fp == seen:
+            assert t._degraded(fp, 4, error) == ((1, 4),)  # served uncounted, at the level last seen
+        else:
+            with pytest.raises(StoreUnavailable):
+                t._degraded(fp, 4, error)  # an unseen account: refused
+    assert t.pending_uncounted() == {seen: {1: 4}}
+    logits, ids = _batch()
+    assert t.respond("acct-7", logits, ids).counted  # the store answers: both are settled
+    assert not t.pending_uncounted() and not t._in_doubt
+    served, refused = t.state("acct-7"), t.state("stranger")
+    assert served.queries == {1: 8} and served.uncounted == () and served.failed == {}
+    assert refused.queries == {0: 0} and refused.failed == {0: 4}

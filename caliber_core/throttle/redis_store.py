@@ -12,7 +12,7 @@ shadow), ``h:<fingerprint>`` its history (a list), ``flagged`` the set of
 flagged fingerprints.
 
 Exactly once, across restarts. Every request carries a random token, and
-the script keeps its reply under ``r:<token>`` for a day: run again with the
+the script keeps its reply under ``r:<token>`` for ten minutes (``TOKEN_SECONDS``): run again with the
 same token, it returns that reply without counting again. The retry rule:
 
 * a connection that cannot be made (Redis down, a wrong URL) fails at once,
@@ -46,8 +46,10 @@ from .store_errors import StoreUnavailable
 PREFIX = "caliber:throttle:"
 #: Waits before each retry of a request whose reply was lost (same token, so never counted twice).
 RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8)
-#: How long a request's reply is kept under its token (the window in which a retry or a resolve finds it).
-TOKEN_SECONDS = 86400
+#: How long a request's reply is kept under its token: the window in which a retry or a resolve
+#: finds it. One key per request lives this long (about 100 bytes each), so it is kept short; a
+#: request still in doubt when it has expired is settled as not counted.
+TOKEN_SECONDS = 600
 
 RECORD_SCRIPT = """
 local done = redis.call('GET', KEYS[4])

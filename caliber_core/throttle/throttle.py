@@ -86,8 +86,10 @@ class Throttle:
     policy : Policy
         From :func:`caliber_core.throttle.policy.load_policy`.
     key : bytes, optional
-        The per-input seeding secret. Needed by ``respond`` only; flagging,
-        status and audit work without it.
+        The seeding secret: for a consistent-seeding config, the key it was
+        calibrated with (another is refused here, naming both fingerprints).
+        Needed by ``respond`` and ``grant`` only; flagging, status and audit
+        work without it.
     store : str or store object
         ``sqlite:///PATH`` or ``redis://HOST:PORT/DB``.
     clock : callable, default time.time
@@ -96,6 +98,13 @@ class Throttle:
         Count requests, shadow decisions and flags in Prometheus counters.
     registry : prometheus_client.CollectorRegistry, optional
         Where the counters live (default: prometheus_client's global registry).
+
+    Raises
+    ------
+    StoreUnavailable
+        The store cannot be reached and the policy's ``on_store_error.start`` is "refuse" (the default).
+    ValueError
+        A key the policy's config cannot be served with.
     """
 
     def __init__(self, policy, *, key=None, store, clock=time.time, metrics: bool = True, registry=None):

@@ -1,0 +1,63 @@
+"""A top-k logprob log on the dashboard: an agreement-only calibration and its certified band.
+
+A log holds no labels and no full rows, so it is not a workspace model: the
+Data page calibrates it on its own (the same call as ``calibrate LOG
+--vocab-size V``, the same one-line errors) and shows the certified bounds of
+the agreement curve as a band, with the config to download. Nothing in the
+workspace changes, whatever the file holds.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from caliber_core.calibration.llm_inputs import config_for_llm_file
+from caliber_core.loading import LogitsFileError
+
+from .figures import INTERVAL_FILL, LIGHT_LAYOUT, PALETTE, SIGMA_AXIS
+
+
+def calibrate_log(content: bytes, filename: str, *, vocab_size: int, targets, side: str = "at-least"):
+    """(config, None) for a calibrated log, or (None, the CLI's one-line error).
+
+    Parameters
+    ----------
+    content : bytes
+    filename : str
+    vocab_size : int
+    targets : sequence of float
+        Agreement targets.
+    side : {"at-least", "at-most", "point"}
+    """
+    try:
+        result = config_for_llm_file(content, filename, [("agreement", float(t)) for t in targets],
+                                     vocab_size=int(vocab_size), side=side)
+    except (LogitsFileError, ValueError) as exc:
+        return None, " ".join(str(exc).split())
+    if result.kind != "logprob-logs":
+        return None, (f"{filename}: lm-eval samples, not a logprob log: upload it with the logits "
+                      "files above (it loads as a labelled model)")
+    return result.config, None
+
+
+def bounds_figure(config: dict) -> go.Figure:
+    """The certified lower and upper agreement curves as a band, and each target's sigma."""
+    b = config["bounds"]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=b["sigma"], y=b["agreement_upper"], mode="lines", line=dict(width=1, color=PALETTE[0]),
+                             name="upper bound (tail ignored)",
+                             hovertemplate="σ=%{x:.4g}<br>upper agreement=%{y:.4f}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=b["sigma"], y=b["agreement_lower"], mode="lines", line=dict(width=1, color=PALETTE[1]),
+                             fill="tonexty", fillcolor=INTERVAL_FILL, name="lower bound (worst unseen tail)",
+                             hovertemplate="σ=%{x:.4g}<br>lower agreement=%{y:.4f}<extra></extra>"))
+    for t in config["targets"]:
+        lo, hi = t["interval"]["agreement"]
+        fig.add_trace(go.Scatter(
+            x=[t["sigma"], t["sigma"]], y=[lo, hi], mode="lines+markers", line=dict(color="#333", width=2),
+            name=f"agreement {t['requested']:g} ({t['side']}): σ={t['sigma']:.4g}",
+            hovertemplate=f"σ={t['sigma']:.5g}<br>agreement in [{lo:.4f}, {hi:.4f}]<extra></extra>"))
+    fig.update_layout(template=dict(layout=LIGHT_LAYOUT), height=380, margin=dict(l=60, r=20, t=40, b=50),
+                      title=f"{config['model']}: certified agreement (k={b['k']}, V={b['vocab_size']:,})")
+    fig.update_xaxes(title_text=SIGMA_AXIS, type="log")
+    fig.update_yaxes(title_text="agreement with the clean top token", range=[0, 1.02])
+    return fig
