@@ -19,7 +19,12 @@ Chromium (``/usr/bin/chromium``) through Playwright. It prints:
 How "done" is decided: ``dashboard_harness``. Other processes share the CPUs:
 compare the two pages only within one run, and look at the spreads.
 
-Usage: python benchmarks/bench_dashboard.py [--steps 30] [--skip-cold] [--skip-large]
+* **each action at scale** (``--actions 10000x1000``): a SYNTHETIC upload with
+  a separate labels file, then every page and action a provider uses, each
+  timed from the click to the end of its script run; written to
+  ``docs/figures/dashboard.md``.
+
+Usage: python benchmarks/bench_dashboard.py [--steps 30] [--skip-cold] [--skip-large] [--actions 10000x1000]
 """
 
 from __future__ import annotations
@@ -101,7 +106,7 @@ def first_visits(browser, log_dir: Path, *, quiet: float, root: Path, settle: fl
     first request, after ``settle`` s and right away.
     """
     out: dict = {"settle_s": settle}
-    with serve("app.py", log_dir / "visits.log", root=root) as (url, healthy):
+    with serve("caliber_dashboard/app.py", log_dir / "visits.log", root=root) as (url, healthy):
         out["server_healthy_s"] = healthy
         time.sleep(settle)
         for who in ("cold", "warm"):
@@ -114,7 +119,7 @@ def first_visits(browser, log_dir: Path, *, quiet: float, root: Path, settle: fl
                 v.close()
     for wait in (settle, 0.0):
         for path, title in (("calibrate", "Calibrate"), ("fleet", "Fleet")):
-            with serve("app.py", log_dir / f"deep_{path}.log", root=root) as (url, _):
+            with serve("caliber_dashboard/app.py", log_dir / f"deep_{path}.log", root=root) as (url, _):
                 time.sleep(wait)
                 v = Visitor(browser, quiet_ms=quiet)
                 try:
@@ -164,6 +169,74 @@ def large_corridor(browser, app_url: str, path: Path, *, quiet: float, limit_s: 
         v.close()
 
 
+# The app's own run state, as the browser tests wait on it (never a timer).
+sys.path.insert(0, str(ROOT / "tests" / "browser"))
+from app_state import IDLE, settle_run  # noqa: E402
+
+
+def _timed(page, action, *, ready: str, timeout_s: float = 600.0) -> float:
+    """Seconds from the action to its script run ended and ``ready`` on the page."""
+    start = time.monotonic()
+    settle_run(page, action, ready=ready, timeout=timeout_s * 1000)
+    return time.monotonic() - start
+
+
+def actions_at_scale(browser, app_url: str, folder: Path, *, n: int, k: int) -> list[tuple[str, float]]:
+    """Each action a provider takes on an N x K upload with separate labels, timed in Chromium.
+
+    Upload labels (.npy), then the logits (.npy); open Calibrate (its calibration:
+    the first visit computes it), a slider step, Verify, side "at least"; open
+    Fleet, Attack cost (largest M 64, its simulation included), Export, Policy,
+    Extraction and Data again. The time of an action runs from the click to the
+    end of the script run it starts, with its result on the page.
+    """
+    from caliber_core.simulation.synthetic import make_synthetic_logits
+
+    logits, labels = make_synthetic_logits(n, k, seed=2024)
+    logits_path, labels_path = folder / f"bench_{n}x{k}.npy", folder / f"bench_{n}x{k}_labels.npy"
+    np.save(logits_path, logits)
+    np.save(labels_path, labels)
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(600_000)
+    page = context.new_page()
+    out = []
+
+    def goto(title: str, ready: str | None = None) -> None:
+        link = page.locator("[data-testid='stSidebarNavLink']", has_text=title).first
+        out.append((f"open {title}", _timed(page, lambda: link.click(), ready=ready or f"h1:has-text('{title}')")))
+
+    try:
+        page.goto(app_url)
+        settle_run(page, ready="h1:has-text('Data')", timeout=600_000)
+        uploaders = page.locator("[data-testid='stFileUploader'] input[type=file]")
+        out.append(("upload the labels file (.npy)", _timed(
+            page, lambda: uploaders.nth(1).set_input_files(str(labels_path)), ready="text=labels")))
+        out.append((f"upload the logits file ({n:,} x {k:,} .npy), labels attached", _timed(
+            page, lambda: uploaders.nth(0).set_input_files(str(logits_path)),
+            ready=f"text=Loaded bench_{n}x{k}")))
+        goto("Calibrate", "[data-testid='stMetricLabel']:has-text('σ* (logit units)')")
+        thumb = page.locator("[data-testid='stSlider'] input[type=range]").first
+        thumb.focus()
+        out.append(("Calibrate: slider step", _timed(page, lambda: thumb.press("ArrowLeft"), ready=IDLE)))
+        verify = page.get_by_role("button", name="Verify")
+        out.append(("Calibrate: Verify", _timed(
+            page, lambda: verify.click(), ready="[data-testid='stMetricLabel']:has-text('measured')")))
+        side = page.locator("[data-testid='stButtonGroup'] button", has_text="at least")
+        out.append(("Calibrate: side at least", _timed(
+            page, lambda: side.click(), ready="[data-testid='stMetricLabel']:has-text('σ served, at least')")))
+        goto("Fleet")
+        goto("Attack cost", "[data-testid='stMetricLabel']:has-text('per-input seeding, M=64')")
+        goto("Export", "text=Equivalent command")
+        goto("Policy")
+        goto("Extraction")
+        goto("Data")
+        if page.locator("[data-testid='stException']").count():
+            raise RuntimeError("the app raised an exception during the tour")
+        return out
+    finally:
+        context.close()
+
+
 def _write_large(folder: Path, n: int, k: int) -> Path:
     from caliber_core.simulation.synthetic import make_synthetic_logits
 
@@ -196,6 +269,9 @@ def main(argv=None) -> None:
     ap.add_argument("--skip-slider", action="store_true")
     ap.add_argument("--skip-cold", action="store_true")
     ap.add_argument("--skip-large", action="store_true")
+    ap.add_argument("--actions", default=None, metavar="NxK",
+                    help="time every action on an N x K upload with a separate labels file "
+                         "(e.g. 10000x1000) and write docs/figures/dashboard.md")
     ap.add_argument("--root", type=Path, default=ROOT,
                     help="the dashboard to serve (a checkout; default: this one)")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
@@ -228,7 +304,7 @@ def main(argv=None) -> None:
                     print(f"  deep link as a fresh server's first request, {wait:g} s after start: "
                           f"/calibrate {v[f'deep /calibrate after {wait:g} s']:.2f} s, "
                           f"/fleet {v[f'deep /fleet after {wait:g} s']:.2f} s")
-            with serve("app.py", tmp_dir / "app.log", root=args.root) as (app_url, _), \
+            with serve("caliber_dashboard/app.py", tmp_dir / "app.log", root=args.root) as (app_url, _), \
                     serve(MINIMAL_PAGE, tmp_dir / "minimal.log") as (minimal_url, _):
                 if not args.skip_cold:
                     floor = new_tab_floor(browser, minimal_url, quiet=args.quiet)
@@ -246,6 +322,22 @@ def main(argv=None) -> None:
                     print(f"  ratio of medians {s['ratio_of_medians']:.2f} (target <= 1.5); "
                           f"paired ratios: {_fmt(s['paired_ratio'], unit='x')}; "
                           f"exceptions {s['exceptions']}")
+                if args.actions:
+                    an, ak = (int(x) for x in args.actions.lower().split("x"))
+                    timed = actions_at_scale(browser, app_url, tmp_dir, n=an, k=ak)
+                    results["actions"] = timed
+                    print(f"\nEach action on a {an:,} x {ak:,} SYNTHETIC upload with a separate labels file "
+                          "(click to the end of its script run, result on the page):")
+                    for what, seconds in timed:
+                        print(f"  {what:<58} {seconds:6.2f} s")
+                    from figure_files import FigureFile
+
+                    fig = FigureFile("dashboard", f"Each dashboard action at {an:,} x {ak:,}, in Chromium")
+                    fig.table(["action", "seconds"], [[w, f"{t:.2f}"] for w, t in timed])
+                    fig.note("One visitor, one run: the first visit to Calibrate computes the model's calibration "
+                             "(every later page reuses it). Other processes shared the CPUs (see the load "
+                             "average above).")
+                    fig.write()
                 if not args.skip_large:
                     path = _write_large(tmp_dir, n, k)
                     c = large_corridor(browser, app_url, path, quiet=args.quiet,

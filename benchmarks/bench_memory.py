@@ -5,9 +5,9 @@ and a 2,000 x K baseline file, runs each command in a fresh process, reads
 the child's peak resident set size from ``os.wait4`` (``ru_maxrss``) and
 prints
 
-    bytes per element = (peak(N x K) - peak(2,000 x K)) / (N x K)
+    bytes per element = (peak(N x K) - peak(B x K)) / (N x K)
 
-The baseline holds the interpreter, numpy and scipy and the command's fixed
+with B = 2,000 baseline rows (N / 10 when N is 2,000 itself). The baseline holds the interpreter, numpy and scipy and the command's fixed
 costs at that K, so the figure is what the data themselves cost. ``check``
 reads a config calibrated on the baseline file. The table is also written to
 ``docs/figures/memory.md`` (with the date, the machine and this command).
@@ -76,6 +76,11 @@ def command(name: str, data: Path, config: Path, out: Path) -> list[str]:
     raise ValueError(f"unknown command {name!r}")
 
 
+def baseline_rows(n: int) -> int:
+    """2,000 rows, or a tenth of N when N is not larger (the 2,000 x 32,000 shape)."""
+    return BASELINE_ROWS if n > BASELINE_ROWS else max(200, n // 10)
+
+
 def parse_shape(text: str) -> tuple[int, int]:
     n, k = text.lower().split("x")
     return int(n), int(k)
@@ -96,11 +101,12 @@ def main(argv=None) -> int:
     print(head, flush=True)
     for text in args.shapes:
         n, k = parse_shape(text)
-        big, small = work / f"logits-{n}x{k}.npz", work / f"logits-{BASELINE_ROWS}x{k}.npz"
-        for path, rows_ in ((big, n), (small, BASELINE_ROWS)):
+        base_rows = baseline_rows(n)
+        big, small = work / f"logits-{n}x{k}.npz", work / f"logits-{base_rows}x{k}.npz"
+        for path, rows_ in ((big, n), (small, base_rows)):
             if not path.exists():
                 write_logits(path, rows_, k, seed=rows_ + k)
-        config = work / f"config-{BASELINE_ROWS}x{k}.json"
+        config = work / f"config-{base_rows}x{k}.json"
         if "check" in args.commands and not config.exists():
             peak_rss(command("calibrate", small, config, config))
         for name in args.commands:
@@ -108,7 +114,7 @@ def main(argv=None) -> int:
             base, _, _ = peak_rss(command(name, small, config, out))
             peak, wall, _ = peak_rss(command(name, big, config, out))
             per = (peak - base) / (n * k)
-            rows.append((name, n, k, peak, base, per, wall))
+            rows.append((name, n, k, base_rows, peak, base, per, wall))
             print(f"{name:>10} {n:>10,} {k:>7,} {n * k:>12,} {peak / 1e6:>9.0f} {base / 1e6:>12.0f} "
                   f"{per:>10.1f} {wall:>7.1f}", flush=True)
     if not args.no_figure:
@@ -121,14 +127,14 @@ def write_figure(rows, argv) -> None:
     lines = [
         f"Measured {datetime.date.today().isoformat()} on {platform.platform()}, "
         f"{os.cpu_count()} cores, Python {platform.python_version()}, with `{cmd}`. "
-        f"Float32 `.npz` input; peak RSS from `wait4`; bytes per element = (peak - peak at "
-        f"{BASELINE_ROWS:,} x K) / (N x K).",
+        f"Float32 `.npz` input with labels; peak RSS from `wait4`; bytes per element = (peak - peak "
+        f"on the baseline rows B x K) / (N x K).",
         "",
-        "| command | N | K | elements | peak MB | baseline MB | bytes / element | wall s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| command | N | K | elements | baseline rows B | peak MB | baseline MB | bytes / element | wall s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, n, k, peak, base, per, wall in rows:
-        lines.append(f"| {name} | {n:,} | {k:,} | {n * k:,} | {peak / 1e6:.0f} | {base / 1e6:.0f} | "
+    for name, n, k, b, peak, base, per, wall in rows:
+        lines.append(f"| {name} | {n:,} | {k:,} | {n * k:,} | {b:,} | {peak / 1e6:.0f} | {base / 1e6:.0f} | "
                      f"{per:.1f} | {wall:.1f} |")
     FIGURE.parent.mkdir(parents=True, exist_ok=True)
     FIGURE.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -24,6 +24,7 @@ load give back the identical numbers.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -32,6 +33,7 @@ import os
 import warnings
 from collections.abc import Mapping
 
+from .frozen_json import FrozenDict, frozen, refuse
 from .target_record import (  # noqa: F401  (re-exported: the config's public names)
     CALIBRATED_KINDS, SIDES, TARGET_KINDS, TargetRecord, inversion_of_method, plain_values)
 
@@ -56,6 +58,35 @@ class ConfigError(ValueError):
 
 class SaturatedTargetWarning(UserWarning):
     """A saturated target is served: its sigma is the largest the sweep measured, not a solution."""
+
+
+class Config(FrozenDict):
+    """A validated ``caliber.config/v2`` config, read-only all the way down; :func:`load_config` makes it.
+
+    It is the parsed JSON (a ``dict``: ``config["targets"][0]["sigma"]``,
+    ``json.dumps(config)``), with every change refused, so what one reader
+    sees no other can alter. Every function that accepts a config takes a
+    ``Config`` as it is, without validating it again, and still accepts today's
+    dict, path or JSON text (validated once, there). ``copy.deepcopy(config)``
+    is a plain, mutable dict.
+
+    Attributes
+    ----------
+    digest : str
+        The config's identity (:func:`config_digest`), computed once.
+    """
+
+    __slots__ = ("digest",)
+
+    def __init__(self, document: Mapping, digest: str):
+        dict.__init__(self, {k: frozen(v) for k, v in document.items()})
+        object.__setattr__(self, "digest", digest)
+
+    def __setattr__(self, name, value):
+        refuse(self)
+
+    def __reduce__(self):
+        return Config, (dict(self), self.digest)
 
 
 def _clean(obj):
@@ -83,24 +114,28 @@ def save_config(config: Mapping, path: str | os.PathLike) -> None:
         fh.write(text)
 
 
-def load_config(source) -> dict:
-    """Read, validate and (for v1) upgrade a config.
+def load_config(source) -> Config:
+    """Read, validate and (for v1) upgrade a config: the one place a config is parsed.
 
     Parameters
     ----------
-    source : str, os.PathLike, bytes or Mapping
-        A path, JSON text or bytes, or an already parsed dict.
+    source : Config, str, os.PathLike, bytes or Mapping
+        A loaded config (returned as it is), a path, JSON text or bytes, or an
+        already parsed dict.
 
     Returns
     -------
-    config : dict
-        A ``caliber.config/v2`` dict (a v1 source is upgraded; the input is not modified).
+    config : Config
+        A read-only ``caliber.config/v2`` config (a v1 source is upgraded; the
+        input is not modified).
 
     Raises
     ------
     ConfigError
         Unreadable file, invalid JSON, or a config that breaks the schema.
     """
+    if isinstance(source, Config):
+        return source
     if isinstance(source, Mapping):
         config = _copy(source, 0)
     else:
@@ -134,7 +169,8 @@ def load_config(source) -> dict:
     if isinstance(config, Mapping) and config.get("schema") == SCHEMA_V1:
         config = _upgrade_v1(config)
     validate_config(config)
-    return config
+    text = json.dumps(_clean(config), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return Config(config, hashlib.sha256(text.encode("ascii")).hexdigest())
 
 
 def _check_config_size(size: int, what: str) -> None:
@@ -218,7 +254,9 @@ def _is_number(x) -> bool:
 
 
 def validate_config(config) -> None:
-    """Raise ConfigError unless ``config`` follows the caliber.config/v2 schema."""
+    """Raise ConfigError unless ``config`` follows the caliber.config/v2 schema (a :class:`Config` does)."""
+    if isinstance(config, Config):
+        return
     if not isinstance(config, Mapping):
         raise ConfigError(f"config must be a JSON object, got {type(config).__name__}")
     schema = config.get("schema")
@@ -364,9 +402,7 @@ def config_digest(config) -> str:
     Taken after loading (a v1 config is digested as its v2 upgrade), so a dict,
     its JSON text and its file give the same digest; any edited number gives another.
     """
-    config = _clean(load_config(config))
-    text = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-    return hashlib.sha256(text.encode("ascii")).hexdigest()
+    return load_config(config).digest
 
 
 def saturation_message(entry: Mapping | TargetRecord) -> str:

@@ -363,19 +363,21 @@ def target(data: LogitsData, cal: Calibration, kind: str, value: float, *,
 def config(data: LogitsData, targets: Sequence[tuple[str, float]], *, statistic: str = "median",
            seed: int = 0, realizations: int | None = None, inversion: str = "curve",
            saturate: bool = False, side: str = "point", confidence: float = DEFAULT_CONFIDENCE):
-    """``pipeline.config_for`` (the CLI's function), cached: (calibration, results, config)."""
-    key = (data_digest(data), tuple((k, float(v)) for k, v in targets), statistic, seed,
-           _realizations(realizations), inversion, bool(saturate), side, float(confidence))
-    extra = {} if side == "point" and confidence == DEFAULT_CONFIDENCE else {
-        "side": side, "confidence": float(confidence)}  # the defaults: the same call as the CLI's
-    return _fill(
-        _config_slot(key),
-        lambda progress: pipeline.config_for(
-            data, list(targets), statistic=statistic, seed=seed, realizations=realizations,
-            inversion=inversion, saturate=saturate, progress=progress, **extra),
-        progress_text=f"Building the {side} config for {data.name}…" if extra else
-        f"Building the config for {data.name}…",
-    )
+    """The CLI's config on the calibration :func:`calibration` holds, cached: (calibration, results, config).
+
+    The sweep is the Calibrate page's (its slot, else the workspace's copy, else
+    computed once into both): only ``pipeline.config_from_calibration`` runs here.
+    """
+    cal = calibration(data, statistic=statistic, seed=seed, realizations=realizations)
+    key = _model_key(data, cal) + (tuple((k, float(v)) for k, v in targets), inversion, bool(saturate),
+                                   side, float(confidence))
+
+    def compute(_):
+        results, built = pipeline.config_from_calibration(cal, data, list(targets), inversion=inversion,
+                                                          saturate=saturate, side=side, confidence=confidence)
+        return cal, results, built
+
+    return _fill(_config_slot(key), compute, spinner_text=f"Building the {side} config for {data.name}…")
 
 
 def margins(data: LogitsData) -> np.ndarray:

@@ -1,7 +1,8 @@
 """The Export page's config: the CLI's pipeline with a side and a confidence, plus a σ aimed at the thief.
 
-* :func:`config` -- ``pipeline.config_for(side=, confidence=)``, the function
-  behind ``calibrate --side --confidence --out``, checked here and cached in
+* :func:`config` -- ``pipeline.config_from_calibration(side=, confidence=)``,
+  the step behind ``calibrate --side --confidence --out``, on the calibration
+  the Calibrate page holds (no second sweep), checked here and cached in
   :func:`caliber_dashboard.cache.config` per file digest and options;
 * :func:`surrogate_records` / :func:`with_surrogate` -- a ``surrogate-retention``
   target from a finished extraction run, made by
@@ -24,12 +25,13 @@ from dataclasses import replace
 import pandas as pd
 
 from caliber_core.calibration.calibrate import Calibration
-from caliber_core.calibration.intervals import DEFAULT_CONFIDENCE, Interval
+from caliber_core.calibration.intervals import Interval
 from caliber_core.calibration.config_build import build_config
-from caliber_core.config import SIDES, TargetRecord
+from caliber_core.config import TargetRecord
 from caliber_core.extraction.experiment import ExtractionResult
 from caliber_core.extraction import targets as extraction_targets
 from caliber_core.loading import LogitsData
+from caliber_core.target_record import DEFAULT_CONFIDENCE, check_confidence, check_side
 
 from . import cache
 from . import readouts
@@ -41,17 +43,19 @@ QUANTITIES = ("accuracy", "retention", "agreement")
 def config(data: LogitsData, targets: Sequence[tuple[str, float]], *, statistic: str = "median",
            inversion: str = "curve", saturate: bool = False, side: str = "point",
            confidence: float = DEFAULT_CONFIDENCE) -> tuple[Calibration, list[TargetRecord], dict]:
-    """``pipeline.config_for`` with ``side`` and ``confidence`` (cached): (calibration, targets, config).
+    """The CLI's config, with ``side`` and ``confidence``, on the Calibrate page's calibration (cached).
 
-    Raises ValueError (not cached) for an unreachable target, missing labels,
-    a side that cannot be guaranteed, or a bad side or level.
+    Returns (calibration, targets, config); the page's choices are checked here,
+    once, by the rules the CLI's arguments use.
+
+    Raises
+    ------
+    ValueError
+        Not cached: an unreachable target, missing labels, a side that cannot
+        be guaranteed, or a bad side or level.
     """
-    if side not in SIDES:
-        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
-    if not (isinstance(confidence, (int, float)) and 0.5 <= confidence < 1.0):
-        raise ValueError(f"confidence must be a level in [0.5, 1), got {confidence!r}")
     return cache.config(data, targets, statistic=statistic, inversion=inversion, saturate=saturate,
-                        side=side, confidence=float(confidence))
+                        side=check_side(side), confidence=check_confidence(confidence))
 
 
 def surrogate_records(cal: Calibration, data: LogitsData, result: ExtractionResult,

@@ -45,6 +45,7 @@ SURROGATE_TARGET = "caliber_surrogate_target"  # sha256 -> the Extraction slider
 RUN_KIND = "extraction-run:"
 LAST_KIND, LAST_KEY = "extraction-last", "last"
 UPLOAD_KIND = "extraction-upload"
+UPLOAD_NAME_KIND = "extraction-upload-name"  # the file name it was uploaded under, by sha256
 # The Extraction page's choices (its widgets offer these; a stored choice outside them is not restored).
 RETENTION_CHOICES = (0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5)
 ATTACKS = ("all", "fixed", "tuned")
@@ -79,9 +80,13 @@ def archives() -> dict[str, ExtractionArchive]:
     if not st.session_state.get(UPLOADS_READ):
         st.session_state[UPLOADS_READ] = True
         stored, bad = workspace.load_results(UPLOAD_KIND)
+        names, _ = workspace.load_results(UPLOAD_NAME_KIND)
         for sha, content in stored.items():
+            # The name it was uploaded under (a reload keeps it); an archive stored without one gets its digest.
+            name = names.get(sha)
+            name = name if isinstance(name, str) and name else f"upload-{sha[:8]}.npz"
             try:
-                archive = view.archive_from_upload(content, f"upload-{sha[:8]}.npz")
+                archive = view.archive_from_upload(content, name)
             except (LogitsFileError, TypeError) as exc:
                 _warn(f"Skipped a stored extraction archive ({sha[:8]}…): {exc}")
                 continue
@@ -103,6 +108,7 @@ def keep_upload(archive: ExtractionArchive, content: bytes) -> None:
     uploads[archive.sha256] = archive
     try:
         workspace.save_result(UPLOAD_KIND, archive.sha256, bytes(content))
+        workspace.save_result(UPLOAD_NAME_KIND, archive.sha256, str(archive.source))
     except (*workspace.STORE_ERRORS, ValueError) as exc:
         _warn(f"{archive.name} is kept for this browser session only: {exc}")
 

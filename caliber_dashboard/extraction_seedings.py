@@ -19,14 +19,14 @@ import streamlit as st
 from caliber_core.extraction.archive import ExtractionArchive
 from caliber_core.extraction.seedings import SeedingComparison
 
-#: None: the served design (the balanced class cycle); numbers: the version-1 field at that length scale.
+#: Numbers: the served field at that length scale; None: the class cycle (version 2), for comparison.
 LENGTH_SCALES = (None, 1.0, 2.0, 4.0, 8.0)
 FRONTIER_JSON = Path(__file__).resolve().parent.parent / "docs" / "figures" / "frontier.json"
 
 
 def design_label(length_scale) -> str:
     """How the page names a consistent design."""
-    return "class cycle, served" if length_scale is None else f"field, ℓ = {length_scale:g} S"
+    return "class cycle, v2" if length_scale is None else f"ℓ = {length_scale:g} S"
 COLORS = {"per-input": "#1f77b4", "consistent": "#9467bd"}
 
 

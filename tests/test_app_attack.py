@@ -15,7 +15,7 @@ from caliber_core.calibration.calibrate import sigma_for_target
 from caliber_core.calibration.cost import queries_needed
 from caliber_dashboard import state
 
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
+APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 
 
 def _app() -> AppTest:

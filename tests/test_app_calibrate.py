@@ -17,7 +17,7 @@ from caliber_core.calibration.calibrate import measured_accuracy, sigma_for_targ
 from caliber_core.calibration.target_intervals import interval_estimator
 from caliber_dashboard import state
 
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
+APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 
 
 def _app() -> AppTest:

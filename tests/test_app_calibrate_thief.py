@@ -13,7 +13,7 @@ from caliber_core.extraction.experiment import FrontierPoint
 from caliber_core.extraction.spread import Spread
 from caliber_dashboard import thief
 
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
+APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 
 
 def _run():

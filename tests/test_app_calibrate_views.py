@@ -19,7 +19,7 @@ from caliber_core.calibration.target_intervals import interval_estimator, side_s
 from caliber_core.simulation.synthetic import make_synthetic_logits
 from caliber_dashboard import readouts, state
 
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
+APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 
 
 def _app() -> AppTest:

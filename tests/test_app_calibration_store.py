@@ -15,7 +15,7 @@ from caliber_core.calibration.calibration_arrays import calibration_from_bytes
 from caliber_dashboard import calibration_store, state
 from caliber_dashboard.workspace import SQLiteStore, from_environment
 
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
+APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 SIGMA = "σ* (logit units)"
 
 

@@ -16,8 +16,8 @@ from streamlit.testing.v1 import AppTest
 from caliber_core.loading import LogitsFileError, load_logits_bytes
 from caliber_dashboard import state
 
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
-N_DEMO = len(list((Path(APP).parent / "data").glob("digits_*.npz")))
+APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
+N_DEMO = len(list((Path(APP).parents[1] / "data").glob("digits_*.npz")))
 
 
 def _app() -> AppTest:

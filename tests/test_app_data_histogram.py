@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from caliber_dashboard import tables
 
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
+APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 
 
 def _npz(n: int, k: int = 4) -> bytes:

@@ -13,8 +13,8 @@ from streamlit.testing.v1 import AppTest
 from caliber_core.loading import LogitsFileError, load_logits_bytes
 from caliber_dashboard import state, tables, uploads
 
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
-N_DEMO = len(list((Path(APP).parent / "data").glob("digits_*.npz")))
+APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
+N_DEMO = len(list((Path(APP).parents[1] / "data").glob("digits_*.npz")))
 BIN = "application/octet-stream"
 
 
@@ -132,7 +132,8 @@ def test_one_based_labels_get_a_hint():
     except LogitsFileError as exc:
         with_labels = str(exc)
     (error,) = _errors(at)
-    assert with_labels is not None and error.startswith(with_labels)
+    assert with_labels is not None and error.startswith(with_labels.rstrip("."))
+    assert error.startswith(with_labels.rstrip(".") + ". These labels look 1-based")  # two sentences
     assert "look 1-based (a label equals K=4): class indices run 0..3 here, so subtract 1" in error
     assert uploads.one_based_hint("labels index 3 is 7, outside [0, 4) for K=4 classes") == ""
 

@@ -19,7 +19,7 @@ from caliber_core.config import config_to_json
 from caliber_dashboard import state
 
 ROOT = Path(__file__).resolve().parent.parent
-APP = str(ROOT / "app.py")
+APP = str(ROOT / "caliber_dashboard" / "app.py")
 
 
 def _app() -> AppTest:

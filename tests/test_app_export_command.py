@@ -18,7 +18,7 @@ from caliber_dashboard import export_config, state
 from caliber_dashboard.export_config import calibrate_command
 
 ROOT = Path(__file__).resolve().parent.parent
-APP = str(ROOT / "app.py")
+APP = str(ROOT / "caliber_dashboard" / "app.py")
 BIN = "application/octet-stream"
 
 

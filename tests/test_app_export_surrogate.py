@@ -21,7 +21,7 @@ from caliber_core.serving.runtime import Perturber
 from caliber_dashboard import readouts, state
 
 ROOT = Path(__file__).resolve().parent.parent
-APP = str(ROOT / "app.py")
+APP = str(ROOT / "caliber_dashboard" / "app.py")
 
 
 @pytest.fixture

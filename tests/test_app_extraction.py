@@ -15,7 +15,7 @@ from caliber_core.extraction.experiment import ExtractionSettings, run_extractio
 from caliber_dashboard import extraction_view as view  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-APP = str(ROOT / "app.py")
+APP = str(ROOT / "caliber_dashboard" / "app.py")
 
 
 def _metric(at, label):

@@ -17,7 +17,7 @@ from caliber_dashboard import extraction_view as view  # noqa: E402
 from caliber_dashboard.workspace import SQLiteStore, from_environment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-APP = str(ROOT / "app.py")
+APP = str(ROOT / "caliber_dashboard" / "app.py")
 PAGE = "pages/extraction.py"
 SETTINGS = ExtractionSettings(retention=(0.75,), seeds=1, attack="fixed", averaging_attacker="frontier")
 

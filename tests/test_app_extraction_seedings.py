@@ -18,7 +18,7 @@ from caliber_dashboard import extraction_seedings as seedings  # noqa: E402
 from caliber_dashboard import extraction_view as view  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-APP = str(ROOT / "app.py")
+APP = str(ROOT / "caliber_dashboard" / "app.py")
 
 
 def test_an_uploaded_archive_is_confirmed_and_selected(tmp_path):
@@ -67,13 +67,35 @@ def test_seedings_side_by_side_on_the_page():
     sha = at.selectbox(key="extraction_model").value
     archive = next(a for a in (load_archive(p) for p in sorted((ROOT / "data").glob("digits_*.npz")))
                    if a.sha256 == sha)
-    expected = compare_seedings(archive, levels=(0.75,), keys=1, seeds=1, length_scale=None, near_duplicates=16)
+    expected = compare_seedings(archive, levels=(0.75,), keys=1, seeds=1, length_scale=4.0, near_duplicates=16)
     specs = {json.loads(c.proto.spec)["layout"]["yaxis"]["title"]["text"]: json.loads(c.proto.spec)
              for c in at.get("plotly_chart")}
     frontier = next(v for k, v in specs.items() if k.startswith("thief retention"))
     lines = {t["name"]: t for t in frontier["data"]}
     cons = expected.at("consistent")[0]
-    assert lines["consistent (class cycle, served)"]["y"] == [pytest.approx(cons.thief_retention.mean * 100)]
+    assert lines["consistent (ℓ = 4 S)"]["y"] == [pytest.approx(cons.thief_retention.mean * 100)]
     assert lines["per-input"]["x"] == [pytest.approx(expected.at("per-input")[0].teacher_retention.mean * 100)]
     assert any(k.startswith("teacher retention on held-out") for k in specs)
     assert seedings.sigma_spread(expected)[0]["σ (key mean)"] == f"{cons.sigma.mean:.4g}"
+
+
+def test_an_uploaded_archive_keeps_its_name_after_a_reload(tmp_path):
+    with np.load(ROOT / "data" / "digits_cnn.npz") as f:
+        arrays = {k: f[k] for k in f.files if k != "name"}
+    path = tmp_path / "my_thief_pool.npz"  # no name inside: the file name is the model's name
+    np.savez(path, **arrays)
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    at.switch_page("pages/extraction.py").run()
+    at.file_uploader(key="extraction_upload").set_value((path.name, path.read_bytes(),
+                                                         "application/octet-stream")).run()
+    assert not at.exception
+    sha = load_archive(path).sha256
+    again = AppTest.from_file(APP, default_timeout=60)
+    again.query_params["ws"] = at.query_params["ws"]
+    again.run()
+    again.switch_page("pages/extraction.py").run()
+    assert not again.exception
+    label = [o for o in again.selectbox(key="extraction_model").options if sha[:8] in o]
+    assert label and label[0].startswith("my_thief_pool · "), label
+    assert not [w for w in again.warning if "extraction_retention" in w.value]

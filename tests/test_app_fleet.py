@@ -17,7 +17,7 @@ from caliber_core.simulation.synthetic import make_synthetic_logits
 from caliber_dashboard.rounding import decimals_for
 from caliber_dashboard import fleet_view, state
 
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
+APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 
 
 def _app() -> AppTest:

@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 from caliber_core.simulation.llm_like import llm_like_logits, log_softmax
 from caliber_dashboard.logprob_log_view import bounds_figure, calibrate_log
 
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
+APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 
 
 def chat_log(n=40, vocab=4000, k=10) -> bytes:

@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 from caliber_core.throttle.policy import parse_policy
 from caliber_dashboard import policy_view, state
 
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
+APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 
 
 def _app() -> AppTest:

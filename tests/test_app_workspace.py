@@ -14,8 +14,8 @@ from streamlit.testing.v1 import AppTest
 from caliber_dashboard import state
 from caliber_dashboard.workspace import SQLiteStore, from_environment
 
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
-N_DEMO = len(list((Path(APP).parent / "data").glob("digits_*.npz")))
+APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
+N_DEMO = len(list((Path(APP).parents[1] / "data").glob("digits_*.npz")))
 
 
 def _npz(seed: int, *, n: int = 300, k: int = 5, labels: bool = True) -> bytes:

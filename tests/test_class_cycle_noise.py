@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -106,14 +107,18 @@ def test_calibrate_writes_a_version_2_record_and_the_perturber_serves_its_nested
         Perturber.from_config(cfg, target=0, seeding="consistent", key=OTHER)
 
 
-def test_a_version_1_field_config_is_still_served_as_it_was():
+def test_the_default_is_the_field_and_a_config_written_before_versions_serves_the_same_noise():
     cfg = _config(design="field")
-    assert "version" not in cfg["noise"] and cfg["noise"]["length_scale"] == 4.0
+    assert cfg["noise"]["version"] == "caliber.consistent-noise/v1" and cfg["noise"]["length_scale"] == 4.0
     z, y = _demo()
     p = Perturber.from_config(cfg, target=1, seeding="consistent", key=KEY)
     a0 = float(np.mean(z.argmax(1) == y))
     assert float(np.mean(p.perturb(z).argmax(1) == y)) / a0 == pytest.approx(cfg["targets"][1]["retention"],
                                                                            abs=1e-12)
+    old = json.loads(json.dumps(cfg))
+    del old["noise"]["version"], old["noise"]["design"]  # as calibrate wrote it before noise versions
+    np.testing.assert_array_equal(Perturber.from_config(old, target=1, seeding="consistent", key=KEY).perturb(z),
+                                  p.perturb(z))
 
 
 def test_an_unknown_noise_version_or_a_damaged_fit_is_refused_in_one_line():

@@ -346,3 +346,50 @@ def test_boolean_sigma_is_rejected(built):
     cfg["targets"][0]["sigma"] = True
     with pytest.raises(ConfigError, match=r"targets\[0\].sigma must be a finite number"):
         validate_config(cfg)
+
+
+# --------------------------------------------------------------------------- the loaded Config
+
+
+def test_a_loaded_config_is_read_only_and_never_parsed_again(built, tmp_path):
+    import caliber_core.config as config_module
+    from caliber_core.config import Config, config_digest, sigma_to_serve
+
+    _, _, _, config = built
+    loaded = load_config(config)
+    assert isinstance(loaded, Config) and loaded == config and json.loads(json.dumps(loaded)) == config
+    assert load_config(loaded) is loaded and config_digest(loaded) == config_digest(config) == loaded.digest
+    with pytest.raises(TypeError, match="a loaded Config is read-only"):
+        loaded["model"] = "other"
+    with pytest.raises(TypeError, match="a loaded FrozenDict is read-only"):
+        loaded["targets"][0]["sigma"] = 0.0
+    with pytest.raises(TypeError, match="a loaded FrozenList is read-only"):
+        loaded["targets"].append({})
+    with pytest.raises(TypeError, match="read-only"):
+        loaded.digest = "0" * 64
+    plain = copy.deepcopy(loaded)  # the way to an editable copy
+    plain["targets"][0]["sigma"] = 0.0
+    assert type(plain) is dict and loaded["targets"][0]["sigma"] == config["targets"][0]["sigma"]
+
+    validated = []
+    original = config_module.validate_config
+    try:
+        config_module.validate_config = lambda c: validated.append(type(c).__name__) or original(c)
+        sigma_to_serve(loaded, target=1), config_digest(loaded), config_module.target_records(loaded)
+        assert validated == []  # a Config is taken as it is
+        sigma_to_serve(config, target=1)
+        assert validated == ["dict"]  # today's dict: validated once, at the door
+    finally:
+        config_module.validate_config = original
+
+
+def test_the_perturber_validates_a_dict_config_once(built, monkeypatch):
+    import caliber_core.config as config_module
+    from caliber_core import Perturber
+
+    _, _, _, config = built
+    calls = []
+    original = config_module.validate_config
+    monkeypatch.setattr(config_module, "validate_config", lambda c: calls.append(1) or original(c))
+    Perturber.from_config(config, key=b"sixteen byte key", target=1)
+    assert len(calls) == 1

@@ -101,7 +101,7 @@ def test_config_for_validates_the_logits_once(monkeypatch):
         if hasattr(mod, "as_logits"):
             monkeypatch.setattr(mod, "as_logits", counting)
     cal, results, config = pipeline.config_for(data, [("retention", 0.9), ("agreement", 0.8)])
-    assert calls == {"as_logits": 1, "top_two": 0}  # the loader's margins are reused
+    assert calls == {"as_logits": 0, "top_two": 0}  # the loader's checks and margins are the sample's
     assert config["targets"][0]["reference"]["retention"] == pytest.approx(0.9, abs=1e-6)
 
 
@@ -150,7 +150,7 @@ def test_following_the_data_through_config_for_visits_each_module_at_most_twice(
             visits[module] = visits.get(module, 0) + 1
         previous = module
     assert stops and max(visits.values()) <= 2, stops
-    assert [f for _, f in stops].count("as_logits") == 1, stops
+    assert [f for _, f in stops].count("as_logits") == 0, stops  # the loader's checks are the sample's
 
 
 def test_the_review_recomputes_a_config_on_its_own_model():

@@ -127,3 +127,36 @@ def test_the_core_verifies_the_throttles_tokens(policy, tmp_path):
     other = BatchNoise(policy, key=bytes(range(100, 132)))
     with pytest.raises(ValueError, match=r"signature does not verify"):
         other.verify(t.grant("acct", rows=2))
+
+
+def test_a_consistent_seeding_policy_is_served_row_by_row(tmp_path):
+    """A config from ``calibrate --seeding consistent``: each row gets its level's Perturber noise (no id used)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from caliber_core.cli import main
+    from caliber_core.serving.keys import read_key_file
+
+    root = Path(__file__).resolve().parents[1]
+    key_file = tmp_path / "serving.key"
+    assert main(["keygen", "--out", str(key_file)]) == 0
+    for command in (["calibrate", str(root / "data" / "digits_mlp-wide.npz"), "--retention", "0.9", "0.75",
+                     "--seeding", "consistent", "--key-file", str(key_file), "--out", str(tmp_path / "cfg.json"),
+                     "--quiet"],
+                    ["throttle", "init", str(tmp_path / "cfg.json"), "--levels", "0", "1", "--escalate-after", "30",
+                     "--out", str(tmp_path / "policy.json")]):
+        proc = subprocess.run([sys.executable, "-m", "caliber_core", *command], cwd=root, capture_output=True,
+                              text=True)
+        assert proc.returncode == 0, proc.stderr
+    key, config = read_key_file(key_file), json.loads((tmp_path / "cfg.json").read_text())
+    core = BatchNoise(load_policy(tmp_path / "policy.json"), key=key)
+    logits = torch.tensor(np.random.default_rng(5).normal(scale=8.0, size=(5, 10)), dtype=torch.float32)
+    levels = [2, 0, 1, 2, 0]
+    served = core.serve(logits, levels, [position_id([r], []) for r in range(5)])
+    for r, level in enumerate(levels):
+        if level == 0:
+            assert torch.equal(served[r], logits[r])
+        else:
+            perturber = Perturber.from_config(config, target=level - 1, seeding="consistent", key=key)
+            assert torch.equal(served[r], perturber.perturb(logits[r:r + 1])[0])

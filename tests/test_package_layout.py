@@ -113,7 +113,7 @@ def _is_private(name: str) -> bool:
 
 
 @pytest.mark.parametrize(
-    "path", _modules(CORE, ROOT / "caliber_dashboard", ROOT / "pages") + [ROOT / "app.py"],
+    "path", _modules(CORE, ROOT / "caliber_dashboard"),
     ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_module_imports_another_modules_private_name(path):
     assert _private_imports(path) == []

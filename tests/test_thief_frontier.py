@@ -79,6 +79,24 @@ def test_each_design_is_calibrated_exactly_on_its_rows():
         assert abs(keyed_accuracy(z, y, g, solved.sigma) - 0.75 * a0) <= 1.0 / len(z) + 1e-12
 
 
+def test_a_thief_who_knows_the_class_cycle_undoes_it_but_not_the_field():
+    from caliber_core.extraction.cycle_unmixing import estimate_cycle, unmixed
+
+    z, y, _ = _pool()
+    a0 = float(np.mean(z.argmax(1) == y))
+    accuracy = {}
+    for name in ("class-cycle", "field-4"):
+        g = design(name).build(z, KEY, scale=5.0, target=0.75)(z, _rows(len(z)))
+        served = z + solve_keyed(z, y, g, target=0.75 * a0, bootstrap=0).sigma * g
+        accuracy[name] = float(np.mean(unmixed(served).argmax(1) == y)) / a0
+    assert accuracy["class-cycle"] > 0.82  # from 0.75: the push is estimated and subtracted (0.84-0.98 by key)
+    assert accuracy["field-4"] < 0.76
+    successor, push = estimate_cycle(z)  # clean logits: no push worth the name
+    assert successor.shape == (10,) and (push >= 0).all()
+    with pytest.raises(ValueError, match="at least 3 classes, got shape \\(4, 2\\)"):
+        estimate_cycle(np.zeros((4, 2)))
+
+
 def test_interval_is_the_t_interval_of_the_mean():
     from scipy.stats import t
 

@@ -359,7 +359,7 @@ def test_requests_in_doubt_are_settled_once_the_store_answers(redis, tmp_path, c
     assert t.pending_uncounted() == {seen: {1: 4}}
     logits, ids = _batch()
     assert t.respond("acct-7", logits, ids).counted  # the store answers: both are settled
-    assert not t.pending_uncounted() and not t._in_doubt
+    assert not t.pending_uncounted() and not t._outages.in_doubt
     served, refused = t.state("acct-7"), t.state("stranger")
     assert served.queries == {1: 8} and served.uncounted == () and served.failed == {}
     assert refused.queries == {0: 0} and refused.failed == {0: 4}

@@ -35,6 +35,7 @@ def setup(tmp_path, monkeypatch):
     policy_path = write_policy(tmp_path, levels=(0, 1, 2), n_classes=K, escalate_after=10**6)
     key_path = tmp_path / "caliber.key"
     key_path.write_text(KEY.hex() + "\n")
+    key_path.chmod(0o600)
     key_path.chmod(0o600)  # a key readable by others is refused
     monkeypatch.setenv("CALIBER_POLICY", str(policy_path))
     monkeypatch.setenv("CALIBER_KEY_FILE", str(key_path))

@@ -8,7 +8,7 @@ from streamlit.testing.v1 import AppTest
 
 from caliber_dashboard import cache, state, warmup
 
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
+APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 
 
 def test_no_warm_up_without_a_server():

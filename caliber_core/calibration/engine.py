@@ -223,6 +223,7 @@ class CurveEngine:
             return np.ones(self.n_samples), (self.correct if self.has_labels else None)
         if self.method == "monte-carlo":
             d = self.draws
+            s = np.float64(s)  # compared in float64 with the float32 ends, as the sweep's curves are
             agree = np.mean(s < d.agree_hi, axis=1)
             acc = np.mean((d.acc_lo < s) & (s < d.acc_hi), axis=1) if self.has_labels else None
             return agree, acc

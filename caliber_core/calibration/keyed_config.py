@@ -4,9 +4,9 @@ The usual per-input config (scale S, A0, fit, key-averaged targets) is built
 first, then each target's sigma is replaced by the sigma at which *this key's*
 function reaches it on the calibration rows (:mod:`.keyed_curve`), levels in
 ascending sigma, each calibrated on top of the ones below. The config gains a
-``noise`` record: the seeding, the noise version and design (v2: the balanced
-class cycle; the v1 field records its length scale and feature count
-instead), a random ``noise_id`` minted here, the key's fingerprint (never the
+``noise`` record: the seeding, the noise version and design (v1, the default:
+the smooth field, with its length scale and feature count; v2: the balanced
+class cycle), a random ``noise_id`` minted here, the key's fingerprint (never the
 key), and per level its sigma and what was fitted on the rows (v2: the class
 amplitudes and gain; v1: the centring). Targets name their ``level``.
 """
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..serving.consistent_noise import (CYCLE_VERSION, DEFAULT_FEATURES, DEFAULT_LENGTH_SCALE, DESIGNS,
-                                        VERSION_FIELD, ClassCycleNoise, ConsistentNoise, key_fingerprint,
-                                        noise_binding)
+                                        FIELD_VERSION, VERSION_FIELD, ClassCycleNoise, ConsistentNoise,
+                                        key_fingerprint, noise_binding)
 from .keyed_curve import DEFAULT_BOOTSTRAP, solve_keyed
 
 NOISE_FIELD = "noise"
@@ -37,7 +37,7 @@ def _goal(kind: str, requested: float, clean_accuracy: float) -> tuple[str, floa
     raise ValueError(f"consistent seeding calibrates retention, accuracy and agreement targets, got {kind!r}")
 
 
-def consistent_config(config: dict, logits, labels, key: bytes, *, design: str = "class-cycle",
+def consistent_config(config: dict, logits, labels, key: bytes, *, design: str = "field",
                       length_scale: float = DEFAULT_LENGTH_SCALE, features: int = DEFAULT_FEATURES, seed: int = 0,
                       confidence: float = 0.95, bootstrap: int = DEFAULT_BOOTSTRAP,
                       noise_id: str | None = None) -> dict:
@@ -49,9 +49,12 @@ def consistent_config(config: dict, logits, labels, key: bytes, *, design: str =
         The per-input config of these rows; its targets are re-solved.
     logits, labels : the calibration rows (labels may be None for agreement targets only).
     key : bytes
-    design : {"class-cycle", "field"}
-        ``class-cycle`` (noise version 2, the default): the balanced keyed class cycle, each
-        level balanced at its own target; ``field``: the smooth random field of version 1.
+    design : {"field", "class-cycle"}
+        ``field`` (noise version 1, the default and what ``calibrate --seeding consistent``
+        serves): the smooth random field; ``class-cycle`` (version 2): the balanced keyed
+        class cycle, each level balanced at its own target. The thief frontier
+        (``benchmarks/bench_frontier.py``) keeps the field: a thief who knows the class-cycle
+        design estimates the cycle from its answers and undoes it.
     length_scale : float
         The field's, in units of the config's scale S.
     features, seed, confidence, bootstrap
@@ -84,7 +87,8 @@ def consistent_config(config: dict, logits, labels, key: bytes, *, design: str =
               "data_sha256": config.get("sha256"), "scale": float(config["scale"]),
               "key_fingerprint": key_fingerprint(key)}
     if design == "field":
-        record.update(length_scale=float(length_scale), features=int(features))
+        record.update({VERSION_FIELD: FIELD_VERSION, "design": design, "length_scale": float(length_scale),
+                       "features": int(features)})
     else:
         record.update({VERSION_FIELD: CYCLE_VERSION, "design": design})
     binding = noise_binding(record)

@@ -1,21 +1,25 @@
 """File in, config out: the one path the command line and the dashboard share.
 
-Both call :func:`calibrate_data` with the same defaults, so the same file and
-targets give the same sigma* in the CLI's JSON and the dashboard's download.
-The loaded file becomes one :class:`.sample.LogitSample` (the loader's checks
-and margins reused); the sweep, sigma*, the intervals and the drift reference
-all read that sample and the calibration's one engine.
+Two steps: :func:`calibrate_data` sweeps and fits one loaded file (the
+expensive part, done once per file and options), and
+:func:`config_from_calibration` solves the targets on that calibration and
+builds the config. The CLI chains them (:func:`config_for`); the dashboard
+passes the calibration its Calibrate page already holds, so the same file and
+targets give the same sigma* in the CLI's JSON and the dashboard's download
+without a second sweep. The loaded file becomes one
+:class:`.sample.LogitSample` (the loader's checks and margins reused); the
+sweep, sigma*, the intervals and the drift reference all read that sample and
+the calibration's one engine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..config import SIDES, TargetRecord
 from ..loading import LogitsData, require_labels
+from ..target_record import DEFAULT_CONFIDENCE, TargetRecord, check_confidence, check_side
 from .calibrate import Calibration, calibrate_model, sigma_for_target
 from .config_build import build_config
-from .intervals import DEFAULT_CONFIDENCE
 from .sample import LogitSample
 from .target_intervals import interval_estimator, with_interval
 
@@ -30,7 +34,30 @@ def calibrate_data(
     realizations: int | None = None,
     progress: Callable[[float], None] | None = None,
 ) -> Calibration:
-    """Sweep and fit one loaded file (no targets yet)."""
+    """Sweep and fit one loaded file (no targets yet).
+
+    Parameters
+    ----------
+    data : LogitsData
+        A loaded file: the loader validated it, and the sample trusts that.
+    statistic : {"median", "mean", "trimmed"}, default "median"
+        The margin statistic S is taken with.
+    seed : int, default 0
+        Seeds the sweep's draws (and later the bootstrap).
+    realizations : int, optional
+        Noise draws per input (default: chosen from N).
+    progress : callable, optional
+        Called with the fraction done.
+
+    Returns
+    -------
+    Calibration
+
+    Notes
+    -----
+    The sweep measures accuracy and agreement against v = sigma^2 / S^2
+    (Eq. ``normalized-noise``) and fits the logistic law to them.
+    """
     return calibrate_model(
         LogitSample.from_data(data), name=data.name, statistic=statistic,
         realizations=realizations, seed=seed, progress=progress,
@@ -45,13 +72,77 @@ def resolve_targets(
     inversion: str = "curve",
     saturate: bool = False,
 ) -> list[TargetRecord]:
-    """sigma* for each (kind, value), in the order given."""
+    """sigma* for each (kind, value), in the order given.
+
+    Raises
+    ------
+    LogitsFileError
+        An accuracy or retention target on a file without labels.
+    ValueError
+        An unreachable target (without ``saturate``).
+    """
     out = []
     for kind, value in targets:
         if kind != "agreement":
             require_labels(data, f"a {kind} target")
         out.append(sigma_for_target(cal, value, kind=kind, inversion=inversion, saturate=saturate))
     return out
+
+
+def config_from_calibration(
+    calibration: Calibration,
+    data: LogitsData,
+    targets: Sequence[tuple[str, float]] = DEFAULT_TARGETS,
+    *,
+    inversion: str = "curve",
+    saturate: bool = False,
+    side: str = "point",
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> tuple[list[TargetRecord], dict]:
+    """Solve ``targets`` on a finished calibration and build its config dict (no sweep).
+
+    Parameters
+    ----------
+    calibration : Calibration
+        :func:`calibrate_data` of ``data`` (its seed also seeds the bootstrap).
+    data : LogitsData
+        The calibrated file: its labels, digest and name go into the config.
+    targets : sequence of (kind, value)
+        Already parsed at the boundary (the CLI's ``fraction``, the dashboard's fields).
+    inversion : {"curve", "logistic"}, default "curve"
+    saturate : bool, default False
+        An unreachable target serves the largest sigma swept instead of failing.
+    side : {"point", "at-least", "at-most"}, default "point"
+        sigma* itself, or the end of the interval that keeps the target
+        (:mod:`.target_intervals`).
+    confidence : float, default 0.95
+        The level of every target's interval and of the side's bound.
+
+    Returns
+    -------
+    results : list of TargetRecord
+        One per target, in the order given, with its ``interval`` and drift ``reference``.
+    config : dict
+        The ``caliber.config/v2`` dict (validated when written or loaded).
+
+    Raises
+    ------
+    LogitsFileError
+        An accuracy or retention target on a file without labels.
+    ValueError
+        An unreachable target (without ``saturate``), or a side that cannot be guaranteed.
+
+    Notes
+    -----
+    sigma* = S sqrt(v*) inverts the measured curve at the target (Eq. ``inverse-v``
+    for the logistic inversion).
+    """
+    if any(kind != "agreement" for kind, _ in targets):
+        require_labels(data, "an accuracy or retention target")
+    results = resolve_targets(calibration, data, targets, inversion=inversion, saturate=saturate)
+    estimator = interval_estimator(calibration, confidence=confidence, seed=calibration.seed)
+    results = [with_interval(calibration, r, estimator, side=side, saturate=saturate) for r in results]
+    return results, build_config(calibration, results, sha256=data.sha256, source=data.source)
 
 
 def config_for(
@@ -67,21 +158,15 @@ def config_for(
     confidence: float = DEFAULT_CONFIDENCE,
     progress: Callable[[float], None] | None = None,
 ) -> tuple[Calibration, list[TargetRecord], dict]:
-    """Calibrate a loaded file and build its config dict.
+    """:func:`calibrate_data` then :func:`config_from_calibration`: (calibration, results, config).
 
-    Every target gets its confidence ``interval`` at ``confidence`` and the
-    drift check's ``reference``; ``side`` picks sigma* itself ("point") or the
-    end of the interval that keeps the target ("at-least" / "at-most";
-    :mod:`.target_intervals`).
+    Parameters and raised errors are those of the two steps.
     """
-    if side not in SIDES:
-        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+    check_side(side)  # a library call's options, checked before the sweep rather than after it
+    check_confidence(confidence)
     if any(kind != "agreement" for kind, _ in targets):
-        require_labels(data, "accuracy and retention targets")
-    cal = calibrate_data(data, statistic=statistic, seed=seed, realizations=realizations,
-                         progress=progress)
-    results = resolve_targets(cal, data, targets, inversion=inversion, saturate=saturate)
-    estimator = interval_estimator(cal, confidence=confidence, seed=seed)
-    results = [with_interval(cal, r, estimator, side=side, saturate=saturate) for r in results]
-    config = build_config(cal, results, sha256=data.sha256, source=data.source)
+        require_labels(data, "an accuracy or retention target")
+    cal = calibrate_data(data, statistic=statistic, seed=seed, realizations=realizations, progress=progress)
+    results, config = config_from_calibration(cal, data, targets, inversion=inversion, saturate=saturate,
+                                              side=side, confidence=confidence)
     return cal, results, config

@@ -67,8 +67,21 @@ class LogitSample:
 
     @classmethod
     def from_data(cls, data) -> LogitSample:
-        """The sample of a loaded file (:class:`caliber_core.loading.LogitsData`), its margins reused."""
-        return cls(data.logits, data.labels, margins=data.margins)
+        """The sample of a loaded file (:class:`caliber_core.loading.LogitsData`), its margins reused.
+
+        The loader validated the file by the rules of :mod:`caliber_core.validation`
+        (a test holds the two to the same verdicts) and took the margins while
+        checking S > 0: a ``LogitsData`` that carries its margins is taken as it
+        is, not checked again. One built by hand without margins is checked here.
+        """
+        if data.margins is None:
+            return cls(data.logits, data.labels)
+        self = cls.__new__(cls)
+        self.logits = data.logits
+        self.n_samples, self.n_classes = data.logits.shape
+        self.labels = data.labels
+        self.__dict__["margins"] = data.margins
+        return self
 
     @property
     def has_labels(self) -> bool:

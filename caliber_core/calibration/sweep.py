@@ -45,6 +45,9 @@ from .margins import chance_level, normalized_utility, sigma_from_v
 from .sample import LogitSample
 
 DEFAULT_REALIZATIONS = 64
+#: dtype of the stored interval ends: 6e-8 relative rounding of a sigma at which one draw
+#: flips, far below the Monte-Carlo error of any curve built from them.
+ENDS_DTYPE = np.float32
 _CHUNK_ELEMENTS = 1 << 20  # draws per chunk: ~4 MB of float32, stays in cache
 
 
@@ -145,12 +148,21 @@ def block_stderr(inside: np.ndarray, pool_rows: np.ndarray | None = None) -> flo
     """
     n, r = inside.shape
     half = r // 2
-    pair = inside[:, :half].astype(np.float64) + inside[:, half:]
-    resid = pair - pair.mean(axis=1, keepdims=True)
-    if pool_rows is None:
-        total = float(np.sum(resid**2))
-    else:
-        per_row = np.bincount(pool_rows.ravel(), weights=resid.ravel())
+    # A block of rows at a time: the float64 pair sums and residuals of all N rows at once
+    # would be 16 bytes per draw pair, more than the sweep's own arrays.
+    rows = max(1, _CHUNK_ELEMENTS // max(1, half))
+    total = 0.0
+    per_row = None if pool_rows is None else np.zeros(int(pool_rows.max()) + 1 if pool_rows.size else 0)
+    for start in range(0, n, rows):
+        block = inside[start:start + rows]
+        pair = block[:, :half].astype(np.float64) + block[:, half:]
+        resid = pair - pair.mean(axis=1, keepdims=True)
+        if pool_rows is None:
+            total += float(np.sum(resid**2))
+        else:
+            per_row += np.bincount(pool_rows[start:start + rows].ravel(), weights=resid.ravel(),
+                                   minlength=per_row.size)
+    if per_row is not None:
         total = float(np.dot(per_row, per_row))
     correction = half / (half - 1) if half > 1 else 1.0
     return float(np.sqrt(total * correction) / (n * 2 * half))
@@ -172,6 +184,11 @@ def _fraction_inside(lo_sorted, hi_sorted, sigma) -> np.ndarray:
 # Draws that cost about a second here: below it, more draws are nearly free precision.
 CHEAP_ELEMENTS = 120_000_000
 MAX_REALIZATIONS = 256
+#: Bytes the sweep holds per input and draw: three float32 ends and their sorted copies.
+BYTES_PER_DRAW = 6 * np.dtype(ENDS_DTYPE).itemsize
+#: What extra (cheap) draws may hold: this many bytes per logit element, or the floor below.
+DRAWS_BYTES_PER_ELEMENT = 12
+DRAWS_MEMORY_FLOOR = 256 << 20
 
 
 def default_realizations(
@@ -183,13 +200,19 @@ def default_realizations(
     2,000-row file needs 87 draws, a 50,000-row file 8 (a floor). Antithetic
     pairs only lower the error further. When N x R x K stays
     under ``CHEAP_ELEMENTS`` the draws are raised to that budget (at most 256),
-    so small files get a finer curve at no noticeable cost.
+    so small files get a finer curve at no noticeable cost, as long as the
+    sweep's arrays (:data:`BYTES_PER_DRAW` per input and draw) stay within
+    ``max(DRAWS_MEMORY_FLOOR, DRAWS_BYTES_PER_ELEMENT x N x K)``: at K = 2
+    the extra draws would otherwise cost hundreds of bytes per logit.
     """
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
     r = int(np.ceil(0.25 / (n_samples * target_stderr**2)))
     if n_classes is not None:
-        r = max(r, CHEAP_ELEMENTS // (n_samples * n_classes))
+        cheap = CHEAP_ELEMENTS // (n_samples * n_classes)
+        affordable = max(DRAWS_MEMORY_FLOOR, DRAWS_BYTES_PER_ELEMENT * n_samples * n_classes) // (
+            BYTES_PER_DRAW * n_samples)
+        r = max(r, min(cheap, affordable))
     return int(np.clip(r, 8, MAX_REALIZATIONS))
 
 
@@ -230,11 +253,14 @@ def survival_intervals(
     pred = sample.pred
     draws = DrawSource(rng, n, k, realizations // 2)
 
-    agree_hi = np.empty((n, realizations), dtype=np.float64)
+    # float32 ends: half the memory of the sweep's largest arrays (and of their sorted copies).
+    # A sigma is compared with them in float64 (``_positive``), so a stored calibration, whose
+    # arrays are float64 copies of the same values, gives the same counts.
+    agree_hi = np.empty((n, realizations), dtype=ENDS_DTYPE)
     acc_lo = acc_hi = None
     if y is not None:
-        acc_lo = np.zeros((n, realizations))
-        acc_hi = np.empty((n, realizations))
+        acc_lo = np.zeros((n, realizations), dtype=ENDS_DTYPE)
+        acc_hi = np.empty((n, realizations), dtype=ENDS_DTYPE)
         wrong = pred != y
     rows_per_chunk = max(1, _CHUNK_ELEMENTS // (realizations // 2 * k))
     starts = range(0, n, rows_per_chunk)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ..config import SIDES, TargetRecord
+from ..target_record import TargetRecord, check_side
 from .calibrate import Calibration, saturated_sigma
 from .drift import target_reference
 from .intervals import (
@@ -74,8 +74,7 @@ def side_sigma(cal: Calibration, record: TargetRecord, estimator: BootstrapInter
         model's lower bound; at-most: not even the largest sigma) and
         ``saturate`` does not apply.
     """
-    if side not in SIDES:
-        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+    check_side(side)
     if side == "point":
         return record.sigma, record.saturated
     value = _quantity_target(record)

@@ -2,8 +2,8 @@
 
 * :mod:`.commands`   the parser of every subcommand, ``main``, errors to exit statuses
 * :mod:`.arguments`  the argument types and options the subcommands share (one rule each)
-* :mod:`.calibrate`, :mod:`.check`, :mod:`.fleet`, :mod:`.attack`, :mod:`.extract`,
-  :mod:`.keygen`, :mod:`.throttle`, :mod:`.dashboard`  one subcommand each:
+* :mod:`.calibrate`, :mod:`.check`, :mod:`.fleet`, :mod:`.attack`, :mod:`.extract`, :mod:`.gateway`,
+  :mod:`.keygen`, :mod:`.throttle`, :mod:`.gateway`, :mod:`.dashboard`  one subcommand each:
   ``add_parser(subparsers)`` and ``run(args) -> int``
 
 The names below are handed on from their modules on first use.

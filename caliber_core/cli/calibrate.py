@@ -28,12 +28,11 @@ class _OrderedTarget(argparse.Action):
 
 def _add_seeding(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeding", choices=("per-input", "consistent"), default="per-input",
-                        help="per-input: noise drawn per request id (default); consistent: a keyed function "
-                        "of the logits (a balanced class cycle), calibrated for the key in --key-file")
+                        help="per-input: noise drawn per request id (default); consistent: a keyed smooth "
+                        "function of the logits, calibrated for the key in --key-file")
     parser.add_argument("--key-file", help="the serving key (hex, one line); consistent seeding only")
     parser.add_argument("--length-scale", type=float, default=None, metavar="L",
-                        help="consistent seeding: serve the version-1 smooth field instead, at this "
-                        "correlation length in units of S (4 was its default)")
+                        help="consistent noise's correlation length in units of S (default 4)")
     parser.add_argument("--noise-id", default=None, metavar="HEX",
                         help="consistent seeding: reuse this noise identity (default: a new random one)")
 
@@ -75,7 +74,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args) -> int:
     """Run ``calibrate``; returns the exit status (errors propagate to the CLI's handler)."""
-    from ..calibration.pipeline import DEFAULT_TARGETS, config_for
+    from ..calibration.pipeline import DEFAULT_TARGETS, calibrate_data, config_from_calibration
+    from ..loading import require_labels
     from ..calibration.target_intervals import interval_notes
     from ..config import config_to_json, saturation_message
 
@@ -87,11 +87,12 @@ def run(args) -> int:
     for warning in data.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     targets = getattr(args, "targets", None) or list(DEFAULT_TARGETS)
-    _, results, config = config_for(
-        data, targets, statistic=args.margin_stat, seed=args.seed,
-        realizations=args.realizations, inversion=args.inversion, saturate=args.saturate,
-        side=args.side, confidence=args.confidence, progress=progress(not args.quiet, "sweeping noise"),
-    )
+    if any(kind != "agreement" for kind, _ in targets):
+        require_labels(data, "an accuracy or retention target")  # before the sweep, not after it
+    cal = calibrate_data(data, statistic=args.margin_stat, seed=args.seed, realizations=args.realizations,
+                         progress=progress(not args.quiet, "sweeping noise"))
+    results, config = config_from_calibration(cal, data, targets, inversion=args.inversion,
+                                              saturate=args.saturate, side=args.side, confidence=args.confidence)
     if args.seeding == "consistent" or args.key_file or args.length_scale is not None or args.noise_id:
         config = _consistent(config, data, args)
     text = config_to_json(config)
@@ -196,9 +197,8 @@ def _consistent(config, data, args):
     if args.side != "point" or args.saturate or args.inversion != "curve":
         raise ValueError("--seeding consistent solves this key's exact curve: --side, --saturate and "
                          "--inversion do not apply")
-    design = "class-cycle" if args.length_scale is None else "field"
     length = DEFAULT_LENGTH_SCALE if args.length_scale is None else args.length_scale
-    return consistent_config(config, data.logits, data.labels, read_key_file(args.key_file), design=design,
+    return consistent_config(config, data.logits, data.labels, read_key_file(args.key_file), design="field",
                              length_scale=length, seed=args.seed, confidence=args.confidence,
                              noise_id=args.noise_id)
 

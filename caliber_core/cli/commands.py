@@ -1,4 +1,4 @@
-"""The command line: ``caliber {calibrate,check,fleet,attack,extract,keygen,throttle} ...``.
+"""The command line: ``caliber {calibrate,check,fleet,attack,extract,keygen,throttle,gateway,dashboard} ...``.
 
 A user error (a bad file, an impossible target) prints one line on stderr and
 exits with status 2; an unexpected failure prints one line and exits 1 (set
@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from . import attack, calibrate, check, extract, fleet, keygen, throttle
+from . import attack, calibrate, check, dashboard, extract, fleet, gateway, keygen, throttle
 
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL = 1
@@ -20,7 +20,8 @@ EXIT_INTERNAL = 1
 #: Every subcommand's module, in the order ``--help`` lists them: each has
 #: ``add_parser(subparsers)`` and ``run(args) -> int``.
 SUBCOMMANDS = {"calibrate": calibrate, "fleet": fleet, "attack": attack, "check": check,
-               "extract": extract, "keygen": keygen, "throttle": throttle}
+               "extract": extract, "keygen": keygen, "throttle": throttle, "gateway": gateway,
+               "dashboard": dashboard}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -47,14 +47,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    "(strongest thief, prior correction included; near-duplicate averaging at the lowest)")
     p.add_argument("--key-file", help="with --seeding: calibrate and answer with this key only")
     p.add_argument("--length-scale", type=float, default=None, metavar="L",
-                   help="with --seeding: simulate the version-1 smooth field at this length scale (units of "
-                   "S) instead of the served class cycle")
+                   help="with --seeding: consistent noise's length scale in units of S")
     p.add_argument("--keys", type=positive_int, default=3, help="with --seeding or --frontier: simulated keys "
                    "(default 3)")
     p.add_argument("--frontier", nargs="*", metavar="DESIGN", default=None,
                    help="the thief's frontier per noise design at the --retention levels: the flagged user's "
                    "retention against the strongest thief's (KD at T=1..32, hard labels, prior correction, "
-                   "near-duplicates averaged); designs default to per-input and the consistent field")
+                   "near-duplicates averaged, a thief who knows the class-cycle design); designs default to per-input and "
+                   "the served field")
     return p
 
 
@@ -102,13 +102,14 @@ def run(args) -> int:
 
 
 def _run_seedings(archive, args) -> int:
+    from ..serving.consistent_noise import DEFAULT_LENGTH_SCALE
     from ..serving.keys import read_key_file
     from ..extraction.seedings import compare_seedings
     from ..extraction.seedings_report import format_seedings, seedings_to_json
 
     levels = (0.95, 0.85, 0.75) if args.retention is None else tuple(args.retention)
-    length = args.length_scale  # None: the served class cycle
-    if length is not None and not length > 0:
+    length = DEFAULT_LENGTH_SCALE if args.length_scale is None else args.length_scale
+    if not length > 0:
         raise ValueError(f"--length-scale must be > 0, got {length}")
     key = read_key_file(args.key_file) if args.key_file else None
     result = compare_seedings(archive, levels=levels, keys=args.keys, seeds=args.seeds, length_scale=length,

@@ -8,7 +8,8 @@ and every design is calibrated the same way: a target in, sigma out.
 * ``per-input``: one independent normal draw per row (what per-input seeding
   serves; a near-duplicate is a new row, hence a new draw);
 * ``field``: the consistent field of :mod:`caliber_core.serving.consistent_noise`
-  at a length scale (units of S), centred on the calibration rows;
+  at a length scale (units of S), centred on the calibration rows (``field-4`` is
+  what ``--seeding consistent`` serves);
 * ``balanced``: the same field, centred and variance-equalized *per predicted
   class* on the calibration rows, so that no cluster of inputs carries a
   systematic push toward one other class (a class-frequency shift that prior
@@ -18,8 +19,8 @@ and every design is calibrated the same way: a target in, sigma out.
 * ``mixed``: a field plus a share of per-input noise (variance shares add to 1);
 * ``deep``: a field whose amplitude grows with the row's margin (1 + margin / S),
   so that errors fall inside class regions rather than on their borders;
-* ``class-cycle``: what ``--seeding consistent`` serves (noise version 2,
-  :class:`~caliber_core.serving.consistent_noise.ClassCycleNoise`): class pi(c)
+* ``class-cycle``: consistent noise version 2
+  (:class:`~caliber_core.serving.consistent_noise.ClassCycleNoise`): class pi(c)
   gains a_c (z_c - mean z)+ along a keyed K-cycle, the amplitudes balanced on
   the calibration rows so that class frequencies stay put at the target;
 * ``cycle-mix`` / ``cycle-push-bal`` / ``random-mix``: its relatives (the whole
@@ -112,7 +113,7 @@ DESIGNS = {d.name: d for d in (
 
 
 #: The design ``--seeding consistent`` serves (:mod:`caliber_core.serving.consistent_noise`).
-SERVED_DESIGN = "class-cycle"
+SERVED_DESIGN = "field-4"
 
 
 def design(name: str) -> Design:

@@ -9,8 +9,8 @@ it would be served, and the strongest thief distills from it:
 * **consistent**: one key per replicate; for that key, sigma from its own
   exact curve on the pool rows (:mod:`caliber_core.calibration.keyed_curve`),
   answers z + sigma g(z) (:mod:`caliber_core.serving.consistent_noise`): the
-  served design (the balanced class cycle, balanced at each level's target),
-  or the version-1 smooth field when a length scale is given.
+  served smooth field at a length scale, or (length scale None) the class
+  cycle of version 2, balanced at each level's target.
 
 Reported per level and seeding, with the spread over keys: sigma, the
 teacher's retention on the evaluation split (what a wrongly flagged user
@@ -35,8 +35,8 @@ import numpy as np
 from ..calibration.calibrate import calibrate_model, sigma_for_target
 from ..calibration.keyed_curve import keyed_accuracy, solve_keyed
 from ..calibration.engine import CurveEngine
-from ..serving.consistent_noise import (CYCLE_VERSION, DEFAULT_FEATURES, ClassCycleNoise, ConsistentNoise,
-                                        noise_binding)
+from ..serving.consistent_noise import (CYCLE_VERSION, DEFAULT_FEATURES, DEFAULT_LENGTH_SCALE, ClassCycleNoise,
+                                        ConsistentNoise, noise_binding)
 from .answers import Answers, answer_queries, per_input_key
 from .archive import ExtractionArchive
 from .attacker import Request, Thief
@@ -66,7 +66,7 @@ class SeedingPoint:
 @dataclass
 class SeedingComparison:
     archive: str
-    length_scale: float | None  # None: the served class cycle
+    length_scale: float | None  # None: the class cycle (version 2)
     keys: int
     clean_surrogate: float
     clean_attacker: str
@@ -102,7 +102,7 @@ def class_cycle_for(logits, key: bytes, *, target: float, noise_id: str,
 
 
 def compare_seedings(archive: ExtractionArchive, *, levels: Sequence[float] = DEFAULT_LEVELS, keys: int = 3,
-                     seeds: int = 2, length_scale: float | None = None, key: bytes | None = None,
+                     seeds: int = 2, length_scale: float | None = DEFAULT_LENGTH_SCALE, key: bytes | None = None,
                      near_duplicates: int = 16, seed: int = 0, thief: Thief | None = None,
                      progress: Callable[[float], None] | None = None) -> SeedingComparison:
     """Run both seedings at every level (see the module docstring).
@@ -115,9 +115,9 @@ def compare_seedings(archive: ExtractionArchive, *, levels: Sequence[float] = DE
         Keys (replicates) per seeding; ignored when ``key`` is given.
     seeds : int
         Training seeds per attacker and key.
-    length_scale : float, optional
-        None (default): the served class cycle; a number: the version-1 field at
-        this length scale, in units of S.
+    length_scale : float or None, default DEFAULT_LENGTH_SCALE
+        The served field's length scale, in units of S; None: the class cycle
+        (consistent noise version 2) instead.
     key : bytes, optional
         Calibrate and answer with this key only (the provider's own).
     near_duplicates : int

@@ -17,8 +17,8 @@ def _fmt(spread) -> str:
 
 def format_seedings(result: SeedingComparison, *, first: str = "consistent") -> str:
     """Per level, each seeding: sigma, teacher retention, strongest thief's retention (mean ± sd over keys)."""
-    design = ("the balanced class cycle" if result.length_scale is None
-              else f"the v1 field, length scale {result.length_scale:g} S")
+    design = ("the class cycle, version 2" if result.length_scale is None
+              else f"length scale {result.length_scale:g} S")
     lines = [f"{result.archive}: per-input against consistent seeding ({design}), "
              f"{result.keys} key(s); strongest clean-answer surrogate {result.clean_surrogate:.4f} "
              f"({result.clean_attacker})",

@@ -12,7 +12,10 @@ distills a surrogate from those answers:
 * hard labels (the noisy argmax only) at two weight decays, plain and
   prior-corrected;
 * near-duplicate averaging: M jittered copies of every pool row asked, the
-  answers averaged, then distilled with :data:`NEAR_RECIPES`.
+  answers averaged, then distilled with :data:`NEAR_RECIPES`;
+* a thief who knows the class-cycle design: it estimates the cycle from its
+  answers, subtracts the push (:mod:`.cycle_unmixing`) and distills with
+  :data:`UNMIX_RECIPES`, plain and prior-corrected.
 
 Reported apart, outside the label-free threat model: the same thieves holding
 :data:`LABELS_PER_CLASS` labelled pool rows per class, who refit their
@@ -56,6 +59,8 @@ SOFT_RECIPES = (
 )
 HARD_RECIPES = (Recipe("hard-wd1e-3", 1.0, 1e-3), Recipe("hard-wd1e-2", 1.0, 1e-2))
 NEAR_RECIPES = (Recipe("T4-wd1e-3", 4.0, 1e-3), Recipe("T16-wd1e-3", 16.0, 1e-3), Recipe("T32-wd1e-2", 32.0, 1e-2))
+UNMIX_RECIPES = (Recipe("T1-wd1e-3", 1.0, 1e-3), Recipe("T4-wd1e-2", 4.0, 1e-2), Recipe("T16-wd1e-3", 16.0, 1e-3))
+UNMIX = "unmix:"  # the design-aware thief of :mod:`.cycle_unmixing`
 DEFAULT_LEVELS = (0.95, 0.85, 0.75, 0.65, 0.55)
 NEAR_JITTER = 0.05
 LABELS_PER_CLASS = 10
@@ -205,6 +210,10 @@ def _cell(task) -> dict:
     user = keyed_accuracy(ze, ye, g(ze, [f"eval-{i}" for i in range(len(ze))]), sigma) / a0_eval
     served = z + sigma * gz
     scores = {**_scores(served, SOFT_RECIPES, seeds), **_scores(served, HARD_RECIPES, seeds, hard=True)}
+    from .cycle_unmixing import unmixed
+
+    unmix_scores = _scores(unmixed(served), UNMIX_RECIPES, seeds)
+    scores.update({_prefixed(UNMIX, k): v for k, v in unmix_scores.items()})
     if near:
         gen = np.random.Generator(np.random.SFC64(np.random.SeedSequence([key_index, 0xD0B])))
         total = np.zeros_like(z)
@@ -212,10 +221,15 @@ def _cell(task) -> dict:
             copy = z + gen.normal(0.0, NEAR_JITTER * scale, z.shape)
             total += copy + sigma * g(copy, [f"near{j}-pool-{i}" for i in range(len(z))])
         near_scores = _scores(total / near, NEAR_RECIPES, seeds)
-        # a labelled thief keeps its prefix first, so that it stays out of the label-free strongest
-        scores.update({(LABELLED + f"near{near}:" + k[len(LABELLED):]) if k.startswith(LABELLED)
-                       else f"near{near}:" + k: v for k, v in near_scores.items()})
+        scores.update({_prefixed(f"near{near}:", k): v for k, v in near_scores.items()})
     return {"task": task, "sigma_over_s": sigma / scale, "user": user, "scores": scores}
+
+
+def _prefixed(prefix: str, name: str) -> str:
+    """A thief's name under ``prefix``; a labelled thief keeps its prefix first (out of the label-free strongest)."""
+    if name.startswith(LABELLED):
+        return LABELLED + prefix + name[len(LABELLED):]
+    return prefix + name
 
 
 def _scale(z: np.ndarray) -> float:

@@ -15,7 +15,7 @@ import numpy as np
 
 from .checks import check_rows_and_classes
 from .columns import LABEL_COLUMNS, column_name, split_columns, stack_columns
-from .safety import Unvalidated, decode_text, fail, is_number, library_errors, rule
+from .safety import Unvalidated, decode_text, fail, is_number, library_errors, optional_library, rule
 
 
 def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
@@ -40,7 +40,7 @@ def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
     not_classes = sum(f in LABEL_COLUMNS for f in fields) + (fields[0] == "")  # labels, a saved index
     check_rows_and_classes(src, _data_lines(text) + headerless, n_fields - not_classes)
 
-    import pandas as pd
+    pd = optional_library("pandas", extra="tables", src=src)
 
     # exact float64 values as written; the default from pandas 3 on
     exact = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}

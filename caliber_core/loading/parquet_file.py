@@ -11,15 +11,15 @@ from __future__ import annotations
 import re
 
 from .columns import column_name, split_columns, stack_columns
-from .safety import Unvalidated, check_unpacked_size, fail, library_errors, rule
+from .safety import Unvalidated, check_unpacked_size, fail, library_errors, optional_library, rule
 
 _INDEX_COLUMN = re.compile(r"__index_level_\d+__")
 
 
 def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
     """A parquet table of logits (and optionally labels)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    pa = optional_library("pyarrow", extra="tables", src=src)
+    pq = optional_library("pyarrow.parquet", extra="tables", src=src)
 
     with library_errors(src, "not a valid parquet file"):
         pf = pq.ParquetFile(pa.BufferReader(content))

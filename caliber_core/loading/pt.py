@@ -25,6 +25,7 @@ from .safety import (
     library_errors,
     list_keys,
     open_zip,
+    optional_library,
     rule,
 )
 
@@ -45,7 +46,7 @@ def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
         src, sum(info.file_size for info in infos), max_elements, "the archive's members"
     )
 
-    import torch  # lazily: importing torch costs seconds
+    torch = optional_library("torch", extra="torch", src=src)  # lazily: importing torch costs seconds
 
     obj = _load_weights_only(content, src, torch)
     if isinstance(obj, torch.Tensor):

@@ -113,6 +113,37 @@ def describe_exception(err: BaseException) -> str:
     return one_line(text, max_chars=120)
 
 
+def optional_library(name: str, *, extra: str, src: str):
+    """Import an optional library a format needs, or fail naming the extra that installs it.
+
+    Parameters
+    ----------
+    name : str
+        The module ("pandas", "pyarrow.parquet", "torch").
+    extra : str
+        The package extra that installs it ("tables", "torch").
+    src : str
+        The file being read, for the message.
+
+    Returns
+    -------
+    module
+
+    Raises
+    ------
+    LogitsFileError
+        The library is not installed.
+    """
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        top = name.split(".")[0]
+        raise fail(src, f"reading this format needs {top}, which is not installed: "
+                   f'pip install "caliber[{extra}]"') from None
+
+
 @contextmanager
 def library_errors(src: str, what: str, *, where: str | None = None):
     """Re-raise a parsing library's error as ``"<src>: <what> (<where>: <error>)"``.

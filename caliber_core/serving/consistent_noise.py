@@ -32,10 +32,9 @@ Keyed draws (P, W, b, A) come from the project's one keyed generator
 matrix row: a different binding (the noise's identity), level or key gives
 unrelated functions.
 
-Version 2 (``caliber.consistent-noise/v2``, design ``class-cycle``, what
-``calibrate --seeding consistent`` writes now) serves a different function,
-chosen by the thief frontier (``benchmarks/bench_frontier.py``): a keyed
-class confusion along one cycle c -> pi(c) through all K classes,
+Version 2 (``caliber.consistent-noise/v2``, design ``class-cycle``, written by
+``consistent_config(..., design="class-cycle")``) serves a different function,
+a keyed class confusion along one cycle c -> pi(c) through all K classes,
 
     g(z)_{pi(c)} = a_c * max(z_c - mean_k z_k, 0) / gain      (:class:`ClassCycleNoise`)
 
@@ -45,7 +44,11 @@ ones, which a student learns as easily as the clean teacher: its errors bind
 soft-label students. The per-class amplitudes a_c are fitted on the
 calibration rows so that every class keeps its frequency (what it loses along
 the cycle it gains from its predecessor), which leaves prior correction
-nothing to correct. Configs with no version (v1) keep the smooth field above.
+nothing to correct. It binds distilling thieves better than the field, but a
+thief who knows the design estimates the cycle from its answers and subtracts
+it (:mod:`caliber_core.extraction.cycle_unmixing`), which the field resists;
+``calibrate --seeding consistent`` therefore still serves the field
+(version 1; configs with no version are version 1).
 
 Only numpy is imported; torch is used lazily when a tensor is given.
 """

@@ -6,6 +6,7 @@
 * :mod:`.sqlite_store`, :mod:`.redis_store`  the two stores
 * :mod:`.levels`        serving a level with the same work at every level
 * :mod:`.throttle`      :class:`Throttle`, the Python API
+* :mod:`.outages`       the fail-closed rule applied, and what a process owes the ledger after an outage
 * :mod:`.audit`         the appeal report
 * :mod:`.simulate`      synthetic accounts replayed through a policy
 * :mod:`.metrics`       Prometheus counters

@@ -109,7 +109,9 @@ def _unb64(text: str) -> bytes:
 
 
 def check_valid_minutes(minutes) -> float:
-    """A token validity in minutes: a number in (0, MAX_VALID_MINUTES], else ValueError naming it."""
+    """A token validity in minutes: a number in (0, MAX_VALID_MINUTES] (None: the default), else ValueError."""
+    if minutes is None:
+        return DEFAULT_VALID_MINUTES
     if (isinstance(minutes, bool) or not isinstance(minutes, numbers.Real) or not math.isfinite(minutes)
             or not 0 < minutes <= MAX_VALID_MINUTES):
         raise ValueError(f"valid_minutes must be a number in (0, {MAX_VALID_MINUTES:g}], got {minutes!r}")

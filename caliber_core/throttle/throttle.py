@@ -29,23 +29,17 @@ through :meth:`Throttle.void`) has its rows moved from ``queries`` to
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..validation import is_torch
 from .ledger import AccountState, account_fingerprint, check_reason, check_time
+from .outages import Outages, log
 from .policy import load_policy
 from .stores import StoreUnavailable, open_store
 
 LAST_KNOWN_CAPACITY = 100_000
-#: Pending outage records written back per request once the store answers again (the rest wait).
-FLUSH_PER_REQUEST = 32
-
-log = logging.getLogger("caliber_core.throttle")
 
 
 @dataclass(frozen=True)
@@ -120,8 +114,7 @@ class Throttle:
             self._levels = LevelNoise(policy, key=key)
             self._grant_key, self._policy_digest = grant_key(key), policy_digest(policy)
         self._last_known = OrderedDict()
-        self._uncounted = OrderedDict()  # fingerprint -> [first, last, {level: rows}] served during outages
-        self._in_doubt = []  # (fingerprint, token, served, segments) the store may or may not have counted
+        self._outages = Outages(policy, now=self._now)
         self._metrics = None
         if metrics:
             from .metrics import throttle_metrics
@@ -156,79 +149,23 @@ class Throttle:
     def _now(self) -> float:
         return check_time(self._clock())
 
-    @staticmethod
-    def _process() -> str:
-        """This serving process, as the ledger's outage records name it (host and pid)."""
-        return f"{socket.gethostname()}:{os.getpid()}"
-
     # ------------------------------------------------------------------ outages
     def _degraded(self, fp: str, rows: int, error: StoreUnavailable) -> tuple:
-        """Segments for a request the store could not count, by the policy's outage rule; raises when it refuses."""
-        policy = self.policy
+        """Segments for a request the store could not count (:meth:`.outages.Outages.decide`)."""
         if self._metrics:
             self._metrics.store_errors.inc()
-        if getattr(error, "in_doubt", None) is not None:
-            served = policy.on_store_error != "refuse" and (fp in self._last_known or policy.unseen_level is not None)
-            self._in_doubt.append((fp, error.in_doubt, served, None))
-        if policy.on_store_error == "refuse":
-            log.warning("ledger store unreachable (%s): request refused (on_store_error.serve is \"refuse\")", error)
-            raise error
-        level = self._last_known.get(fp)
-        source = "the level this process last saw"
-        if level is None:
-            if policy.unseen_level is None:
-                log.warning("ledger store unreachable (%s): request from an account this process has not seen "
-                            "refused (on_store_error.unseen is \"refuse\")", error)
-                raise error
-            level, source = policy.unseen_level, "on_store_error.unseen"
-        log.warning("ledger store unreachable (%s): %d row(s) served at level %d (%s), not counted",
-                    error, rows, level, source)
-        segments = ((level, rows),)
-        if self._in_doubt and self._in_doubt[-1][1] == getattr(error, "in_doubt", None):
-            self._in_doubt[-1] = self._in_doubt[-1][:3] + (segments,)
-        self._tally(fp, segments)
-        return segments
-
-    def _tally(self, fp: str, segments, *, sign: int = 1) -> None:
-        now = self._now()
-        entry = self._uncounted.get(fp)
-        if entry is None:
-            if sign < 0:
-                return
-            entry = self._uncounted[fp] = [now, now, {}]
-            if len(self._uncounted) > LAST_KNOWN_CAPACITY:
-                self._uncounted.popitem(last=False)
-                log.warning("more than %d accounts served uncounted: the oldest tally is dropped",
-                            LAST_KNOWN_CAPACITY)
-        entry[1] = max(entry[1], now)
-        for level, n in segments:
-            entry[2][level] = entry[2].get(level, 0) + sign * n
-
-    def _settle(self) -> None:
-        """Once the store answers: settle requests in doubt, then write back what was served uncounted."""
-        while self._in_doubt:
-            fp, token, served, segments = self._in_doubt[0]
-            counted = self.store.resolve(fp, token, served=served)
-            if counted and served and segments is not None:
-                self._tally(fp, segments, sign=-1)  # it was counted after all: not an uncounted row
-            self._in_doubt.pop(0)
-        for _ in range(min(FLUSH_PER_REQUEST, len(self._uncounted))):
-            fp, (first, last, queries) = next(iter(self._uncounted.items()))
-            queries = {level: n for level, n in queries.items() if n > 0}
-            if queries:
-                self.store.add_uncounted(fp, process=self._process(), first=first, last=last, queries=queries)
-            del self._uncounted[fp]
+        return self._outages.decide(fp, rows, error, self._last_known)
 
     def _after_contact(self) -> None:
-        if self._in_doubt or self._uncounted:
+        if self._outages.pending():
             try:
-                self._settle()
+                self._outages.settle(self.store)
             except StoreUnavailable:
                 pass  # still down for these writes: kept for the next request
 
     def pending_uncounted(self) -> dict:
         """Rows this process served uncounted that the ledger does not hold yet: {fingerprint: {level: rows}}."""
-        return {fp: dict(q) for fp, (_, _, q) in self._uncounted.items()}
+        return {fp: dict(q) for fp, (_, _, q) in self._outages.uncounted.items()}
 
     def void(self, response: Response) -> None:
         """The caller could not deliver ``response``: un-count it (its rows move from queries to failed).
@@ -246,11 +183,11 @@ class Throttle:
                 self.store.void(ticket["fp"], decision)
             except StoreUnavailable as exc:
                 if decision.token is not None:  # settled with the other requests in doubt
-                    self._in_doubt.append((ticket["fp"], decision.token, False, None))
+                    self._outages.in_doubt.append((ticket["fp"], decision.token, False, None))
                 else:
                     log.warning("ledger store unreachable (%s): a failed request stays counted", exc)
         else:
-            self._tally(ticket["fp"], response.segments, sign=-1)
+            self._outages.tally(ticket["fp"], response.segments, sign=-1)
 
     # ------------------------------------------------------------------ flags
     def flag(self, account, *, level: int = 1, reason: str = "") -> dict:
@@ -332,52 +269,42 @@ class Throttle:
     def grant(self, account, *, rows: int, valid_minutes: float | None = None) -> str:
         """Count ``rows`` for ``account``, escalate as :meth:`respond` does, and return a signed grant token.
 
-        For engines that add the noise themselves (vLLM's logits processor,
-        :mod:`caliber_core.serving.vllm`): the token names the level to serve
-        (0 under shadow mode), the policy's digest, an expiry and a nonce,
-        under an HMAC keyed from the seeding key (:mod:`.grants`).
-
         Parameters
         ----------
         account : str or bytes
-            The account id (stored only as a fingerprint).
         rows : int
-            Rows to count: the positions the request may generate (a gateway
-            passes ``max_tokens`` times the number of sequences).
+            The positions the request may generate.
         valid_minutes : float, optional
-            How long the engine honours the token (default
-            :data:`.grants.DEFAULT_VALID_MINUTES`).
+            How long the engine honours the token (default ``grants.DEFAULT_VALID_MINUTES``).
 
         Returns
         -------
         str
-            ``caliber-grant.v1.<payload>.<mac>``; the level is the highest any row was decided at.
+            The token (:mod:`.grants`): the level (the highest any row got; 0 under shadow mode),
+            the policy's digest, an expiry and a nonce, under an HMAC keyed from the seeding key.
 
         Raises
         ------
         ValueError
             No key, bad ``rows`` or ``valid_minutes`` (nothing is counted).
         StoreUnavailable
-            The store is unreachable and the policy's ``on_store_error`` is "refuse".
+            As for :meth:`respond`.
         """
-        from .grants import DEFAULT_VALID_MINUTES, check_valid_minutes, sign_grant
+        from .grants import check_valid_minutes, sign_grant
         from .ledger import check_rows
 
         if self._levels is None:
             raise ValueError("grant needs the seeding key: build the Throttle with key=<secret bytes>")
-        rows = check_rows(rows)
-        minutes = check_valid_minutes(DEFAULT_VALID_MINUTES if valid_minutes is None else valid_minutes)
-        fp = account_fingerprint(account)
-        policy = self.policy
-        decision = None
+        rows, minutes = check_rows(rows), check_valid_minutes(valid_minutes)
+        fp, decision = account_fingerprint(account), None
         try:
             decision = self._decide(fp, rows)
             segments = decision.segments
         except StoreUnavailable as exc:
             segments = self._degraded(fp, rows, exc)
         if self._metrics:
-            self._metrics.observe(segments, decision, shadow=policy.shadow)
-        level = 0 if policy.shadow else max(level for level, _ in segments)
+            self._metrics.observe(segments, decision, shadow=self.policy.shadow)
+        level = 0 if self.policy.shadow else max(level for level, _ in segments)
         return sign_grant(level=level, digest=self._policy_digest, rows=rows, signing_key=self._grant_key,
                           now=self._now(), valid_minutes=minutes)
 

@@ -66,7 +66,7 @@ def streamlit_server(log: Path, *, data_dir: Path, port: int | None = None, env:
     ``on_start`` receives the process (the benchmark samples its memory).
     """
     port = _free_port() if port is None else port
-    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless=true",
+    cmd = [sys.executable, "-m", "streamlit", "run", "caliber_dashboard/app.py", "--server.headless=true",
            "--server.address=127.0.0.1", f"--server.port={port}",
            "--browser.gatherUsageStats=false", "--server.fileWatcherType=none"]
     environ = {**os.environ, **(env or {}), "CALIBER_DATA_DIR": str(data_dir)}

@@ -50,14 +50,19 @@ sha = st.selectbox("Model (files that carry their inputs)", options, key="extrac
 archive = archives[sha]
 
 c1, c2, c3 = st.columns(3)
+# Defaults through Session State only: a widget given a default as well as a Session State value
+# (set by seed_widgets from the last run) makes Streamlit warn.
+st.session_state.setdefault("extraction_retention", [0.95, 0.85, 0.75])
+st.session_state.setdefault("extraction_seeds", 3)
 retention = c1.multiselect("Teacher retention targets", runs.RETENTION_CHOICES,
-                           default=[0.95, 0.85, 0.75], format_func=lambda r: f"{r:.0%}", key="extraction_retention")
-seeds = c2.number_input("Seeds", min_value=1, max_value=runs.MAX_SEEDS, value=3, key="extraction_seeds",
+                           format_func=lambda r: f"{r:.0%}", key="extraction_retention")
+seeds = c2.number_input("Seeds", min_value=1, max_value=runs.MAX_SEEDS, key="extraction_seeds",
                         help="Independent replicates (noise draws and student initializations).")
 attack = c3.selectbox("Attackers", runs.ATTACKS, key="extraction_attack",
                       help="fixed: the light and strong recipes; tuned: chooses its own regularization by "
                            "k-fold agreement with its own noisy answers; all: every recipe.")
-retune = st.checkbox("Re-tune the attacker for averaged answers (slower)", value=False,
+st.session_state.setdefault("extraction_retune", False)
+retune = st.checkbox("Re-tune the attacker for averaged answers (slower)",
                      key="extraction_retune",
                      help="Off: averaged answers are attacked with the frontier attacker's recipe. On: the "
                           "tuned attacker chooses its recipe again for every M, as the command line does.")
@@ -154,10 +159,10 @@ st.caption(
     "plain or prior-corrected."
 )
 s1, s2, s3 = st.columns(3)
-length = s1.selectbox("Consistent design", seedings.LENGTH_SCALES, index=0, key="extraction_length",
+length = s1.selectbox("Length scale ℓ (units of S)", seedings.LENGTH_SCALES, index=3, key="extraction_length",
                       format_func=seedings.design_label,
-                      help="The class cycle is what --seeding consistent serves; the field (version 1) at length "
-                      "scale ℓ: small ℓ behaves like per-input noise, large ℓ more and more like a class bias.")
+                      help="Small ℓ behaves like per-input noise; large ℓ acts more and more like a class bias. "
+                      "The class cycle (version 2) is there for comparison: a thief who knows it undoes it.")
 keys = s2.number_input("Keys", min_value=1, max_value=5, value=3, key="extraction_keys")
 seed_opts = seedings.options_key(settings.retention, int(keys), 1, length)
 if not (seedings.is_cached(archive, seed_opts) or st.session_state.get("extraction_seedings_key") == (sha, seed_opts)):

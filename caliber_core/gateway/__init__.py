@@ -1,0 +1,9 @@
+"""An OpenAI-compatible gateway in front of ``vllm serve``: it decides each account's level and signs it.
+
+* :mod:`.request_rules`what the gateway accepts: the account, the body, the rows it counts, what it refuses
+* :mod:`.app`       the FastAPI app proxying ``/v1/completions`` and ``/v1/chat/completions`` (streaming too)
+* ``caliber gateway --upstream URL --policy P --key-file K --store URI`` (:mod:`caliber_core.cli.gateway`)
+
+FastAPI, httpx and uvicorn are imported by :mod:`.app` and the command only
+(the ``gateway`` extra).
+"""

@@ -1,0 +1,223 @@
+"""The gateway over real HTTP on 127.0.0.1, in front of a recording upstream (vLLM itself: test_gateway_vllm.py)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from throttle_support import KEY, free_port, write_policy
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from fastapi import FastAPI, Request  # noqa: E402
+from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
+from gateway_support import serve  # noqa: E402
+
+from caliber_core.cli import main  # noqa: E402
+from caliber_core.gateway.app import create_app  # noqa: E402
+from caliber_core.throttle import Throttle, load_policy  # noqa: E402
+from caliber_core.throttle.grants import grant_key, policy_digest, verify_grant  # noqa: E402
+
+
+def recording_upstream(seen: list) -> FastAPI:
+    """Answers as vLLM would in shape: JSON, SSE when streaming, its own 400 for prompt 'bad'."""
+    app = FastAPI()
+
+    async def answer(request: Request):
+        body = await request.json()
+        seen.append({"path": request.url.path, "body": body, "auth": request.headers.get("authorization")})
+        if body.get("prompt") == "bad":
+            return JSONResponse(status_code=400, content={"error": {"message": "upstream says no"}})
+        if body.get("stream"):
+            async def events():
+                for i in range(3):
+                    yield f"data: {json.dumps({'i': i})}\n\n".encode()
+                yield b"data: [DONE]\n\n"
+            return StreamingResponse(events(), media_type="text/event-stream")
+        return {"ok": True}
+
+    app.post("/v1/completions")(answer)
+    app.post("/v1/chat/completions")(answer)
+    return app
+
+
+@pytest.fixture
+def gateway(tmp_path):
+    policy = load_policy(write_policy(tmp_path, levels=(0, 1, 2), escalate_after=10**6))
+    throttle = Throttle(policy, key=KEY, store=f"sqlite:///{tmp_path / 'ledger.db'}", metrics=False)
+    throttle.flag("acct-flagged", level=2)
+    seen = []
+    with serve(recording_upstream(seen)) as upstream:
+        with serve(create_app(throttle, key=KEY, upstream=upstream, max_body_bytes=4096)) as base:
+            yield SimpleNamespace(base=base, seen=seen, throttle=throttle, policy=policy, upstream=upstream,
+                                  tmp_path=tmp_path)
+
+
+def post(g, path, body, account="acct-clean", **options):
+    headers = {} if account is None else {"Authorization": f"Bearer {account}"}
+    return httpx.post(g.base + path, json=body, headers=headers, timeout=30, **options)
+
+
+def level_of(g, body):
+    return verify_grant(body["vllm_xargs"]["caliber"], signing_key=grant_key(KEY), digest=policy_digest(g.policy),
+                        top=g.policy.top).level
+
+
+def test_the_gateway_adds_the_grant_and_drops_what_the_client_set(gateway):
+    g = gateway
+    r = post(g, "/v1/completions", {"prompt": "w4 w5", "max_tokens": 7, "logprobs": 3,
+                                    "vllm_xargs": {"caliber": "caliber-grant.v1.forged.x", "other": 1},
+                                    "kv_transfer_params": {"x": 1}})
+    assert r.status_code == 200 and r.json() == {"ok": True}
+    forwarded = g.seen[-1]
+    assert forwarded["path"] == "/v1/completions" and forwarded["auth"] is None  # the client's credential stays here
+    assert set(forwarded["body"]["vllm_xargs"]) == {"caliber"} and "kv_transfer_params" not in forwarded["body"]
+    assert level_of(g, forwarded["body"]) == 0
+    assert forwarded["body"]["max_tokens"] == 7 and forwarded["body"]["logprobs"] == 3
+
+
+def test_a_flagged_account_is_granted_its_level_and_counted_per_position(gateway):
+    g = gateway
+    r = post(g, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w4"}], "max_completion_tokens": 5,
+                                         "n": 3, "logprobs": True, "top_logprobs": 2}, account="acct-flagged")
+    assert r.status_code == 200
+    assert level_of(g, g.seen[-1]["body"]) == 2
+    assert g.throttle.state("acct-flagged").queries == {2: 15}  # 5 tokens x 3 sequences
+    post(g, "/v1/completions", {"prompt": "w4", "max_tokens": 2, "n": 2, "best_of": 4}, account="acct-flagged")
+    assert g.throttle.state("acct-flagged").queries == {2: 15 + 8}
+
+
+def test_a_request_without_max_tokens_gets_the_stated_default(gateway):
+    g = gateway
+    post(g, "/v1/completions", {"prompt": "w4"})
+    assert g.seen[-1]["body"]["max_tokens"] == 256
+    post(g, "/v1/chat/completions", {"messages": [{"role": "user", "content": "w4"}]})
+    assert g.seen[-1]["body"]["max_completion_tokens"] == 256
+    assert g.throttle.state("acct-clean").queries == {0: 512}
+
+
+def test_prompt_logprobs_are_refused_to_flagged_accounts_in_every_shape(gateway):
+    g = gateway
+    chat = {"messages": [{"role": "user", "content": "w4"}], "max_tokens": 2}
+    shapes = [("/v1/completions", {"prompt": "w4", "max_tokens": 2, "prompt_logprobs": 1}, "prompt_logprobs"),
+              ("/v1/completions", {"prompt": "w4", "max_tokens": 0, "echo": True, "logprobs": 0}, "echo with logprobs"),
+              ("/v1/chat/completions", dict(chat, prompt_logprobs=0), "prompt_logprobs"),
+              ("/v1/chat/completions", dict(chat, echo=True), "echo"),
+              ("/v1/chat/completions", dict(chat, echo=True, logprobs=True, top_logprobs=3), "echo")]
+    before = len(g.seen)
+    for path, body, fields in shapes:
+        r = post(g, path, body, account="acct-flagged")
+        assert r.status_code == 400, (path, body)
+        assert r.json()["error"]["message"] == (f"{fields} is not served to this account: prompt logprobs are "
+                                                "computed apart from the served noise")
+    assert len(g.seen) == before  # nothing reached the model
+    for path, body, _ in shapes:  # an unflagged account is served them (clean is what it gets anyway)
+        assert post(g, path, body).status_code == 200
+    assert post(g, "/v1/completions", {"prompt": "w4", "max_tokens": 2, "echo": True},
+                account="acct-flagged").status_code == 200  # echo without logprobs returns no numbers
+
+
+def test_refusing_prompt_logprobs_to_all_accounts(tmp_path):
+    policy = load_policy(write_policy(tmp_path))
+    throttle = Throttle(policy, key=KEY, store=f"sqlite:///{tmp_path / 'l.db'}", metrics=False)
+    with serve(recording_upstream([])) as upstream, \
+            serve(create_app(throttle, key=KEY, upstream=upstream, refuse_prompt_logprobs="all")) as base:
+        r = httpx.post(base + "/v1/completions", json={"prompt": "w4", "max_tokens": 1, "prompt_logprobs": 1},
+                       headers={"Authorization": "Bearer anyone"}, timeout=30)
+        assert r.status_code == 400 and "prompt_logprobs is not served" in r.json()["error"]["message"]
+    with pytest.raises(ValueError, match=r"refuse_prompt_logprobs must be one of \('flagged', 'all'\), got 'some'"):
+        create_app(throttle, key=KEY, upstream=upstream, refuse_prompt_logprobs="some")
+
+
+def test_streaming_is_relayed_as_it_comes(gateway):
+    g = gateway
+    with httpx.stream("POST", g.base + "/v1/completions", json={"prompt": "w4", "max_tokens": 2, "stream": True},
+                      headers={"Authorization": "Bearer acct-flagged"}, timeout=30) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        text = "".join(r.iter_text())
+    assert text == "".join(f"data: {json.dumps({'i': i})}\n\n" for i in range(3)) + "data: [DONE]\n\n"
+    assert level_of(g, g.seen[-1]["body"]) == 2
+
+
+@pytest.mark.parametrize("authorization, message", [
+    (None, "missing Authorization header: send 'Authorization: Bearer <account key>'"),
+    ("Basic abc", "Authorization must be 'Bearer <account key>'"),
+    ("Bearer\t-", "Authorization must be 'Bearer <account key>'"),
+    ("Bearer a b", "the bearer credential must be one word of at most 512 printable characters"),
+    ("Bearer " + "x" * 513, "the bearer credential must be one word of at most 512 printable characters"),
+])
+def test_requests_without_an_account_are_refused(gateway, authorization, message):
+    headers = {} if authorization is None else {"Authorization": authorization}
+    r = httpx.post(gateway.base + "/v1/completions", json={"prompt": "w4"}, headers=headers, timeout=30)
+    assert r.status_code == 401 and r.json()["error"]["message"] == message
+
+
+@pytest.mark.parametrize("content, status, message", [
+    (b"x" * 5000, 413, "request body is larger than 4096 bytes"),
+    (b"{not json", 400, "request body is not valid JSON"),
+    (b"[1, 2]", 400, "request body must be a JSON object, got list"),
+    (b'{"prompt": "w4", "max_tokens": NaN}', 400, "request body is not valid JSON (NaN is not a number"),
+    (b'{"prompt": "w4", "max_tokens": -1}', 400, "max_tokens must be an integer in [0, 1048576], got -1"),
+    (b'{"prompt": "w4", "max_tokens": "9"}', 400, "max_tokens must be an integer in [0, 1048576], got '9'"),
+    (b'{"prompt": "w4", "n": 0}', 400, "n must be an integer in [1, 1024], got 0"),
+    (b'{"prompt": "w4", "best_of": true}', 400, "best_of must be an integer in [1, 1024], got True"),
+])
+def test_bad_bodies_are_refused_before_anything_is_counted(gateway, content, status, message):
+    g = gateway
+    r = httpx.post(g.base + "/v1/completions", content=content, timeout=30,
+                   headers={"Authorization": "Bearer acct-bad", "Content-Type": "application/json"})
+    assert r.status_code == status and r.json()["error"]["message"].startswith(message)
+    assert g.throttle.state("acct-bad").queries == {}
+
+
+def test_a_body_streamed_without_length_is_bounded_too(gateway):
+    def chunks():
+        for _ in range(10):
+            yield b" " * 1000
+
+    r = httpx.post(gateway.base + "/v1/completions", content=chunks(), timeout=30,
+                   headers={"Authorization": "Bearer acct-bad", "Content-Type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_upstream_answers_and_failures(gateway, tmp_path):
+    g = gateway
+    r = post(g, "/v1/completions", {"prompt": "bad", "max_tokens": 1})
+    assert r.status_code == 400 and r.json() == {"error": {"message": "upstream says no"}}
+    assert httpx.post(g.base + "/v1/embeddings", json={}, timeout=30).status_code == 404
+    throttle = Throttle(g.policy, key=KEY, store=f"sqlite:///{tmp_path / 'other.db'}", metrics=False)
+    with serve(create_app(throttle, key=KEY, upstream=f"http://127.0.0.1:{free_port()}")) as base:
+        r = httpx.post(base + "/v1/completions", json={"prompt": "w4"}, headers={"Authorization": "Bearer a"},
+                       timeout=30)
+        assert r.status_code == 502 and r.json()["error"]["message"] == "the model server is unreachable (ConnectError)"
+
+
+def test_an_unreachable_store_fails_closed(tmp_path):
+    from caliber_core.throttle.stores import open_store
+
+    policy = load_policy(write_policy(tmp_path, on_store_error="refuse"))
+    throttle = Throttle(policy, key=KEY, store=f"sqlite:///{tmp_path / 'l.db'}", metrics=False)
+    throttle.store = open_store(f"redis://127.0.0.1:{free_port()}/0")  # the store goes away after the start
+    seen = []
+    with serve(recording_upstream(seen)) as upstream, serve(create_app(throttle, key=KEY, upstream=upstream)) as base:
+        r = httpx.post(base + "/v1/completions", json={"prompt": "w4"}, headers={"Authorization": "Bearer a"},
+                       timeout=30)
+    assert r.status_code == 503 and "try again later" in r.json()["error"]["message"]
+    assert seen == []
+
+
+def test_the_command_line_refuses_bad_settings(tmp_path, capsys):
+    policy = write_policy(tmp_path)
+    (tmp_path / "k").write_text(KEY.hex() + "\n")
+    (tmp_path / "k").chmod(0o600)
+    common = ["--policy", str(policy), "--store", f"sqlite:///{tmp_path / 'l.db'}"]
+    assert main(["gateway", "--upstream", "ftp://x", "--key-file", str(tmp_path / "k"), *common]) == 2
+    assert "--upstream must be an http:// or https:// URL, got 'ftp://x'" in capsys.readouterr().err
+    assert main(["gateway", "--upstream", "http://127.0.0.1:1", "--key-file", str(tmp_path / "none"), *common]) == 2
+    assert "none: cannot read the key (No such file or directory)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["gateway", "--help"])
+    assert "--refuse-prompt-logprobs" in capsys.readouterr().out
