@@ -82,7 +82,11 @@ def with_surrogate(cal: Calibration, results: Sequence[TargetRecord], data: Logi
 
 def _bounds(interval: dict | None, quantity: str) -> str:
     b = None if interval is None else interval.get(quantity)
-    return "—" if b is None else f"{100 * b[0]:.1f}–{100 * b[1]:.1f}%"
+    if b is None:
+        return "—"
+    # Ends rounded outward to 0.1 point, so a value inside the interval reads inside it too.
+    low, high = math.floor(1000 * b[0] + 1e-6) / 10, math.ceil(1000 * b[1] - 1e-6) / 10
+    return f"{low:.1f}–{high:.1f}%"
 
 
 def _delivered(record: TargetRecord, quantity: str) -> float | None:

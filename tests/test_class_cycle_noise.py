@@ -11,8 +11,9 @@ import pytest
 from caliber_core.calibration import pipeline
 from caliber_core.calibration.keyed_config import consistent_config
 from caliber_core.loading import load_logits
-from caliber_core.serving.consistent_noise import (CYCLE_VERSION, ClassCycleNoise, ConsistentLevels, CycleFit,
-                                                   keyed_cycle, level_noise)
+from caliber_core.serving.consistent_noise import (CYCLE_VERSION, Centring, ClassCycleNoise, ConsistentLevels,
+                                                   ConsistentNoise, CycleFit, keyed_cycle, level_noise,
+                                                   noise_binding)
 from caliber_core.serving.runtime import Perturber
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,18 +108,27 @@ def test_calibrate_writes_a_version_2_record_and_the_perturber_serves_its_nested
         Perturber.from_config(cfg, target=0, seeding="consistent", key=OTHER)
 
 
-def test_the_default_is_the_field_and_a_config_written_before_versions_serves_the_same_noise():
+def test_the_default_is_the_version_3_field_and_a_config_written_before_versions_serves_its_own_noise():
     cfg = _config(design="field")
-    assert cfg["noise"]["version"] == "caliber.consistent-noise/v1" and cfg["noise"]["length_scale"] == 4.0
+    assert cfg["noise"]["version"] == "caliber.consistent-noise/v3" and cfg["noise"]["length_scale"] == 4.0
     z, y = _demo()
     p = Perturber.from_config(cfg, target=1, seeding="consistent", key=KEY)
     a0 = float(np.mean(z.argmax(1) == y))
     assert float(np.mean(p.perturb(z).argmax(1) == y)) / a0 == pytest.approx(cfg["targets"][1]["retention"],
                                                                            abs=1e-12)
+    # A config as calibrate wrote it before noise versions: the version-1 labels and binding.
     old = json.loads(json.dumps(cfg))
-    del old["noise"]["version"], old["noise"]["design"]  # as calibrate wrote it before noise versions
-    np.testing.assert_array_equal(Perturber.from_config(old, target=1, seeding="consistent", key=KEY).perturb(z),
-                                  p.perturb(z))
+    del old["noise"]["version"], old["noise"]["design"]
+    record = old["noise"]
+    binding = noise_binding(record)
+    first = ConsistentNoise(KEY, binding=binding, n_classes=10, scale=record["scale"], level=1,
+                            centring=Centring.from_dict(record["levels"][0]["centring"], features=128))
+    second = ConsistentNoise(KEY, binding=binding, n_classes=10, scale=record["scale"], level=2,
+                             centring=Centring.from_dict(record["levels"][1]["centring"], features=128))
+    s1, s2 = (lv["sigma"] for lv in record["levels"])
+    served_old = Perturber.from_config(old, target=1, seeding="consistent", key=KEY).perturb(z)
+    np.testing.assert_allclose(served_old, z + s1 * first(z) + np.sqrt(s2 ** 2 - s1 ** 2) * second(z), atol=1e-9)
+    assert not np.allclose(served_old, p.perturb(z))  # v3 labels draw another function
 
 
 def test_an_unknown_noise_version_or_a_damaged_fit_is_refused_in_one_line():

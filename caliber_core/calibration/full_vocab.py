@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -70,18 +71,18 @@ def reduce_file(path, *, m: int = TOP_GAPS, max_elements: int = DEFAULT_MAX_ELEM
     digest = hashlib.sha256()
     with open(source.path, "rb") as fh:
         digest.update(fh.read(source.offset))
-    for start, block in source.blocks():
-        if source.dtype == "float32":  # the bytes as read; other dtypes are hashed from the file
-            digest.update(block.view(np.uint8))
-        try:
-            g, c = reduce_block(block, m=m)
-        except ValueError:
-            row = start + int(np.argmax(~np.isfinite(block.max(axis=1))))  # the block is untouched then
-            raise fail(src, f"row {row} holds NaN or +inf (every logit must be finite or -inf)") from None
-        top_gaps[start : start + g.shape[0]] = g
-        counts[start : start + g.shape[0]] = c
-        if progress is not None:
-            progress((start + g.shape[0]) / source.n_rows)
+    # Three threads share the work: this one reads, one hashes the bytes as read (hashlib lets go of
+    # the interpreter lock), one reduces; a buffer is reused only once both are done with it.
+    hashing = source.dtype == "float32"  # other dtypes are converted in place: hashed from the file
+    in_flight: list = []
+    with ThreadPoolExecutor(max_workers=1) as hasher, ThreadPoolExecutor(max_workers=1) as reducer:
+        for start, block in source.blocks(buffers=_BUFFERS):
+            if len(in_flight) == _BUFFERS - 1:
+                _finish(in_flight.pop(0), top_gaps, counts, src, progress, source.n_rows)
+            digest_job = hasher.submit(digest.update, block.view(np.uint8)) if hashing else None
+            in_flight.append((start, block, digest_job, reducer.submit(_reduce_after, digest_job, block, m)))
+        while in_flight:
+            _finish(in_flight.pop(0), top_gaps, counts, src, progress, source.n_rows)
     if source.dtype == "float32":
         with open(source.path, "rb") as fh:  # whatever follows the matrix (other tensors)
             fh.seek(source.offset + source.n_rows * source.n_classes * source.itemsize)
@@ -89,6 +90,32 @@ def reduce_file(path, *, m: int = TOP_GAPS, max_elements: int = DEFAULT_MAX_ELEM
                 digest.update(chunk)
     sha = digest.hexdigest() if source.dtype == "float32" else _file_sha256(source.path)
     return ReducedRows(top_gaps, counts, source.n_classes), source, sha
+
+
+_BUFFERS = 3
+
+
+def _reduce_after(digest_job, block: np.ndarray, m: int):
+    """Reduce a block once its bytes are hashed (the reduction overwrites them)."""
+    if digest_job is not None:
+        digest_job.result()
+    try:
+        return reduce_block(block, m=m)
+    except ValueError:
+        return None  # a NaN or +inf row: the block is untouched, _finish names the row
+
+
+def _finish(job, top_gaps, counts, src, progress, n_rows) -> None:
+    start, block, _, reduce_job = job
+    result = reduce_job.result()
+    if result is None:
+        row = start + int(np.argmax(~np.isfinite(block.max(axis=1))))
+        raise fail(src, f"row {row} holds NaN or +inf (every logit must be finite or -inf)")
+    g, c = result
+    top_gaps[start : start + g.shape[0]] = g
+    counts[start : start + g.shape[0]] = c
+    if progress is not None:
+        progress((start + g.shape[0]) / n_rows)
 
 
 def _file_sha256(path: str) -> str:
@@ -116,9 +143,27 @@ def mean_bounds(reduced: ReducedRows, sigma: float) -> tuple[float, float]:
     return float(lo.mean()), float(hi.mean())
 
 
+def _side_value(lo: float, hi: float, side: str) -> float:
+    return 0.5 * (lo + hi) if side == "point" else (lo, hi)[_BOUND[side]]
+
+
+def guess_sigma(grid, lower, upper, target: float, *, side: str = "point") -> float | None:
+    """sigma where a curve measured on a grid crosses ``target`` (log-linear), or None outside it."""
+    values = np.array([_side_value(a, b, side) for a, b in zip(lower, upper)])
+    below = np.flatnonzero(values < target)
+    if below.size == 0 or below[0] == 0:
+        return None
+    j = int(below[0])
+    x0, x1, y0, y1 = np.log(grid[j - 1]), np.log(grid[j]), values[j - 1], values[j]
+    return float(np.exp(x0 + (y0 - target) / (y0 - y1) * (x1 - x0)))
+
+
 def sigma_for_agreement(reduced: ReducedRows, target: float, *, side: str = "point",
-                        rel_tol: float = 1e-6) -> float:
+                        rel_tol: float = 1e-6, guess: float | None = None) -> float:
     """sigma at which the side's bound of the mean agreement equals ``target`` (Brent's method).
+
+    ``guess`` (from :func:`guess_sigma` on evenly spaced rows) starts a 3% bracket,
+    so the full rows are evaluated a few times only.
 
     Raises
     ------
@@ -134,14 +179,17 @@ def sigma_for_agreement(reduced: ReducedRows, target: float, *, side: str = "poi
         raise ValueError(f"agreement target {target:g} is above {ceiling:.4g}, the agreement as sigma -> 0 "
                          "(ties at the top of some rows)")
 
-    def gap(s: float) -> float:
-        lo, hi = mean_bounds(reduced, s)
-        return (0.5 * (lo + hi) if side == "point" else (lo, hi)[_BOUND[side]]) - target
+    memo: dict[float, float] = {}
 
-    if reduced.n_rows > 2 * SUBSET_ROWS:
-        # A bracket from evenly spaced rows first, so that the full rows are evaluated a few times only.
+    def gap(s: float) -> float:
+        if s not in memo:  # brentq evaluates the bracket's ends again
+            memo[s] = _side_value(*mean_bounds(reduced, s), side) - target
+        return memo[s]
+
+    if guess is None and reduced.n_rows > 2 * SUBSET_ROWS:
         guess = sigma_for_agreement(subset(reduced), target, side=side, rel_tol=1e-3)
-        a, b = guess / 1.05, guess * 1.05
+    if guess is not None:
+        a, b = guess / 1.03, guess * 1.03
     else:
         positive = reduced.top_gaps[:, 0][reduced.top_gaps[:, 0] > 0]
         a = b = float(np.median(positive))
@@ -186,9 +234,14 @@ def config_for_full_vocab(
                          f"got {wrong[0]}")
     margins_ = reduced.top_gaps[:, 0]
     scale = margins.scale_from_margins(margins_, statistic="median")
+    # The display curve on evenly spaced rows first: it also places each target's first bracket.
+    shown = subset(reduced)
+    grid = np.geomspace(scale / 20.0, scale * 20.0, 16)
+    bounds = np.array([mean_bounds(shown, s) for s in grid])
     records = []
     for _, value in targets:
-        sigma = sigma_for_agreement(reduced, value, side=side)
+        sigma = sigma_for_agreement(reduced, value, side=side,
+                                    guess=guess_sigma(grid, bounds[:, 0], bounds[:, 1], value, side=side))
         lo, hi = mean_bounds(reduced, sigma)
         interval = {"level": 0.999999, "method": "bounds from the reduced rows' bin edges "
                     f"(top {reduced.top_gaps.shape[1]} gaps exact)", "accuracy": None, "retention": None,
@@ -197,9 +250,6 @@ def config_for_full_vocab(
             kind="agreement", requested=float(value), accuracy=None, retention=None, agreement=float(value),
             v=float(margins.normalized_noise(sigma, scale)), sigma=sigma, sigma_logistic=None,
             method=METHOD, side=side, interval=interval))
-    grid = np.geomspace(scale / 20.0, 2.0 * max([r.sigma for r in records] or [scale]), 12)
-    shown = subset(reduced)  # display only: the fitted logistic and the curve's band
-    bounds = np.array([mean_bounds(shown, s) for s in grid])
     v = np.asarray(margins.normalized_noise(grid, scale))
     chance = 1.0 / reduced.n_classes
     fit = fit_logistic(v, (bounds.mean(axis=1) - chance) / (1.0 - chance))

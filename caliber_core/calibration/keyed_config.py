@@ -4,9 +4,9 @@ The usual per-input config (scale S, A0, fit, key-averaged targets) is built
 first, then each target's sigma is replaced by the sigma at which *this key's*
 function reaches it on the calibration rows (:mod:`.keyed_curve`), levels in
 ascending sigma, each calibrated on top of the ones below. The config gains a
-``noise`` record: the seeding, the noise version and design (v1, the default:
-the smooth field, with its length scale and feature count; v2: the balanced
-class cycle), a random ``noise_id`` minted here, the key's fingerprint (never the
+``noise`` record: the seeding, the noise version and design (v3, the default:
+the smooth field with length-prefixed key labels, with its length scale and
+feature count; v2: the balanced class cycle), a random ``noise_id`` minted here, the key's fingerprint (never the
 key), and per level its sigma and what was fitted on the rows (v2: the class
 amplitudes and gain; v1: the centring). Targets name their ``level``.
 """
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..serving.consistent_noise import (CYCLE_VERSION, DEFAULT_FEATURES, DEFAULT_LENGTH_SCALE, DESIGNS,
-                                        FIELD_VERSION, VERSION_FIELD, ClassCycleNoise, ConsistentNoise,
+                                        FIELD_V3, VERSION_FIELD, ClassCycleNoise, ConsistentNoise,
                                         key_fingerprint, noise_binding)
 from .keyed_curve import DEFAULT_BOOTSTRAP, solve_keyed
 
@@ -50,7 +50,7 @@ def consistent_config(config: dict, logits, labels, key: bytes, *, design: str =
     logits, labels : the calibration rows (labels may be None for agreement targets only).
     key : bytes
     design : {"field", "class-cycle"}
-        ``field`` (noise version 1, the default and what ``calibrate --seeding consistent``
+        ``field`` (noise version 3, the default and what ``calibrate --seeding consistent``
         serves): the smooth random field; ``class-cycle`` (version 2): the balanced keyed
         class cycle, each level balanced at its own target. The thief frontier
         (``benchmarks/bench_frontier.py``) keeps the field: a thief who knows the class-cycle
@@ -87,7 +87,7 @@ def consistent_config(config: dict, logits, labels, key: bytes, *, design: str =
               "data_sha256": config.get("sha256"), "scale": float(config["scale"]),
               "key_fingerprint": key_fingerprint(key)}
     if design == "field":
-        record.update({VERSION_FIELD: FIELD_VERSION, "design": design, "length_scale": float(length_scale),
+        record.update({VERSION_FIELD: FIELD_V3, "design": design, "length_scale": float(length_scale),
                        "features": int(features)})
     else:
         record.update({VERSION_FIELD: CYCLE_VERSION, "design": design})
@@ -104,7 +104,8 @@ def consistent_config(config: dict, logits, labels, key: bytes, *, design: str =
     def noise_at(level, i, base):
         if design == "field":
             return ConsistentNoise(key, binding=binding, n_classes=z.shape[1], scale=record["scale"],
-                                   length_scale=length_scale, level=level, features=features).centred_on(z)
+                                   length_scale=length_scale, level=level, features=features,
+                                   version=FIELD_V3).centred_on(z)
         return ClassCycleNoise(key, binding=binding, n_classes=z.shape[1], level=level).balanced_on(
             z, share=share(i), base=base)
 

@@ -62,20 +62,23 @@ class RowSource:
     def itemsize(self) -> int:
         return np.dtype(_NUMPY_DTYPES[self.dtype]).itemsize
 
-    def blocks(self, *, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
+    def blocks(self, *, block_bytes: int = BLOCK_BYTES, buffers: int = 1) -> Iterator[tuple[int, np.ndarray]]:
         """(first row, float32 block of shape (rows, n_classes)) over the whole matrix.
 
-        The float32 block is a buffer reused from one block to the next: use
-        (or overwrite) it before asking for the next one.
+        The blocks rotate through ``buffers`` reused buffers: a block stays
+        valid until ``buffers`` more have been read (use or overwrite it before).
         """
         row_bytes = self.n_classes * self.itemsize
         per_block = max(1, block_bytes // row_bytes)
-        raw = np.empty(per_block * self.n_classes, dtype=_NUMPY_DTYPES[self.dtype])
-        out = raw if self.dtype == "float32" else np.empty(per_block * self.n_classes, dtype=np.float32)
         src = display_name(self.path)
+        pool = []
+        for _ in range(buffers):
+            raw = np.empty(per_block * self.n_classes, dtype=_NUMPY_DTYPES[self.dtype])
+            pool.append((raw, raw if self.dtype == "float32" else np.empty(raw.size, dtype=np.float32)))
         with open(self.path, "rb", buffering=0) as fh:
             fh.seek(self.offset)
-            for start in range(0, self.n_rows, per_block):
+            for number, start in enumerate(range(0, self.n_rows, per_block)):
+                raw, out = pool[number % buffers]
                 rows = min(per_block, self.n_rows - start)
                 want = rows * row_bytes
                 view = memoryview(raw.view(np.uint8))[:want]

@@ -47,8 +47,10 @@ the cycle it gains from its predecessor), which leaves prior correction
 nothing to correct. It binds distilling thieves better than the field, but a
 thief who knows the design estimates the cycle from its answers and subtracts
 it (:mod:`caliber_core.extraction.cycle_unmixing`), which the field resists;
-``calibrate --seeding consistent`` therefore still serves the field
-(version 1; configs with no version are version 1).
+``calibrate --seeding consistent`` therefore still serves the field: version
+3, the same field with every key label length-prefixed and versioned
+(:func:`keyed_normals`); configs with no version are version 1 and keep its
+labels, so they serve the noise they were calibrated for.
 
 Only numpy is imported; torch is used lazily when a tensor is given.
 """
@@ -72,10 +74,11 @@ PROJECTION_DIM = 32
 DEFAULT_LENGTH_SCALE = 4.0
 _DOMAIN = b"caliber.consistent-noise/v1\x00"
 VERSION_FIELD = "version"
-FIELD_VERSION = "caliber.consistent-noise/v1"  # the smooth field (records without a version)
+FIELD_VERSION = "caliber.consistent-noise/v1"  # the smooth field, first key labels (records without a version)
 CYCLE_VERSION = "caliber.consistent-noise/v2"  # the balanced class cycle
-VERSIONS = (FIELD_VERSION, CYCLE_VERSION)
-DESIGNS = {FIELD_VERSION: "field", CYCLE_VERSION: "class-cycle"}
+FIELD_V3 = "caliber.consistent-noise/v3"  # the smooth field, length-prefixed key labels: what calibrate writes
+VERSIONS = (FIELD_VERSION, CYCLE_VERSION, FIELD_V3)
+DESIGNS = {FIELD_VERSION: "field", CYCLE_VERSION: "class-cycle", FIELD_V3: "field"}
 
 
 def keyed_normals(key: bytes, binding: bytes, level: int, name: str, shape: tuple[int, ...], *,
@@ -151,11 +154,17 @@ class ConsistentNoise:
     centring : Centring, optional
         Measured on calibration rows; without it g is the raw random function
         (unit variance only on average over keys).
+    version : str, default FIELD_VERSION
+        The key labels of the draws: version 1's (configs written before noise
+        versions) or version 3's, length-prefixed (what ``calibrate`` writes now).
     """
 
     def __init__(self, key: bytes, *, binding: bytes, n_classes: int, scale: float,
                  length_scale: float = DEFAULT_LENGTH_SCALE, level: int = 1, features: int = DEFAULT_FEATURES,
-                 centring: Centring | None = None):
+                 centring: Centring | None = None, version: str = FIELD_VERSION):
+        if version not in (FIELD_VERSION, FIELD_V3):
+            raise ValueError(f"a field is consistent noise version {FIELD_VERSION} or {FIELD_V3}, got {version!r}")
+        self.version = version
         for name, value in (("n_classes", n_classes), ("features", features), ("level", level)):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -171,19 +180,20 @@ class ConsistentNoise:
         self._key = check_key(key)
         k, f = self.n_classes, self.features
         d = PROJECTION_DIM if k > PROJECTION_DIM else k
-        freq = keyed_normals(self._key, self.binding, level, "frequencies", (d, f))
+        freq = keyed_normals(self._key, self.binding, level, "frequencies", (d, f), version=version)
         if d < k:
             # Logits -> d dims -> frequencies, folded into one (K, F) matrix only when that is cheaper.
-            self._projection = keyed_normals(self._key, self.binding, level, "projection", (k, d)) / math.sqrt(d)
+            projection = keyed_normals(self._key, self.binding, level, "projection", (k, d), version=version)
+            self._projection = projection / math.sqrt(d)
         else:
             self._projection = None
         # Row centring and the 1/(l S) unit are folded into the first matrix (u = z C / (l S)).
         first = self._projection if self._projection is not None else freq
         first = (first - first.mean(axis=0, keepdims=True)) / (self.length_scale * self.scale)
         self._first, self._freq = first, (freq if self._projection is not None else None)
-        unit = keyed_normals(self._key, self.binding, level, "phases", (f,))
+        unit = keyed_normals(self._key, self.binding, level, "phases", (f,), version=version)
         self._phase = 2.0 * math.pi * _normal_cdf(unit)
-        self._mix = keyed_normals(self._key, self.binding, level, "mixing", (f, k))
+        self._mix = keyed_normals(self._key, self.binding, level, "mixing", (f, k), version=version)
         self._torch_cache: dict = {}
 
     def __repr__(self) -> str:
@@ -474,6 +484,8 @@ def noise_version(record) -> str:
 
 _BINDING_FIELDS = {
     FIELD_VERSION: ("noise_id", "data_sha256", "seeding", "length_scale", "features", "scale", "key_fingerprint"),
+    FIELD_V3: (VERSION_FIELD, "design", "noise_id", "data_sha256", "seeding", "length_scale", "features", "scale",
+               "key_fingerprint"),
     CYCLE_VERSION: (VERSION_FIELD, "design", "noise_id", "data_sha256", "seeding", "scale", "key_fingerprint"),
 }
 
@@ -514,7 +526,8 @@ def level_functions(record, key: bytes, n_classes: int) -> tuple[list, list[floa
             features = int(record["features"])
             noises.append(ConsistentNoise(key, binding=binding, n_classes=n_classes, scale=float(record["scale"]),
                                           length_scale=float(record["length_scale"]), level=j, features=features,
-                                          centring=Centring.from_dict(level["centring"], features=features)))
+                                          centring=Centring.from_dict(level["centring"], features=features),
+                                          version=version))
         sigmas.append(float(level["sigma"]))
     if any(b <= a for a, b in zip(sigmas, sigmas[1:])):
         raise ValueError(f"consistent levels must have ascending sigmas, got {sigmas}")

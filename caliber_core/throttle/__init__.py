@@ -21,7 +21,7 @@ from ..lazy_names import lazy_names
 _NAMES = {
     "Policy": "policy", "PolicyError": "policy", "build_policy": "policy", "load_policy": "policy",
     "Response": "throttle", "Throttle": "throttle",
-    "StoreURLError": "store_errors", "StoreUnavailable": "store_errors", "open_store": "stores",
+    "StoreURLError": "ledger_store", "StoreUnavailable": "ledger_store", "LedgerStore": "ledger_store", "open_store": "stores",
     "account_fingerprint": "ledger",
 }
 __all__ = sorted(_NAMES)

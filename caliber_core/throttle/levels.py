@@ -24,6 +24,7 @@ serves it unchanged: there is no second implementation here.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,6 +32,39 @@ from ..serving import keyed_noise
 from ..serving.rows import check_request
 from ..serving.runtime import Perturber, level_increments
 from ..validation import check_key, is_torch
+
+
+@dataclass(frozen=True)
+class CheckedRequest:
+    """A request that passed every check a Perturber makes, before anything is counted."""
+
+    logits: object
+    encoded: list | None  # the canonical row ids (None: consistent seeding without ids)
+    n_rows: int
+    n_classes: int
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """What every level needs before the decision is known.
+
+    Attributes
+    ----------
+    logits : ndarray or torch.Tensor
+        The request's logits as received (type, dtype, device and shape are served back).
+    rows : ndarray or torch.Tensor
+        Their (n_rows, n_classes) view.
+    torch_in : bool
+        Whether the logits are a torch tensor.
+    draws : list
+        Per ladder draw: the row seeds (per-input seeding) or the unit draws
+        themselves (consistent seeding).
+    """
+
+    logits: object
+    rows: object
+    torch_in: bool
+    draws: list
 
 
 class LevelNoise:
@@ -59,25 +93,22 @@ class LevelNoise:
         self._draws_at = (0,) + tuple(sum(1 for position, _ in self._drawn if position <= p)
                                       for p in self.positions[1:])
 
-    def serve(self, logits, ids, segments, *, shadow: bool):
-        """``logits`` with each segment's rows at its level; ``segments`` is ((level, rows), ...) in row order.
+    def check(self, logits, ids) -> CheckedRequest:
+        """Validate a request as ``Perturber.perturb`` does.
 
-        Returns the input's type, dtype, device and shape; with ``shadow`` (or
-        only level-0 rows) an equal copy. Raises ValueError/TypeError as
-        ``Perturber.perturb`` does, before any draw.
+        Raises
+        ------
+        ValueError, TypeError
+            As ``Perturber.perturb`` does, before any draw.
         """
-        return self.assemble(self.prepare(logits, ids), segments, shadow=shadow)
-
-    def check(self, logits, ids):
-        """Validate a request as ``Perturber.perturb`` does; returns what :meth:`prepare` needs."""
         n_rows, n_classes, _, encoded, _ = check_request(
             logits, ids, n_classes=self.n_classes, seeding=self.seeding, noise_bound=self.noise_bound,
             source="the policy's top sigma")
-        return (logits, encoded, n_rows, n_classes)
+        return CheckedRequest(logits, encoded, n_rows, n_classes)
 
-    def prepare(self, logits, ids, checked=None):
-        """What every level needs before the decision: the rows and each ladder level's row seeds."""
-        logits, encoded, n_rows, n_classes = checked or self.check(logits, ids)
+    def prepare(self, checked: CheckedRequest) -> PreparedRequest:
+        """What every level needs before the decision: the rows and each ladder level's row seeds (or draws)."""
+        logits, encoded, n_rows, n_classes = checked.logits, checked.encoded, checked.n_rows, checked.n_classes
         torch_in = is_torch(logits)
         values = logits.detach() if torch_in else np.asarray(logits)
         rows = values.reshape(n_rows, n_classes)
@@ -86,20 +117,20 @@ class LevelNoise:
             digests = None if encoded is None else keyed_noise.row_digests(encoded)
             draws = [self._top.unit_draw(position, digests, rows, n_classes, device=device)
                      for position, _ in self._drawn]
-            return logits, rows, torch_in, draws
+            return PreparedRequest(logits, rows, torch_in, draws)
         digests = keyed_noise.row_digests(encoded)
         seeds = [keyed_noise.row_seeds(self._key, self._top.binding, position, digests, n_classes)
                  for position, _ in self._drawn]
-        return logits, rows, torch_in, seeds
+        return PreparedRequest(logits, rows, torch_in, seeds)
 
-    def assemble(self, prepared, segments, *, shadow: bool):
+    def assemble(self, prepared: PreparedRequest, segments, *, shadow: bool):
         """The served logits for the decided ``segments``; the same draws whatever was decided.
 
         Rows at level j are ``add_keyed_noise`` over the first k_j ladder draws,
         what the level's own Perturber computes; the remaining draws up to the
         top are made too, on the same rows, and discarded.
         """
-        logits, rows, torch_in, seeds = prepared
+        logits, rows, torch_in, seeds = prepared.logits, prepared.rows, prepared.torch_in, prepared.draws
         if self.seeding != "per-input":
             return self._assemble_draws(logits, rows, torch_in, seeds, segments, shadow)
         if torch_in:

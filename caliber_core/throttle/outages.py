@@ -16,7 +16,7 @@ import os
 import socket
 from collections import OrderedDict
 
-from .store_errors import StoreUnavailable
+from .ledger_store import StoreUnavailable
 
 #: Accounts whose outage tally a process keeps (the oldest is dropped, with a warning, beyond it).
 TALLY_CAPACITY = 100_000

@@ -41,7 +41,7 @@ import secrets
 import time
 
 from .ledger import AccountState, Decision, Event
-from .store_errors import StoreUnavailable
+from .ledger_store import StoreUnavailable
 
 PREFIX = "caliber:throttle:"
 #: Waits before each retry of a request whose reply was lost (same token, so never counted twice).

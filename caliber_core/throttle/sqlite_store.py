@@ -33,7 +33,7 @@ import sqlite3
 import threading
 
 from .ledger import AccountState, Event, advance, expired
-from .store_errors import StoreUnavailable
+from .ledger_store import StoreUnavailable
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS accounts (
@@ -124,15 +124,30 @@ class SqliteStore:
         return st.st_dev, st.st_ino
 
     def _shm_size(self) -> int | None:
+        st = self._shm_stat()
+        return None if st is None else st.st_size
+
+    def _shm_stat(self):
         try:
-            return os.stat(self.path + "-shm").st_size
+            return os.stat(self.path + "-shm")
         except FileNotFoundError:
             return None
 
-    def _check_shm(self) -> None:
-        shm = self.path + "-shm"
-        if os.path.exists(shm) and not os.access(shm, os.R_OK | os.W_OK):
+    def _check_shm(self, st=None) -> None:
+        """StoreUnavailable when the -shm file exists and this process may not write it.
+
+        ``access`` is asked again only when the file's inode, mode, owner or
+        change time moved (chmod, chown and chattr all change the change time).
+        """
+        st = self._shm_stat() if st is None else st
+        if st is None:
+            return
+        stamp = (st.st_ino, st.st_mode, st.st_uid, st.st_gid, st.st_ctime_ns)
+        if stamp == getattr(self._local, "shm_ok", None):
+            return
+        if not os.access(self.path + "-shm", os.R_OK | os.W_OK):
             raise StoreUnavailable(f"sqlite store {self.path}: its -shm file is not writable")
+        self._local.shm_ok = stamp
 
     def _same_file(self, local) -> bool:
         """True when the open connection may be used: same file at the path, -shm intact and writable."""
@@ -143,10 +158,10 @@ class SqliteStore:
             raise StoreUnavailable(f"sqlite store {self.path}: the ledger file was deleted") from None
         except OSError as exc:
             raise StoreUnavailable(f"sqlite store {self.path}: {exc.strerror}") from None
-        shm = self._shm_size()
-        if shm is None:  # deleted: our mapping is of the unlinked file; reopen to share the new one
+        st = self._shm_stat()
+        if st is None:  # deleted: our mapping is of the unlinked file; reopen to share the new one
             return False
-        if shm < min(local.shm, _SHM_REGION):
+        if st.st_size < min(local.shm, _SHM_REGION):
             # Truncated under our mapping: grow it back (zeros; SQLite rebuilds the index from the
             # WAL) before anything touches the mapped pages, then reopen.
             try:
@@ -157,8 +172,8 @@ class SqliteStore:
                 raise StoreUnavailable(f"sqlite store {self.path}: its -shm file was truncated ({exc.strerror})") \
                     from None
             return False
-        self._check_shm()
-        local.shm = max(local.shm, shm)
+        self._check_shm(st)
+        local.shm = max(local.shm, st.st_size)
         return same
 
     def _drop(self, local) -> None:
@@ -308,14 +323,6 @@ class SqliteStore:
 
         return self._write(account, full=False, change=change)
 
-    def begin_record(self, account: str, *, token: str | None = None, **request):
-        """``record`` now; returns ``finish() -> Decision`` (the same call shape as the Redis store's).
-
-        A transaction commits or does not: no request is ever in doubt here, so ``token`` is not needed.
-        """
-        decision = self.record(account, **request)
-        return lambda: decision
-
     def void(self, account: str, decision) -> None:
         """A counted request whose answer was not produced: its rows move from ``queries`` to ``failed``."""
 
@@ -330,7 +337,7 @@ class SqliteStore:
         self._write(account, full=False, change=change)
 
     def resolve(self, account: str, token: str, *, served: bool) -> bool:
-        """No SQLite request is ever in doubt (see :meth:`begin_record`); present for the common interface."""
+        """False: a SQLite transaction commits or does not, so no request is ever left in doubt."""
         return False
 
     def add_uncounted(self, account: str, *, process: str, first: float, last: float, queries: dict) -> None:

@@ -1,15 +1,15 @@
-"""Choosing a ledger store by URL (the errors it and every store raise: :mod:`.store_errors`)."""
+"""Choosing a ledger store by URL (the errors it and every store raise: :mod:`.ledger_store`)."""
 
 from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from .store_errors import StoreUnavailable, StoreURLError
+from .ledger_store import LedgerStore, StoreUnavailable, StoreURLError
 
 __all__ = ["StoreURLError", "StoreUnavailable", "open_store"]
 
 
-def open_store(url: str):
+def open_store(url: str) -> LedgerStore:
     """``sqlite:///PATH`` (relative) or ``sqlite:////abs/path`` -> SqliteStore; ``redis://HOST:PORT/DB`` -> RedisStore.
 
     Redis URLs are read as redis-py's ``Redis.from_url`` reads them:

@@ -37,7 +37,8 @@ from ..validation import is_torch
 from .ledger import AccountState, account_fingerprint, check_reason, check_time
 from .outages import Outages, log
 from .policy import load_policy
-from .stores import StoreUnavailable, open_store
+from .ledger_store import LedgerStore, PipelinedLedgerStore, StoreUnavailable
+from .stores import open_store
 
 LAST_KNOWN_CAPACITY = 100_000
 
@@ -103,7 +104,9 @@ class Throttle:
 
     def __init__(self, policy, *, key=None, store, clock=time.time, metrics: bool = True, registry=None):
         self.policy = policy
-        self.store = open_store(store) if isinstance(store, str) else store
+        self.store: LedgerStore = open_store(store) if isinstance(store, str) else store
+        if not isinstance(self.store, LedgerStore):
+            raise TypeError(f"store must be a store URL or a LedgerStore, got {type(store).__name__}")
         self._clock = clock
         self._levels = None
         if key is not None:
@@ -337,11 +340,16 @@ class Throttle:
         policy = self.policy
         finish = error = None
         try:
-            finish = self.store.begin_record(fp, rows=rows, now=self._now(), escalate_after=policy.escalate_after,
-                                             top=policy.top, expire_after=policy.expire_after, shadow=policy.shadow)
+            request = dict(rows=rows, now=self._now(), escalate_after=policy.escalate_after, top=policy.top,
+                           expire_after=policy.expire_after, shadow=policy.shadow)
+            if isinstance(self.store, PipelinedLedgerStore):  # the round trip overlaps the draws below
+                finish = self.store.begin_record(fp, **request)
+            else:
+                counted = self.store.record(fp, **request)
+                finish = lambda: counted  # noqa: E731
         except StoreUnavailable as exc:
             error = exc
-        prepared = self._levels.prepare(logits, ids, checked)  # while the store works, if it can
+        prepared = self._levels.prepare(checked)  # while the store works, if it can
         decision = None
         if finish is not None:
             try:
