@@ -22,7 +22,7 @@ def _rows(table, seeding, estimator):
 
 def test_per_input_is_the_single_keyed_answer_at_every_m():
     z, y = _problem()
-    key = b"k" * 32
+    key = bytes(range(7, 39))
     table = estimate_averaging_attack(z, y, sigma=0.7, repeats=1, key=key, m_values=(1, 4, 16))
     served = Perturber(0.7, key=key).perturb(z, [str(i) for i in range(len(z))])
     want = np.mean(np.argmax(served, axis=1) == y)

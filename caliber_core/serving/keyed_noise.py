@@ -111,7 +111,13 @@ MAX_ABS_NORMAL = float(np.polynomial.polynomial.polyval(0.0, _TABLE[:, 0]))
 
 
 def encode_ids(ids) -> list[bytes]:
-    """Ids as bytes: str is UTF-8 encoded, so ``"a"`` and ``b"a"`` are one id."""
+    """Ids as bytes: str is UTF-8 encoded, so ``"a"`` and ``b"a"`` are one id (the one encoding of row ids).
+
+    Raises
+    ------
+    TypeError
+        An id that is neither str nor bytes (the message names its position).
+    """
     out = []
     for position, one_id in enumerate(ids):
         if type(one_id) is bytes:  # already encoded (the serving path passes these): no copy

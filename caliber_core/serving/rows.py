@@ -11,12 +11,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..validation import is_torch
+from .keyed_noise import encode_ids
 
 
 def encode_row_ids(ids, n_rows: int, *, single_row: bool) -> list[bytes]:
-    """One id per row as bytes (str is UTF-8 encoded); ``single_row`` means the logits were 1-D (K,)."""
+    """One id per row as bytes (:func:`.keyed_noise.encode_ids`); ``single_row`` means the logits were 1-D (K,)."""
     if single_row and isinstance(ids, (str, bytes, bytearray, memoryview)):
-        return [_encode_id(ids, 0)]
+        return encode_ids([ids])
     if isinstance(ids, (str, bytes, bytearray, memoryview)):
         # A bare string for a batch would otherwise be split into characters.
         raise TypeError(
@@ -33,18 +34,7 @@ def encode_row_ids(ids, n_rows: int, *, single_row: bool) -> list[bytes]:
         ids = list(ids)
     if len(ids) != n_rows:
         raise ValueError(f"need one id per row: got {len(ids)} ids for {n_rows} rows")
-    return [_encode_id(one_id, i) for i, one_id in enumerate(ids)]
-
-
-def _encode_id(one_id, position: int) -> bytes:
-    # str and bytes share one id space: "abc" and b"abc" give the same noise.
-    if isinstance(one_id, str):
-        return one_id.encode("utf-8")
-    if isinstance(one_id, (bytes, bytearray, memoryview)):
-        return bytes(one_id)
-    raise TypeError(
-        f"ids must be str or bytes, got {type(one_id).__name__} {one_id!r} at position {position}"
-    )
+    return encode_ids(ids)
 
 
 def row_shape(logits) -> tuple[int, int, bool]:

@@ -93,6 +93,19 @@ class LevelNoise:
         self._draws_at = (0,) + tuple(sum(1 for position, _ in self._drawn if position <= p)
                                       for p in self.positions[1:])
 
+    def serve(self, logits, ids, segments, *, shadow: bool):
+        """``logits`` with each segment's rows at its level; ``segments`` is ((level, rows), ...) in row order.
+
+        Returns the input's type, dtype, device and shape; with ``shadow`` (or
+        only level-0 rows) an equal copy.
+
+        Raises
+        ------
+        ValueError, TypeError
+            As ``Perturber.perturb`` does, before any draw.
+        """
+        return self.assemble(self.prepare(self.check(logits, ids)), segments, shadow=shadow)
+
     def check(self, logits, ids) -> CheckedRequest:
         """Validate a request as ``Perturber.perturb`` does.
 
