@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numpy.lib import format as npy_format
 
+from caliber_core.loading import safety
 from caliber_core.loading import (
     DEFAULT_MAX_ELEMENTS,
     LABELS_EXTENSIONS,
@@ -326,7 +327,7 @@ def test_describe_and_require_labels(tmp_path):
 
 
 def test_public_constants():
-    assert DEFAULT_MAX_ELEMENTS == 200_000_000
+    assert safety.MIN_DEFAULT_ELEMENTS <= DEFAULT_MAX_ELEMENTS <= safety.MAX_DEFAULT_ELEMENTS == 200_000_000
     assert set(SUPPORTED_EXTENSIONS) == {".npz", ".npy", ".pt", ".pth", ".safetensors", ".csv", ".parquet",
                                          ".jsonl", ".json"}
     assert set(LABELS_EXTENSIONS) == {".npy", ".npz", ".csv", ".txt"}
@@ -604,7 +605,8 @@ def test_absurd_npy_header_refused_instantly(tmp_path):
     path.write_bytes(_npy_header((10**7, 10**7)) + b"\0" * 64)
     start = time.perf_counter()
     refuse(path, r"huge\.npy: logits shape \(10000000, 10000000\) has 100,000,000,000,000 elements, "
-           r"more than max_elements=200,000,000")
+           rf"more than max_elements={DEFAULT_MAX_ELEMENTS:,} \(about 4,000,000.0 GB to process; "
+           r"--max-elements raises the limit\)")
     assert time.perf_counter() - start < 2.0  # generous sanity bound; nothing was allocated
 
 
@@ -637,7 +639,8 @@ def test_compressed_npz_over_element_limit(tmp_path):
     assert path.stat().st_size < 100_000
     # the declared uncompressed size already exceeds the budget: refused before inflating
     refuse(path, r"bomb\.npz: the logits, labels and name arrays unpack to 16,000,128 bytes, more than the "
-           r"2,648,576 allowed for max_elements=100,000 \(refusing a possible zip bomb\)", max_elements=100_000)
+           r"2,648,576 allowed for max_elements=100,000 \(refusing a possible zip bomb; --max-elements raises the "
+           r"limit\)", max_elements=100_000)
     # within the byte budget, the member's npy header is read (a few bytes) and refused
     refuse(path, r"bomb\.npz: logits shape \(2000, 1000\) has 2,000,000 elements, more than max_elements=1,500,000",
            max_elements=1_500_000)
@@ -906,3 +909,61 @@ def test_a_short_wide_csv_is_refused_before_parsing(tmp_path):
     assert load_logits(tmp_path / "fine.npy").n_classes == 150  # as many classes as rows: accepted
     np.save(tmp_path / "tall.npy", rng.normal(size=(200, 3000)))
     assert load_logits(tmp_path / "tall.npy").n_classes == 3000  # 200 rows are enough for any K
+
+
+# ------------------------------------------------------ the default limit, sized to the machine
+
+
+def test_the_default_limit_is_half_the_available_memory_at_40_bytes_per_element():
+    assert safety.BYTES_PER_ELEMENT == 40 and safety.MEMORY_SHARE == 0.5
+    assert safety.default_max_elements(available=8 * 10**9) == 100_000_000  # 4 GB / 40 B
+    assert safety.default_max_elements(available=10**12) == 200_000_000  # capped
+    assert safety.default_max_elements(available=10**6) == 1_000_000  # floored
+    available = safety.available_memory()
+    assert available is None or available > 0
+
+
+def _claims_bytes(content: bytes, member: str, claimed: int) -> bytes:
+    """The zip ``content`` with ``member``'s uncompressed size rewritten to ``claimed`` (headers only)."""
+    import struct
+
+    out = bytearray(content)
+    name = member.encode()
+    for sig, size_at, name_len_at, name_at in ((b"PK\x03\x04", 22, 26, 30), (b"PK\x01\x02", 24, 28, 46)):
+        pos = out.find(sig)
+        while pos >= 0:
+            (length,) = struct.unpack_from("<H", out, pos + name_len_at)
+            if out[pos + name_at:pos + name_at + length] == name:
+                struct.pack_into("<I", out, pos + size_at, claimed)
+            pos = out.find(sig, pos + 4)
+    return bytes(out)
+
+
+def test_a_small_file_claiming_a_large_size_is_refused_from_its_headers_without_allocating(tmp_path):
+    import tracemalloc
+
+    # 1. the npy header inside a 1 kB npz declares 4,000,000,000 float64 elements (32 GB)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("logits.npy", _npy_header((2_000_000, 2_000)) + b"\0" * 256)
+    small = tmp_path / "claims-shape.npz"
+    small.write_bytes(buf.getvalue())
+    assert small.stat().st_size < 2_000
+    # 2. the zip's own headers claim the member inflates to 4 GB
+    sized = tmp_path / "claims-size.npz"
+    sized.write_bytes(_claims_bytes(buf.getvalue(), "logits.npy", 4_000_000_000))
+    with zipfile.ZipFile(sized) as zf:
+        assert zf.getinfo("logits.npy").file_size == 4_000_000_000
+    tracemalloc.start()
+    try:
+        refuse(small, r"claims-shape\.npz: logits shape \(2000000, 2000\) has 4,000,000,000 elements, more than "
+               r"max_elements=10,000,000 \(about 160\.0 GB to process; --max-elements raises the limit\)",
+               max_elements=10_000_000)
+        refuse(sized, r"claims-size\.npz: the logits, labels and name arrays unpack to 4,000,000,000 bytes, more "
+               r"than the 161,048,576 allowed for max_elements=10,000,000 \(refusing a possible zip bomb; "
+               r"--max-elements raises the limit\)", max_elements=10_000_000)
+        refuse(small, r"claims-shape\.npz: logits shape \(2000000, 2000\) has 4,000,000,000 elements")  # the default
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 5_000_000  # nothing of the claimed size was ever allocated

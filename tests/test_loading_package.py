@@ -121,7 +121,7 @@ def test_safetensors_count_checked_before_viewing_or_widening(monkeypatch):
     z, _ = _logits()
     content = safetensors.numpy.save({"logits": z})
     _forbid(monkeypatch, np, "frombuffer")
-    with pytest.raises(LogitsFileError, match=r"^st\.safetensors: logits shape \(300, 5\) has 1,500 elements, more than max_elements=1,000$"):
+    with pytest.raises(LogitsFileError, match=r"^st\.safetensors: logits shape \(300, 5\) has 1,500 elements, more than max_elements=1,000 \(about 60\.0 kB"):
         load_logits_bytes(content, "st.safetensors", max_elements=1_000)
     # a shape the buffer cannot hold is refused by the header rules, before any view
     header = json.dumps({"logits": {"dtype": "BF16", "shape": list(HUGE), "data_offsets": [0, 2 * 10**14]}}).encode()
@@ -149,7 +149,7 @@ def test_csv_estimate_checked_before_pandas_parses(monkeypatch):
     z, y = _logits()
     content = pd.DataFrame(z).assign(label=y).to_csv(index=False).encode()
     _forbid(monkeypatch, pd, "read_csv")
-    with pytest.raises(LogitsFileError, match=r"^big\.csv: about 30\d rows × 6 columns, more than max_elements=1,000$"):
+    with pytest.raises(LogitsFileError, match=r"^big\.csv: about 30\d rows × 6 columns, more than max_elements=1,000 \(--max-elements raises the limit\)$"):
         load_logits_bytes(content, "big.csv", max_elements=1_000)
 
 
@@ -160,7 +160,7 @@ def test_parquet_footer_checked_before_pyarrow_reads_columns(monkeypatch):
     buf = io.BytesIO()
     pd.DataFrame(z, columns=list("abcde")).assign(label=y).to_parquet(buf)
     _forbid(monkeypatch, pq.ParquetFile, "read")
-    with pytest.raises(LogitsFileError, match=r"^big\.parquet: 300 rows × 6 columns, more than max_elements=1,000$"):
+    with pytest.raises(LogitsFileError, match=r"^big\.parquet: 300 rows × 6 columns, more than max_elements=1,000 \(--max-elements raises the limit\)$"):
         load_logits_bytes(buf.getvalue(), "big.parquet", max_elements=1_000)
 
 

@@ -112,9 +112,12 @@ def test_one_frontier_point_on_the_demo_file():
     (point,) = frontier.points
     assert abs(point.teacher.mean - 0.75) < 0.08  # solved on the pool, measured on the held-out split
     assert 0.5 < point.thief.mean < 1.05 and point.attacker in point.attackers
-    assert max(point.attackers.values()) == pytest.approx(point.thief.mean)
-    assert any(a.startswith("hard-") for a in point.attackers) and any(a.startswith("near16:") or
-                                                                       a.startswith("near") for a in point.attackers)
+    label_free = {a: v for a, v in point.attackers.items() if not a.startswith("labels:")}
+    assert max(label_free.values()) == pytest.approx(point.thief.mean)
+    assert point.labelled.mean == pytest.approx(max(point.attackers.values()))
+    assert point.labelled.mean >= point.thief.mean
+    for family in ("hard-", "near2:", "unmix:"):
+        assert any(a.startswith(family) for a in label_free), family
     assert 0.85 < frontier.clean_accuracy <= 1.0
     text = "\n".join(frontier_table(frontier) + frontier_summary([frontier]))
     assert "| field-4 | 0.75 |" in text

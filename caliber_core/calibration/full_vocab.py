@@ -250,6 +250,9 @@ def config_for_full_vocab(
             kind="agreement", requested=float(value), accuracy=None, retention=None, agreement=float(value),
             v=float(margins.normalized_noise(sigma, scale)), sigma=sigma, sigma_logistic=None,
             method=METHOD, side=side, interval=interval))
+    if records and max(r.sigma for r in records) > grid[-1]:  # the config's sweep must cover every sigma
+        grid = np.geomspace(scale / 20.0, 2.0 * max(r.sigma for r in records), grid.size)
+        bounds = np.array([mean_bounds(shown, s) for s in grid])
     v = np.asarray(margins.normalized_noise(grid, scale))
     chance = 1.0 / reduced.n_classes
     fit = fit_logistic(v, (bounds.mean(axis=1) - chance) / (1.0 - chance))

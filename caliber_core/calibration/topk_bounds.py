@@ -205,7 +205,9 @@ def _tail_floor(rows: TopKRows, sl: slice, sigma: float, y_star: float, nodes: n
     y_q = np.maximum(y_star, y_k)
     # Chord through the origin and (q, f(q)): slope f(q)/q, q = exp(l_top - sigma (y_q - u)).
     log_q = top - sigma * (y_q - nodes[None, :])
-    with np.errstate(divide="ignore"):  # log Phi == 0 far in the tail: a zero chord
+    # log Phi == 0 far in the tail gives a zero chord; a chord that overflows belongs to a q
+    # below r / m, where np.where below takes the even split instead.
+    with np.errstate(divide="ignore", over="ignore"):
         chord = -r * np.exp(np.log(-log_ndtr(y_q)) - log_q)
     # Beyond q the envelope is f itself at the even split r / m (convex there).
     with np.errstate(divide="ignore"):
@@ -274,7 +276,7 @@ def bound_value(rows: TopKRows, sigma: float, *, side: str) -> float:
 
 
 def sigma_for_agreement_bound(rows: TopKRows, target: float, *, side: str = "at-least",
-                              rel_tol: float = 1e-6) -> float:
+                              rel_tol: float = 1e-6, guess: float | None = None) -> float:
     """The sigma at which the side's bound of the mean agreement equals ``target``.
 
     Parameters
@@ -282,13 +284,15 @@ def sigma_for_agreement_bound(rows: TopKRows, target: float, *, side: str = "at-
     rows : TopKRows
     target : float in (0, 1)
     side : {"at-least", "at-most", "point"}, default "at-least"
-        at-least inverts the lower bound and returns the end of the final
-        bracket where the lower bound is still >= target, so the true agreement
-        at the returned sigma is at least the target; at-most inverts the upper
-        bound and returns the end where it is <= target; point inverts the
-        midpoint of the two bounds.
+        at-least inverts the lower bound and returns a sigma at which the lower
+        bound is checked to be >= target, so the true agreement there is at
+        least the target; at-most inverts the upper bound and returns a sigma
+        where it is checked to be <= target; point inverts the midpoint of the
+        two bounds.
     rel_tol : float, default 1e-6
-        Relative width of the final bracket.
+        Relative tolerance of Brent's method on sigma.
+    guess : float, optional
+        A sigma near the answer (from a curve on a grid): the first bracket is 5% around it.
 
     Returns
     -------
@@ -305,40 +309,45 @@ def sigma_for_agreement_bound(rows: TopKRows, target: float, *, side: str = "at-
     if not 0.0 < target < 1.0:
         raise ValueError(f"agreement target must be in (0, 1), got {target!r}")
 
+    memo: dict[float, float] = {}
+
     def value(s: float) -> float:
-        return bound_value(rows, s, side=side)
+        if s not in memo:  # Brent's method revisits its bracket's ends
+            memo[s] = bound_value(rows, s, side=side)
+        return memo[s]
 
     # As sigma -> 0 every bound tends to the share of rows with a unique top (a tie keeps 1/2).
     ceiling = float(np.mean(np.where(rows.gaps[:, 0] > 0, 1.0, 0.5)))
     if target >= ceiling:
         raise ValueError(f"agreement target {target:g} is above the {SIDE_BOUND[side]} bound at every "
                          f"sigma (ties at the top of some rows cap agreement at {ceiling:.4g})")
-    positive = rows.gaps[np.isfinite(rows.gaps) & (rows.gaps > 0)]
-    a = b = float(np.median(positive))
+    if guess is not None:
+        a, b = guess / 1.05, guess * 1.05
+    else:
+        positive = rows.gaps[np.isfinite(rows.gaps) & (rows.gaps > 0)]
+        a = b = float(np.median(positive))
     for _ in range(60):  # bracket: value(a) >= target > value(b)
         if value(a) >= target:
             break
-        a /= 4.0
+        b, a = a, a / 4.0
     else:
         raise ValueError(f"agreement target {target:g} is above the {SIDE_BOUND[side]} bound at every "
                          f"sigma down to {a:.3g}")
-    b = a
     for _ in range(60):
-        b *= 4.0
-        if value(b) < target:
+        if b > a and value(b) < target:
             break
+        a, b = max(a, b), max(a, b) * 4.0
     else:
         raise ValueError(f"agreement target {target:g} is below the {SIDE_BOUND[side]} bound at every "
                          f"sigma up to {b:.3g}")
-    while b / a - 1.0 > rel_tol:
-        mid = float(np.sqrt(a * b))
-        if value(mid) >= target:
-            a = mid
-        else:
-            b = mid
+    from scipy.optimize import brentq
+
+    root = float(brentq(lambda s: value(s) - target, a, b, xtol=1e-12, rtol=rel_tol))
+    # Keep the side's promise at the sigma returned (Brent stops within rel_tol of the crossing).
     if side == "at-least":
-        return a
-    if side == "at-most":
-        # value(b) < target; the upper bound is continuous, so b keeps the agreement at most the target.
-        return b
-    return float(np.sqrt(a * b))
+        while value(root) < target:
+            root *= 1.0 - rel_tol
+    elif side == "at-most":
+        while value(root) > target:
+            root *= 1.0 + rel_tol
+    return root

@@ -17,16 +17,12 @@ from .. import __version__
 from ..config import SCHEMA, SIDES, TargetRecord
 from . import margins
 from .fit import fit_logistic
+from .full_vocab import guess_sigma
 from .topk_bounds import SIDE_BOUND, TopKRows, mean_agreement_bounds, sigma_for_agreement_bound
 
 METHOD = "topk-certified-agreement"
 #: Points of the sigma grid the config's logistic (display only) is fitted to.
 GRID_POINTS = 16
-
-
-def curve_grid(scale: float, sigma_max: float) -> np.ndarray:
-    """A sigma grid from S/20 up to ``sigma_max`` (geometric) for the display fit and the dashboard band."""
-    return np.geomspace(scale / 20.0, max(sigma_max, scale), GRID_POINTS)
 
 
 def config_for_logs(
@@ -70,16 +66,20 @@ def config_for_logs(
                          "(accuracy and retention need labelled data, e.g. lm-eval samples)")
     m = rows.top_two_gaps()
     scale = margins.scale_from_margins(m[np.isfinite(m)], statistic="median")
+    # The curve on a grid first (the config's band): it also places each target's first bracket.
+    grid = np.geomspace(scale / 20.0, scale * 20.0, GRID_POINTS)
+    lo, hi = mean_agreement_bounds(rows, grid)
     records = []
     for i, (kind, value) in enumerate(targets):
-        sigma = sigma_for_agreement_bound(rows, value, side=side)
-        lo, hi = mean_agreement_bounds(rows, sigma)
+        sigma = sigma_for_agreement_bound(rows, value, side=side,
+                                          guess=guess_sigma(grid, lo, hi, value, side=side))
+        at_lo, at_hi = mean_agreement_bounds(rows, sigma)
         interval = {
             "level": 0.999999,  # a certified bound, not a sampling interval; the schema wants (0, 1)
             "method": f"certified bounds over every unseen tail (k={rows.shown}, V={rows.vocab_size}); "
                       f"{SIDE_BOUND[side]} bound inverted",
             "accuracy": None, "retention": None,
-            "agreement": [float(lo[0]), float(hi[0])],
+            "agreement": [float(at_lo[0]), float(at_hi[0])],
         }
         records.append(TargetRecord(
             kind="agreement", requested=float(value), accuracy=None, retention=None,
@@ -88,9 +88,9 @@ def config_for_logs(
         ))
         if progress is not None:
             progress((i + 1) / len(targets))
-    sigmas = [r.sigma for r in records] or [scale]
-    grid = curve_grid(scale, 2.0 * max(sigmas))
-    lo, hi = mean_agreement_bounds(rows, grid)
+    if records and max(r.sigma for r in records) > grid[-1]:  # the config's sweep must cover every sigma
+        grid = np.geomspace(scale / 20.0, 2.0 * max(r.sigma for r in records), GRID_POINTS)
+        lo, hi = mean_agreement_bounds(rows, grid)
     v = np.asarray(margins.normalized_noise(grid, scale))
     chance = 1.0 / rows.vocab_size
     fit = fit_logistic(v, (0.5 * (lo + hi) - chance) / (1.0 - chance))

@@ -15,7 +15,7 @@ import numpy as np
 
 from .checks import check_rows_and_classes
 from .columns import LABEL_COLUMNS, column_name, split_columns, stack_columns
-from .safety import Unvalidated, decode_text, fail, is_number, library_errors, optional_library, rule
+from .safety import RAISE_LIMIT, Unvalidated, decode_text, fail, is_number, library_errors, optional_library, rule
 
 
 def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
@@ -30,7 +30,7 @@ def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
         raise fail(
             src,
             f"about {n_lines:,} rows × {n_fields:,} columns, more than "
-            f"max_elements={max_elements:,}",
+            f"max_elements={max_elements:,} ({RAISE_LIMIT})",
         )
     fields = [f.strip() for f in first.split(",")]
     # pandas writes integer column names 0..K-1 as the header: that row is not data

@@ -15,6 +15,7 @@ from .labels_file import EXTENSIONS as LABELS_EXTENSIONS
 from .labels_file import read_labels_file
 from .safety import (
     DEFAULT_MAX_ELEMENTS,
+    RAISE_LIMIT,
     LogitsFileError,
     check_max_elements,
     clean_name,
@@ -278,7 +279,7 @@ def _read_file(path, *, max_elements: int, allowed: tuple[str, ...], what: str) 
         size, limit = p.stat().st_size, max_file_bytes(max_elements)
         if size > limit:
             raise fail(src, f"the file is {size:,} bytes, more than the {limit:,} allowed "
-                       f"for max_elements={max_elements:,}")
+                       f"for max_elements={max_elements:,} ({RAISE_LIMIT})")
         return p.read_bytes()
     except LogitsFileError:
         raise

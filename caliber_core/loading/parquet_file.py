@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from .columns import column_name, split_columns, stack_columns
-from .safety import Unvalidated, check_unpacked_size, fail, library_errors, optional_library, rule
+from .safety import RAISE_LIMIT, Unvalidated, check_unpacked_size, fail, library_errors, optional_library, rule
 
 _INDEX_COLUMN = re.compile(r"__index_level_\d+__")
 
@@ -30,7 +30,7 @@ def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
         )
     if rows < 0 or cols < 0 or rows * cols > max_elements:
         raise fail(
-            src, f"{rows:,} rows × {cols:,} columns, more than max_elements={max_elements:,}"
+            src, f"{rows:,} rows × {cols:,} columns, more than max_elements={max_elements:,} ({RAISE_LIMIT})"
         )
     check_unpacked_size(src, declared, max_elements, "the row groups", bomb="compression bomb")
 

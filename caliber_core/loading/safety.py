@@ -24,7 +24,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DEFAULT_MAX_ELEMENTS = 200_000_000  # 1.6 GB once converted to float64
+#: Peak bytes per logit element that ``calibrate`` and ``check`` hold above the interpreter
+#: (benchmarks/bench_memory.py; docs/explanation/limits.md): the default limit is sized with it.
+BYTES_PER_ELEMENT = 40
+#: The share of the memory available when the process starts that one file may take by default.
+MEMORY_SHARE = 0.5
+#: The default limit never exceeds this, and is this where the available memory cannot be read.
+MAX_DEFAULT_ELEMENTS = 200_000_000
+#: ... and never falls below this (a starved machine still opens a small file).
+MIN_DEFAULT_ELEMENTS = 1_000_000
 MAX_ITEMSIZE = 16  # largest real numeric itemsize (longdouble); bounds unpacked bytes
 MESSAGE_MAX_CHARS = 400
 FILENAME_MAX_CHARS = 120
@@ -191,6 +199,59 @@ def list_keys(keys) -> str:
 # ---------------------------------------------------------------------- budgets
 
 
+def available_memory() -> int | None:
+    """Bytes this process may still take: ``MemAvailable``, less under a cgroup v2 memory limit.
+
+    None where neither can be read (not Linux).
+    """
+    available = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError):
+        return None
+    try:
+        with open("/sys/fs/cgroup/memory.max", encoding="ascii") as fh:
+            limit = fh.read().strip()
+        with open("/sys/fs/cgroup/memory.current", encoding="ascii") as fh:
+            used = int(fh.read().strip())
+        if limit.isdigit():
+            room = max(0, int(limit) - used)
+            available = room if available is None else min(available, room)
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def default_max_elements(available: int | None = None) -> int:
+    """The default element limit: what :data:`MEMORY_SHARE` of the available memory affords.
+
+    ``MEMORY_SHARE x available / BYTES_PER_ELEMENT``, within
+    [:data:`MIN_DEFAULT_ELEMENTS`, :data:`MAX_DEFAULT_ELEMENTS`].
+
+    Parameters
+    ----------
+    available : int, optional
+        Bytes available; default :func:`available_memory` now.
+    """
+    if available is None:
+        available = available_memory()
+    if available is None:
+        return MAX_DEFAULT_ELEMENTS
+    affordable = int(MEMORY_SHARE * available) // BYTES_PER_ELEMENT
+    return int(min(MAX_DEFAULT_ELEMENTS, max(MIN_DEFAULT_ELEMENTS, affordable)))
+
+
+#: The element limit every reader applies unless told otherwise, fixed when the package is imported:
+#: half of the memory then available at BYTES_PER_ELEMENT each, at most 200,000,000.
+DEFAULT_MAX_ELEMENTS = default_max_elements()
+#: How messages name the option that raises the limit.
+RAISE_LIMIT = "--max-elements raises the limit"
+
+
 def check_max_elements(max_elements) -> None:
     """The ``max_elements`` argument must be an int >= 1."""
     if isinstance(max_elements, bool) or not isinstance(max_elements, (int, np.integer)):
@@ -211,9 +272,17 @@ def check_count(src: str, field: str, shape, max_elements: int) -> int:
         raise fail(
             src,
             f"{field} shape {shape} has {count:,} elements, more than "
-            f"max_elements={max_elements:,}",
+            f"max_elements={max_elements:,} (about {_gb(count * BYTES_PER_ELEMENT)} to process; "
+            f"{RAISE_LIMIT})",
         )
     return count
+
+
+def _gb(nbytes: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6)):
+        if nbytes >= size:
+            return f"{nbytes / size:,.1f} {unit}"
+    return f"{nbytes / 1e3:,.1f} kB"
 
 
 def max_unpacked_bytes(max_elements: int) -> int:
@@ -239,7 +308,7 @@ def check_unpacked_size(
         raise fail(
             src,
             f"{what} unpack to {total:,} bytes, more than the {limit:,} allowed "
-            f"for max_elements={max_elements:,} (refusing a possible {bomb})",
+            f"for max_elements={max_elements:,} (refusing a possible {bomb}; {RAISE_LIMIT})",
         )
 
 
