@@ -247,3 +247,24 @@ def test_header_is_plain_json_named_by_format(exact_cal):
     header, arrays = calibration_to_arrays(cal)
     assert header["format"] == FORMAT and header["version"] == __version__
     assert all(a.dtype == np.float64 and a.flags.c_contiguous for a in arrays.values())
+
+
+def test_an_oversized_npy_header_is_refused_before_it_is_parsed(exact_cal):
+    # The loader's limit (numpy's max_header_size) holds here too: one safe .npy reader.
+    data, cal = exact_cal
+    content = calibration_to_bytes(cal)
+    with np.load(io.BytesIO(content), allow_pickle=False) as npz:
+        entries = {k: npz[k] for k in npz.files}
+    padding = " " * 20_000
+    header = ("{'descr': '|u1', 'fortran_order': False, 'shape': (%d,), }" % entries["header"].size + padding
+              + "\n").encode("latin1")
+    member = b"\x93NUMPY\x02\x00" + len(header).to_bytes(4, "little") + header + entries["header"].tobytes()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, arr in entries.items():
+            if name != "header":
+                with zf.open(f"{name}.npy", "w") as f:
+                    np.lib.format.write_array(f, arr, allow_pickle=False)
+        zf.writestr("header.npy", member)
+    with pytest.raises(CalibrationArraysError, match=r"header: the member is not a valid npy array"):
+        calibration_from_bytes(buf.getvalue(), logits=data.logits, labels=data.labels)

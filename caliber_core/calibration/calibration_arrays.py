@@ -29,6 +29,8 @@ import zlib
 
 import numpy as np
 
+from ..loading.npy import read_header
+from ..loading.safety import LogitsFileError
 from ..version import __version__
 from .calibrate import CURVE_METHODS, Calibration
 from .fit import LogisticFit
@@ -181,18 +183,20 @@ def _members(zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
 
 def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo | None, *, shape: tuple | None = None,
                  max_elements: int | None = None) -> np.ndarray | None:
-    """One ``.npy`` entry, its header checked before any data is read (no object dtypes, the shape)."""
+    """One ``.npy`` entry, its header checked before any data is read (no object dtypes, the shape).
+
+    The header is parsed by the loader's one safe reader (:func:`caliber_core.loading.npy.read_header`,
+    numpy's parser under its header-size limit).
+    """
     if info is None:
         return None
     name = info.filename[:-4]
     with zf.open(info) as f:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            declared, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        elif version == (2, 0):
-            declared, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-        else:
-            raise CalibrationArraysError(f"{name}: unsupported .npy version {version}")
+        try:
+            header = read_header(f, src=name, where="the member")
+        except LogitsFileError as exc:
+            raise CalibrationArraysError(str(exc)) from None
+        declared, fortran, dtype = header.shape, header.fortran_order, header.dtype
         if dtype.hasobject:
             raise CalibrationArraysError(f"{name} is an object array (refused: it would need pickle)")
         if shape is not None and declared != shape:

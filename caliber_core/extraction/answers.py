@@ -27,10 +27,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..serving.runtime import SEEDINGS as ALL_SEEDINGS
 from ..serving.runtime import Perturber
 from ..simulation.votes import majority_vote, vote_generator
 
-SEEDINGS = ("fresh", "per-input")
+SEEDINGS = tuple(s for s in ALL_SEEDINGS if s != "consistent")  # independent Gaussian rows
 LABELS = ("soft", "hard")
 _NOISE_TAG = 0x4E015E
 

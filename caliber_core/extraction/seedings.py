@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..serving.runtime import KEYED_SEEDINGS
 from ..calibration.calibrate import calibrate_model, sigma_for_target
 from ..calibration.keyed_curve import keyed_accuracy, solve_keyed
 from ..calibration.engine import CurveEngine
@@ -43,7 +44,7 @@ from .attacker import Request, Thief
 from .recipes import LIGHT, STRONG, TUNED_CANDIDATES
 from .spread import Spread
 
-SEEDINGS = ("per-input", "consistent")
+SEEDINGS = KEYED_SEEDINGS  # the keyed seedings, compared side by side
 DEFAULT_LEVELS = (0.95, 0.85, 0.75, 0.65, 0.55)
 NEAR_JITTER = 0.05  # a near-duplicate's logits move by 5% of S per class
 _RECIPES = (LIGHT, STRONG) + TUNED_CANDIDATES

@@ -41,7 +41,11 @@ from ..validation import check_key, check_sigma
 from . import keyed_noise
 from .rows import check_request, encode_row_ids
 
+#: Every seeding a Perturber serves (the one list: the throttle and the extraction
+#: experiment name subsets of it): fresh draws per call, or keyed draws.
 SEEDINGS = ("per-input", "fresh", "consistent")
+#: The keyed seedings: the same input gets the same noise (what a policy can serve).
+KEYED_SEEDINGS = tuple(s for s in SEEDINGS if s != "fresh")
 
 #: The binding of a Perturber built from a bare sigma: the sigma is part of it,
 #: so two bare Perturbers at different sigmas never share a draw.

@@ -41,12 +41,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..serving.runtime import KEYED_SEEDINGS
 from ..config import ConfigError, load_config, sigma_to_serve
 
 SCHEMA = "caliber.policy/v1"
 STORE_ERROR_MODES = ("last-known", "refuse")
 START_MODES = ("refuse", "degraded")
-SEEDINGS = ("per-input", "consistent")
+SEEDINGS = KEYED_SEEDINGS  # a policy serves keyed noise only
 # The fields each object of the schema may hold; anything else is refused.
 _FIELDS = {
     "": {"schema", "config", "levels", "escalation", "expiry", "shadow", "seeding", "on_store_error"},
