@@ -30,6 +30,15 @@ def test_mkdocs_build_strict(tmp_path):
     assert "caliber calibrate --help" in cli
 
 
+def test_every_figure_file_is_shown():
+    """A figures file that no page includes is a measurement nobody reads: include it or delete it."""
+    pages = "\n".join(p.read_text() for p in (ROOT / "docs").rglob("*.md") if "figures" not in p.parent.name)
+    figures = sorted((ROOT / "docs" / "figures").glob("*.md"))
+    assert figures
+    orphans = [f.name for f in figures if f'--8<-- "docs/figures/{f.name}"' not in pages]
+    assert not orphans, f"docs/figures files included by no page: {orphans}"
+
+
 def _relative_links(text: str) -> list[str]:
     links = re.findall(r"\]\(([^)\s]+)\)", text) + re.findall(r'src="([^"]+)"', text)
     return [link.split("#")[0] for link in links if not re.match(r"[a-z]+:", link) and not link.startswith("#")]
