@@ -56,15 +56,19 @@ def peak_rss(argv: list[str]) -> tuple[int, float, int]:
     """Run ``argv``; return the child's peak RSS in bytes, its wall seconds and exit status."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
-    _, status, usage = os.wait4(proc.pid, 0)
+    # A child's ru_maxrss starts at its parent's RSS when forked (this process held the arrays it
+    # wrote): a small interpreter forks the command and reports its status and peak.
+    proc = subprocess.run([sys.executable, "-c", _LAUNCHER, *argv], env=env, cwd=ROOT, capture_output=True,
+                          text=True)
     wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode(errors="replace").strip()
-    proc.stderr.close()
-    if proc.returncode not in (0, 3):  # check exits 3 on drift, which is still a full run
-        raise SystemExit(f"{' '.join(argv)} exited {proc.returncode}: {err[-400:]}")
-    return usage.ru_maxrss * 1024, wall, proc.returncode  # Linux reports KiB
+    status, peak = map(int, proc.stdout.split())
+    if status not in (0, 3):  # check exits 3 on drift, which is still a full run
+        raise SystemExit(f"{' '.join(argv)} exited {status}: {proc.stderr.strip()[-400:]}")
+    return peak, wall, status
+
+
+_LAUNCHER = ("import os, subprocess, sys; p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL); "
+             "_, s, u = os.wait4(p.pid, 0); print(os.waitstatus_to_exitcode(s), u.ru_maxrss * 1024)")
 
 
 def command(name: str, data: Path, config: Path, out: Path) -> list[str]:

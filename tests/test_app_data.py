@@ -213,3 +213,13 @@ def test_file_names_are_shown_verbatim_not_as_markdown():
     raw = at.error[0].value
     assert "\\[click\\]\\(http" in raw and "\\$1\\$" in raw  # escaped for st.markdown
     assert _errors(at)[0].startswith(name + ": ")
+
+
+def test_the_uploader_states_its_limits():
+    from caliber_core.loading import DEFAULT_MAX_ELEMENTS
+
+    at = _app().run()
+    uploader = at.file_uploader(key="upload_logits")
+    text = uploader.proto.help
+    assert "Up to 200 MB per file: a larger upload is refused before it is read" in text
+    assert f"{DEFAULT_MAX_ELEMENTS:,} logits" in text

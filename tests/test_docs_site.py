@@ -60,3 +60,18 @@ def test_readme_is_short():
 @pytest.mark.parametrize("bad", ["[x](docs/no-such-page.md)", '<img src="docs/assets/none.svg">'])
 def test_link_check_can_fail(bad):
     assert [link for link in _relative_links(bad) if not (ROOT / link).exists()]
+
+
+def test_curve_picture_is_drawn_from_the_demo_data(tmp_path):
+    """The README's picture is made by scripts/make_curve_figure.py from data/, not drawn by hand."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import make_curve_figure
+
+    out = tmp_path / "curve.svg"
+    make_curve_figure.draw(out)
+    svg = out.read_text()
+    models = sorted(p.stem.replace("_", "-") for p in (ROOT / "data").glob("digits_*.npz"))
+    assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>")
+    assert svg.count("<polyline") == 2 * len(models) + 1  # raw and normalized per model, one shared law
+    assert all(name in svg for name in models)
+    assert (ROOT / "docs" / "assets" / "normalized-curve.svg").read_text().count("<polyline") == svg.count("<polyline")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -28,9 +29,14 @@ def _run(cmd, **kwargs) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_the_wheel_installs_light_and_calibrates_from_another_directory(tmp_path):
     dist = tmp_path / "dist"
-    # The build backend is this environment's setuptools (pyproject's only build requirement).
+    # Built from a copy of what the wheel holds: setuptools' build/ folder in the checkout
+    # could carry a file deleted since. The backend is this environment's setuptools.
+    source = tmp_path / "source"
+    for name in ("caliber_core", "caliber_dashboard"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", source)
     _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-          "--wheel-dir", str(dist), str(ROOT)], cwd=tmp_path)
+          "--wheel-dir", str(dist), str(source)], cwd=tmp_path)
     (wheel,) = dist.glob("caliber-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "caliber_dashboard/app.py" in names

@@ -93,6 +93,26 @@ def test_numpy_and_torch_draws_agree_bit_for_bit_and_float32_to_the_ulp():
         assert np.all(np.abs(single.numpy().astype(np.float64) - a) <= ulp)
 
 
+def test_adding_noise_to_a_tensor_takes_either_kernel_with_the_same_bits(monkeypatch):
+    # CPU float32/float64 tensors go through numpy's kernel on their memory; torch's own kernel
+    # (what a GPU runs) must give the same bits on the CPU, on whole rows and on split ones.
+    digests = keyed_noise.row_digests([f"row-{i}" for i in range(5)])
+    seeds = [keyed_noise.row_seeds(KEY, b"binding", level, digests, 70_001) for level in (1, 2, 3)]
+    increments = [0.5, 0.8660254037844386, 1.7320508075688772]
+    for dtype in (torch.float32, torch.float64):
+        logits = torch.randn(5, 70_001, generator=torch.Generator().manual_seed(3), dtype=dtype) * 20
+        want = keyed_noise.add_keyed_noise(logits.numpy(), seeds, increments)
+        routed = keyed_noise_torch.add_keyed_noise(logits, seeds, increments)
+        own = keyed_noise_torch.add_keyed_noise_torch(logits, seeds, increments)
+        assert routed.dtype == own.dtype == dtype
+        assert np.array_equal(routed.numpy(), want) and np.array_equal(own.numpy(), want)
+    # a dtype numpy lacks takes torch's kernel: no numpy array is made
+    monkeypatch.setattr(keyed_noise, "add_keyed_noise", lambda *a: pytest.fail("numpy's kernel on bfloat16"))
+    half = torch.zeros(2, 64, dtype=torch.bfloat16)
+    out = keyed_noise_torch.add_keyed_noise(half, [s[:2] for s in seeds], increments)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 64) and torch.count_nonzero(out) > 0
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_draws_equal_numpy():
     digests = keyed_noise.row_digests([f"row-{i}" for i in range(64)])

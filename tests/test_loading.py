@@ -530,7 +530,7 @@ def test_non_integer_line_in_labels_text(tmp_path):
     lines = ["label"] + [str(v) for v in y]
     lines[3] = "cat"
     (tmp_path / "y.txt").write_text("\n".join(lines))
-    refuse(tmp_path / "z.npy", r"y\.txt: line 4 is 'cat', not an integer label", labels_path=tmp_path / "y.txt")
+    refuse(tmp_path / "z.npy", r"y\.txt: line 4 is not an integer label \(text of 3 characters\)", labels_path=tmp_path / "y.txt")
     lines[3] = "1,2"
     (tmp_path / "y.txt").write_text("\n".join(lines))
     refuse(tmp_path / "z.npy", r"y\.txt: line 4 has 2 comma-separated fields", labels_path=tmp_path / "y.txt")
@@ -583,7 +583,7 @@ def test_safetensors_bad_headers(tmp_path):
     good = safetensors.numpy.save({"logits": z})
     (n,) = np.frombuffer(good[:8], "<u8")
     refuse_bytes((10**12).to_bytes(8, "little") + good[8:], "len.safetensors",
-                 r"len\.safetensors: not a valid safetensors file \(header length 1,000,000,000,000 exceeds")
+                 r"len\.safetensors: not a valid safetensors file \(its 8-byte header length exceeds")
     refuse_bytes(good[:8] + b"[" + good[9:], "json.safetensors", r"header is not JSON")
     header = good[8 : 8 + int(n)].replace(b'"data_offsets":[0,12000]', b'"data_offsets":[0,11992]')
     assert header != good[8 : 8 + int(n)]
@@ -869,16 +869,24 @@ def test_mutated_valid_files_give_data_or_logits_file_error(ext, cut, edits):
 
 def test_no_error_echoes_the_file_contents(tmp_path):
     secret = b"rooty:$6$saltsalt$hashhashhash:19000:0:99999:7:::\n"
-    for ext in (".npy", ".npz", ".pt", ".safetensors", ".parquet", ".csv"):
+    for ext in (".npy", ".npz", ".pt", ".safetensors", ".parquet", ".csv", ".jsonl", ".json"):
         path = tmp_path / f"shadow{ext}"
         path.write_bytes(secret * 3)
         with pytest.raises(LogitsFileError) as info:
             load_logits(path)
         message = str(info.value).split(": ", 1)[1]  # after the file name
         assert "rooty" not in message and "$6$" not in message and "salt" not in message, message
+    with pytest.raises(LogitsFileError) as info:  # the same lines as a labels file
+        load_logits(_fine(tmp_path), labels_path=tmp_path / "shadow.csv")
+    assert "rooty" not in str(info.value).split(": ", 1)[1] and "salt" not in str(info.value)
     # through a symlink, numpy's own magic-number message would have quoted the first bytes
     (tmp_path / "link.npy").symlink_to(tmp_path / "shadow.csv")
     refuse(tmp_path / "link.npy", r"link\.npy: the file is not an npy array \(it does not start with numpy's magic")
+
+
+def _fine(folder):
+    np.save(folder / "fine.npy", make_logits()[0])
+    return folder / "fine.npy"
 
 
 def test_library_messages_lose_their_quoted_literals():

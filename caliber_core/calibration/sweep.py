@@ -175,10 +175,36 @@ def _fraction_inside(lo_sorted, hi_sorted, sigma) -> np.ndarray:
     """
     s = _positive(sigma)
     n = hi_sorted.size
-    above_lo = n if lo_sorted is None else np.searchsorted(lo_sorted, s, side="left")
+    above_lo = n if lo_sorted is None else _count_below(lo_sorted, s)
     # lo == hi == 0 marks an empty interval: it is counted by both terms and cancels.
-    below_hi = np.searchsorted(hi_sorted, s, side="right")
+    below_hi = _count_at_most(hi_sorted, s)
     return (above_lo - below_hi) / n
+
+
+def _count_below(ends: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """How many of the sorted ``ends`` are < each float64 ``s``, exactly, searched in their own dtype.
+
+    ``searchsorted`` of float64 values in a float32 array would first copy the whole array
+    to float64 (twice its size). x < s for a float32 x iff x < the smallest float32 >= s.
+    """
+    if ends.dtype == np.float64:
+        return np.searchsorted(ends, s, side="left")
+    with np.errstate(over="ignore"):
+        up = s.astype(ends.dtype)
+    low = up.astype(np.float64) < s
+    up[low] = np.nextafter(up[low], np.inf)
+    return np.searchsorted(ends, up, side="left")
+
+
+def _count_at_most(ends: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """How many of the sorted ``ends`` are <= each float64 ``s`` (x <= s iff x <= the largest float32 <= s)."""
+    if ends.dtype == np.float64:
+        return np.searchsorted(ends, s, side="right")
+    with np.errstate(over="ignore"):
+        down = s.astype(ends.dtype)
+    high = down.astype(np.float64) > s
+    down[high] = np.nextafter(down[high], -np.inf)
+    return np.searchsorted(ends, down, side="right")
 
 
 # Draws that cost about a second here: below it, more draws are nearly free precision.

@@ -239,4 +239,6 @@ def _guarantee(t: dict) -> str:
     if t.get("saturated") or level is None or t["kind"] not in ("accuracy", "retention", "agreement"):
         return "no guarantee (saturated)" if t.get("saturated") else ""
     sign = ">=" if t["side"] == "at-least" else "<="
+    if "certified" in str((t.get("interval") or {}).get("method", "")) or "streamed" in str(t.get("method", "")):
+        return f"{t['kind']} {sign} {100 * t['requested']:.1f}% (certified bound)"
     return f"{t['kind']} {sign} {100 * t['requested']:.1f}% (one-sided {level:.0%})"

@@ -55,18 +55,6 @@ class Outcome:
     corrected_agreement: float | None = None
     recalibrated_accuracy: float | None = None  # with a few labels (:mod:`.recalibration`)
 
-    @property
-    def strongest_accuracy(self) -> float:
-        """The better of the plain and the prior-corrected surrogate (the thief may do either)."""
-        return self.accuracy if self.corrected_accuracy is None else max(self.accuracy, self.corrected_accuracy)
-
-    @property
-    def labelled_accuracy(self) -> float | None:
-        """The strongest surrogate of a thief who also holds a few labelled inputs (None: no labels given)."""
-        if self.recalibrated_accuracy is None:
-            return None
-        return max(self.strongest_accuracy, self.recalibrated_accuracy)
-
 
 @dataclass(frozen=True)
 class Request:
@@ -182,12 +170,6 @@ class Thief:
     def chosen(self, answers: Answers, seed: int) -> Recipe:
         """The candidate the tuned attacker chose for these answers and seed (after :meth:`train`)."""
         return self._choice[(answers.digest(), seed)]
-
-    def planned_runs(self, recipe: str | Recipe) -> int:
-        """Training runs one request costs at most (the tuned attacker's folds included)."""
-        if recipe == TUNED:
-            return 1 + self.folds * len(candidates_for("soft"))
-        return 1
 
     # ------------------------------------------------------------------ internals
 

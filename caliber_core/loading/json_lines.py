@@ -67,7 +67,7 @@ def finite_number(value, src: str, line_no: int, what: str) -> float:
     try:
         x = float(value)
     except ValueError:
-        raise fail(src, f"line {line_no}: {what} is not a number ({str(value)[:40]!r})") from None
+        raise fail(src, f"line {line_no}: {what} is not a number (a {type(value).__name__})") from None
     if math.isnan(x):
         raise fail(src, f"line {line_no}: {what} is NaN")
     return x

@@ -43,5 +43,5 @@ def _read_text(content: bytes, src: str, *, max_elements: int) -> np.ndarray:
         try:
             values[j] = float(tok)
         except ValueError:
-            raise fail(src, f"line {lineno} is {tok[:40]!r}, not an integer label") from None
+            raise fail(src, f"line {lineno} is not an integer label (text of {len(tok)} characters)") from None
     return values  # integrality and range are checked with the logits' K

@@ -87,7 +87,8 @@ def _split(content: bytes, src: str) -> tuple[dict, memoryview]:
         raise _bad(src, f"{len(content)} bytes, shorter than the 8-byte header length")
     n = int.from_bytes(content[:8], "little")
     if n > min(len(content) - 8, MAX_HEADER_BYTES):
-        raise _bad(src, f"header length {n:,} exceeds the {len(content) - 8:,} bytes that follow")
+        # The length is not shown: it is the file's first 8 bytes, and no error repeats a file's contents.
+        raise _bad(src, f"its 8-byte header length exceeds the {len(content) - 8:,} bytes that follow")
     with library_errors(src, "not a valid safetensors file", where="header is not JSON"):
         header = json.loads(content[8 : 8 + n].decode("utf-8"))
     if not isinstance(header, dict):

@@ -302,10 +302,13 @@ def _words_to_normals(w: np.ndarray, tmp: np.ndarray, out: np.ndarray, a_float: 
     t_bits = np.bitwise_and(half_a_bits, _U_MASK_T, out=w)
     t_bits |= _U_BITS_OF_64
     t = np.subtract(t_bits.view(np.float64), 64.0, out=a_float)  # exact: t has at most T_BITS bits
-    _GATHER_ROWS[-1].take(piece, out=out, mode="clip")  # the method: np.take adds a Python call
+    # Every index is in range by construction, so "wrap" never wraps: it only skips "raise"'s error
+    # path, and its loop measured faster than "clip"'s (3.3 against 4.4-5.1 ns an element). The method:
+    # np.take adds a Python call.
+    _GATHER_ROWS[-1].take(piece, out=out, mode="wrap")
     for power in range(normal_table.DEGREE - 1, -1, -1):
         out *= t
-        _GATHER_ROWS[power].take(piece, out=coefficient, mode="clip")
+        _GATHER_ROWS[power].take(piece, out=coefficient, mode="wrap")
         out += coefficient
 
 

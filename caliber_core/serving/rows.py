@@ -65,13 +65,21 @@ def row_shape(logits) -> tuple[int, int, bool]:
 def check_values(logits, *, limit: float) -> None:
     """Refuse NaN and finite values beyond ``limit`` in magnitude (+-inf, a masked class, passes).
 
-    Two passes in the common case (the largest magnitude is within the limit),
-    one more when some class is masked with +-inf; on a torch device the
-    answer is one scalar brought to the host.
+    One pass in the common case (the smallest and largest values within the
+    limit: no temporary), more when some class is masked with +-inf; on a
+    torch device the answer is two scalars brought to the host at once.
     """
     torch_in = is_torch(logits)
     values = logits.detach() if torch_in else np.asarray(logits)
     if (values.numel() if torch_in else values.size) == 0:
+        return
+    if torch_in:
+        import torch
+
+        smallest, largest = torch.stack(torch.aminmax(values)).tolist()
+    else:
+        smallest, largest = float(values.min()), float(values.max())
+    if -limit <= smallest and largest <= limit:  # a NaN fails both comparisons: it is looked for below
         return
     magnitude = values.abs() if torch_in else np.abs(values)
     largest = float(magnitude.amax() if torch_in else magnitude.max())

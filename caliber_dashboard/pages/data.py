@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from caliber_core.calibration import margins
-from caliber_core.loading import LABELS_EXTENSIONS, SUPPORTED_EXTENSIONS
+from caliber_core.loading import DEFAULT_MAX_ELEMENTS, LABELS_EXTENSIONS, SUPPORTED_EXTENSIONS
 from caliber_core.config import config_to_json
 from caliber_dashboard import cache, figures, logprob_log_view, navigation, state, tables, ui, uploads
 
@@ -35,7 +35,10 @@ with col_up:
         f"Logits files ({', '.join(SUPPORTED_EXTENSIONS)}; .jsonl/.json: lm-eval samples)",
         accept_multiple_files=True, key="upload_logits", on_change=_on_upload,
         help="npz with `logits` (N, K) and `labels` (N,), npy, pt (tensors), safetensors, "
-             "csv or parquet (a `label` column). Several files at once are fine.",
+             "csv or parquet (a `label` column). Several files at once are fine. "
+             f"Up to {st.get_option('server.maxUploadSize')} MB per file: a larger upload is refused "
+             f"before it is read; a file is also refused above {DEFAULT_MAX_ELEMENTS:,} logits "
+             "(what half of this machine's available memory affords).",
     )
     messages = st.container()
 with col_labels:

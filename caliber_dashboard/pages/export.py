@@ -63,8 +63,9 @@ if not targets:
     st.stop()
 
 try:
-    cal, results, config = export_config.config(data, targets, statistic=statistic, inversion=inversion,
-                                                saturate=saturate, side=side, confidence=float(confidence))
+    cal = cache.calibration(data, statistic=statistic)  # the Calibrate page's: no second sweep
+    results, config = export_config.config(cal, data, targets, inversion=inversion, saturate=saturate,
+                                           side=side, confidence=float(confidence))
 except ValueError as exc:  # an unreachable target, a side out of reach, missing labels (LogitsFileError)
     st.error(ui.plain(str(exc)))
     st.stop()
