@@ -44,8 +44,9 @@ SCROLL_JS = """(top) => {
 
 
 def _goto(page, title: str) -> None:
+    # A page's first visit on a loaded machine can take minutes (the Policy page simulates its throttle).
     settle_run(page, lambda: page.locator("[data-testid='stSidebarNavLink']", has_text=title).first.click(),
-               ready=f"h1:has-text('{title}')")
+               ready=f"h1:has-text('{title}')", timeout=300_000)
 
 
 def _number(page, label: str, value: str) -> None:
@@ -69,13 +70,14 @@ def _screens(page, name: str, size) -> list[Path]:
 
 
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
-def test_every_page_readable_and_unclipped(browser, server, size):
+def test_every_page_readable_and_unclipped(browser, fresh_server, size):
+    # A server of its own: what the other browser tests left running on the shared one cannot delay it.
     context = browser.new_context(viewport={"width": size[0], "height": size[1]})
-    context.set_default_timeout(120_000)
+    context.set_default_timeout(300_000)
     page = context.new_page()
     try:
-        page.goto(server)
-        settle_run(page, ready="h1:has-text('Data')")
+        page.goto(fresh_server)
+        settle_run(page, ready="h1:has-text('Data')", timeout=300_000)
         clipped = {}
         for title in PAGES:
             if title != "Data":
