@@ -15,10 +15,16 @@ import hmac
 import os
 import secrets
 import stat
+import warnings
 
 from ..validation import MAX_KEY_BYTES, MIN_KEY_BYTES, check_key
 
-__all__ = ["MIN_KEY_BYTES", "MAX_KEY_BYTES", "KEY_BYTES", "new_key", "write_key_file", "read_key_file", "key_fingerprint"]
+__all__ = ["MIN_KEY_BYTES", "MAX_KEY_BYTES", "KEY_BYTES", "KeyFileExposedWarning", "new_key", "write_key_file",
+           "read_key_file", "key_fingerprint"]
+
+
+class KeyFileExposedWarning(UserWarning):
+    """A key file that group or others may read or write: anyone who reads it can remove the noise."""
 
 #: Length of a key made by :func:`new_key`: 256 bits, beyond any offline search.
 KEY_BYTES = 32
@@ -49,14 +55,19 @@ def write_key_file(path) -> bytes:
 def read_key_file(path) -> bytes:
     """Read a key written by :func:`write_key_file`: one line of hex, readable by its owner only.
 
-    A key file is refused, never warned about, when group or others may read
-    it (as ssh refuses a private key): anyone who can read the key can
-    subtract the noise. The refusal says the ``chmod`` that fixes it.
+    A key file that group or others may read or write is read, with a
+    :class:`KeyFileExposedWarning` naming its mode and the ``chmod`` that fixes
+    it: anyone who can read the key can subtract the noise. It is a warning
+    and not a refusal (as ssh refuses a private key) because the common
+    deployments mount secrets group- or world-readable by default (a
+    Kubernetes Secret volume is 0644), and a throttle that refuses to start
+    serves nobody noisy. Turn it into an error with
+    ``warnings.simplefilter("error", KeyFileExposedWarning)``.
 
     Raises
     ------
     ValueError
-        The file is readable by group or others, is not a regular file, holds
+        The file is not a regular file, holds
         more than one line, is not an even number of hex digits, or holds a
         key shorter than :data:`MIN_KEY_BYTES`, longer than
         :data:`MAX_KEY_BYTES` or of one repeated byte (all zeros, say).
@@ -70,9 +81,9 @@ def read_key_file(path) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             raise ValueError(f"{name}: a key file must be a regular file")
         if os.name == "posix" and info.st_mode & 0o077:
-            raise ValueError(f"{name}: the key file is readable or writable by group or others "
-                             f"(mode {stat.S_IMODE(info.st_mode):04o}); anyone who reads it can remove "
-                             f"the noise: run 'chmod 600 {name}'")
+            warnings.warn(f"{name}: the key file is readable or writable by group or others "
+                          f"(mode {stat.S_IMODE(info.st_mode):04o}); anyone who reads it can remove "
+                          f"the noise: run 'chmod 600 {name}'", KeyFileExposedWarning, stacklevel=2)
         raw = fh.read(_KEY_FILE_MAX_BYTES + 1)
     if len(raw) > _KEY_FILE_MAX_BYTES:
         raise ValueError(f"{name}: the key file is longer than {_KEY_FILE_MAX_BYTES} bytes; a key is at most "
