@@ -11,9 +11,19 @@ import numpy as np
 from caliber_core.simulation.reference import argmax_monte_carlo
 
 
-def verify_realizations(n_samples: int) -> int:
-    """Fresh noise draws for the verify action: 200 at N=500, within [16, 400]."""
-    return int(np.clip(math.ceil(100_000 / n_samples), 16, 400))
+#: Noise values one Verify click draws at most (about half a second of numpy on an idle core).
+VERIFY_MAX_VALUES = 50_000_000
+
+
+def verify_realizations(n_samples: int, n_classes: int = 10) -> int:
+    """Fresh noise draws for the verify action: 200 at N=500, within [16, 400].
+
+    On a large file fewer (at least 4), so one click draws at most
+    :data:`VERIFY_MAX_VALUES` noise values: 5 draws at 10,000 x 1,000, whose
+    50,000 noisy answers still give a standard error of about 0.002.
+    """
+    reps = int(np.clip(math.ceil(100_000 / n_samples), 16, 400))
+    return max(4, min(reps, VERIFY_MAX_VALUES // max(1, n_samples * n_classes)))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -268,6 +268,8 @@ def test_verify_sigma_reproducible_and_near_prediction(data, cal):
     # Binomial s.e. over 100k draws is ~0.0013; the exact curve must sit within 4 of them.
     assert abs(a.accuracy - predicted) < 4 * a.accuracy_se
     assert verification.verify_realizations(500) == 200
+    assert verification.verify_realizations(10_000, 1_000) == 5  # at most 5e7 noise values a click
+    assert verification.verify_realizations(100_000, 1_000) == 4
 
 
 def test_query_bound_matches_proposition_2(cal):

@@ -134,7 +134,7 @@ def _verification(record, intervals, kind, side, key):
     """Fresh-noise measurement at the served sigma, when the Verify button asked for this target."""
     if record is not None and st.session_state.get(VERIFY_REQUEST) == key:
         st.session_state.pop(VERIFY_REQUEST)
-        reps = verify_realizations(cal.n_samples)
+        reps = verify_realizations(cal.n_samples, cal.n_classes)
         seed = state.next_verify_seed()
         bar = st.progress(0.0, text=f"Adding fresh noise: {reps} draws × {cal.n_samples} inputs…")
         ver = verify_sigma(data.logits, data.labels, record.sigma, realizations=reps,
