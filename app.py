@@ -1,0 +1,1 @@
+caliber_dashboard/app.py
