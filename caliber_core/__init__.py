@@ -7,7 +7,8 @@ The package, by purpose:
   nested levels bound to the config; per-input, fresh and consistent seeding), ``keyed_noise``,
   ``keyed_noise_torch`` and ``normal_table`` (the one keyed generator, numpy and torch),
   ``keys`` (key files, fingerprints), ``rows`` (row checks, ids), ``consistent_noise`` (the
-  keyed smooth function of the logits), ``responses`` (probabilities, top-k
+  keyed smooth function of the logits), ``class_cycle_noise`` (the class-cycle design),
+  ``consistent_levels`` (a consistent config's nested levels), ``responses`` (probabilities, top-k
   log-probabilities, HF processor), ``canonical`` (request ids that cannot be multiplied)
   and ``accounts`` (the account of an Authorization header)
 * :mod:`caliber_core.throttle`     serving a config to flagged accounts: the policy file, the

@@ -11,9 +11,9 @@ import pytest
 from caliber_core.calibration import pipeline
 from caliber_core.calibration.keyed_config import consistent_config
 from caliber_core.loading import load_logits
-from caliber_core.serving.consistent_noise import (CYCLE_VERSION, Centring, ClassCycleNoise, ConsistentLevels,
-                                                   ConsistentNoise, CycleFit, keyed_cycle, level_noise,
-                                                   noise_binding)
+from caliber_core.serving.class_cycle_noise import ClassCycleNoise, CycleFit, keyed_cycle
+from caliber_core.serving.consistent_levels import ConsistentLevels, level_noise, noise_binding
+from caliber_core.serving.consistent_noise import CYCLE_VERSION, Centring, ConsistentNoise
 from caliber_core.serving.runtime import Perturber
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from caliber_core.calibration.keyed_curve import keyed_accuracy, solve_keyed, step_curve, win_intervals
-from caliber_core.serving.consistent_noise import ConsistentLevels, ConsistentNoise, keyed_normals, level_noise
+from caliber_core.serving.consistent_levels import ConsistentLevels, level_noise
+from caliber_core.serving.consistent_noise import ConsistentNoise, keyed_normals
 from caliber_core.serving.keys import key_fingerprint, read_key_file
 
 ROOT = Path(__file__).resolve().parents[1]

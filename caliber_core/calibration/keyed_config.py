@@ -19,9 +19,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..serving.consistent_noise import (CYCLE_VERSION, DEFAULT_FEATURES, DEFAULT_LENGTH_SCALE, DESIGNS,
-                                        FIELD_V3, VERSION_FIELD, ClassCycleNoise, ConsistentNoise,
-                                        key_fingerprint, noise_binding)
+from ..serving.class_cycle_noise import ClassCycleNoise
+from ..serving.consistent_levels import noise_binding
+from ..serving.consistent_noise import (CYCLE_VERSION, DEFAULT_FEATURES, DEFAULT_LENGTH_SCALE, DESIGNS, FIELD_V3,
+                                        VERSION_FIELD, ConsistentNoise)
+from ..serving.keys import key_fingerprint
 from .keyed_curve import DEFAULT_BOOTSTRAP, solve_keyed
 
 NOISE_FIELD = "noise"

@@ -1,6 +1,6 @@
 """A thief who knows the class-cycle design: it estimates the cycle from its answers and subtracts the push.
 
-The served class cycle (:class:`~caliber_core.serving.consistent_noise.ClassCycleNoise`)
+The served class cycle (:class:`~caliber_core.serving.class_cycle_noise.ClassCycleNoise`)
 adds a_c (z_c - mean z)+ to class pi(c). Its key, its amplitudes and sigma are
 secret, but its shape shows in the answers: among answers whose top class is c,
 class pi(c) stands out as the runner-up. A label-free thief who knows the design

@@ -20,7 +20,7 @@ and every design is calibrated the same way: a target in, sigma out.
 * ``deep``: a field whose amplitude grows with the row's margin (1 + margin / S),
   so that errors fall inside class regions rather than on their borders;
 * ``class-cycle``: consistent noise version 2
-  (:class:`~caliber_core.serving.consistent_noise.ClassCycleNoise`): class pi(c)
+  (:class:`~caliber_core.serving.class_cycle_noise.ClassCycleNoise`): class pi(c)
   gains a_c (z_c - mean z)+ along a keyed K-cycle, the amplitudes balanced on
   the calibration rows so that class frequencies stay put at the target;
 * ``cycle-mix`` / ``cycle-push-bal`` / ``random-mix``: its relatives (the whole
@@ -39,7 +39,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..serving.consistent_noise import DEFAULT_FEATURES, ClassCycleNoise, ConsistentNoise, noise_binding
+from ..serving.class_cycle_noise import ClassCycleNoise
+from ..serving.consistent_levels import noise_binding
+from ..serving.consistent_noise import DEFAULT_FEATURES, ConsistentNoise
 
 #: Callable g: (N, K) logits -> (N, K) unit noise. ``rows`` names the rows for per-input draws.
 UnitNoise = Callable[..., np.ndarray]

@@ -36,8 +36,9 @@ from ..serving.runtime import KEYED_SEEDINGS
 from ..calibration.calibrate import calibrate_model, sigma_for_target
 from ..calibration.keyed_curve import keyed_accuracy, solve_keyed
 from ..calibration.engine import CurveEngine
-from ..serving.consistent_noise import (CYCLE_VERSION, DEFAULT_FEATURES, DEFAULT_LENGTH_SCALE, ClassCycleNoise,
-                                        ConsistentNoise, noise_binding)
+from ..serving.class_cycle_noise import ClassCycleNoise
+from ..serving.consistent_levels import noise_binding
+from ..serving.consistent_noise import CYCLE_VERSION, DEFAULT_FEATURES, DEFAULT_LENGTH_SCALE, ConsistentNoise
 from .answers import Answers, answer_queries, per_input_key
 from .archive import ExtractionArchive
 from .attacker import Request, Thief

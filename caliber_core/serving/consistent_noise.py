@@ -33,7 +33,7 @@ matrix row: a different binding (the noise's identity), level or key gives
 unrelated functions.
 
 Version 2 (``caliber.consistent-noise/v2``, design ``class-cycle``, written by
-``consistent_config(..., design="class-cycle")``) serves a different function,
+``consistent_config(..., design="class-cycle")``; :mod:`.class_cycle_noise`) serves a different function,
 a keyed class confusion along one cycle c -> pi(c) through all K classes,
 
     g(z)_{pi(c)} = a_c * max(z_c - mean_k z_k, 0) / gain      (:class:`ClassCycleNoise`)
@@ -50,15 +50,14 @@ it (:mod:`caliber_core.extraction.cycle_unmixing`), which the field resists;
 ``calibrate --seeding consistent`` therefore still serves the field: version
 3, the same field with every key label length-prefixed and versioned
 (:func:`keyed_normals`); configs with no version are version 1 and keep its
-labels, so they serve the noise they were calibrated for.
+labels, so they serve the noise they were calibrated for. A config's levels
+are served by :mod:`.consistent_levels`.
 
 Only numpy is imported; torch is used lazily when a tensor is given.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import math
 import numbers
 from dataclasses import dataclass
@@ -67,7 +66,6 @@ import numpy as np
 
 from ..validation import check_key
 from . import keyed_noise
-from .keys import key_fingerprint
 
 DEFAULT_FEATURES = 128
 PROJECTION_DIM = 32
@@ -204,7 +202,7 @@ class ConsistentNoise:
 
     def features_of(self, logits: np.ndarray) -> np.ndarray:
         """phi(z), shape (N, F), float64; non-finite logits (masked classes) count as the row's finite minimum."""
-        z = _finite_rows(np.asarray(logits, dtype=np.float64))
+        z = finite_rows(np.asarray(logits, dtype=np.float64))
         t = z @ self._first
         if self._freq is not None:
             t = t @ self._freq
@@ -271,189 +269,8 @@ class ConsistentNoise:
         return g.clamp_(-keyed_noise.MAX_ABS_NORMAL, keyed_noise.MAX_ABS_NORMAL)
 
 
-def keyed_cycle(key: bytes, binding: bytes, level: int, n_classes: int) -> np.ndarray:
-    """next[c] = pi(c): a keyed permutation of the K classes that is one K-cycle (no class maps to itself).
-
-    Notes
-    -----
-    The classes are visited in the order of K keyed normals (:func:`keyed_normals`, label ``cycle``),
-    each class followed by the next in that order and the last by the first.
-    """
-    order = np.argsort(keyed_normals(key, binding, level, "cycle", (int(n_classes),), version=CYCLE_VERSION),
-                       kind="stable")
-    nxt = np.empty(int(n_classes), dtype=np.int64)
-    nxt[order] = np.roll(order, -1)
-    return nxt
-
-
-@dataclass(frozen=True)
-class CycleFit:
-    """What the calibration rows measured for one class-cycle level: per-class amplitudes and the RMS."""
-
-    amplitudes: np.ndarray  # (K,), a_c
-    gain: float
-
-    def to_dict(self) -> dict:
-        return {"amplitudes": [float(x) for x in self.amplitudes], "gain": float(self.gain)}
-
-    @classmethod
-    def from_dict(cls, record, *, n_classes: int) -> "CycleFit":
-        amp = np.asarray(record["amplitudes"], dtype=np.float64)
-        gain = float(record["gain"])
-        if amp.shape != (n_classes,) or not np.isfinite(amp).all() or (amp <= 0).any():
-            raise ValueError(f"class-cycle amplitudes must be {n_classes} positive finite numbers, "
-                             f"got shape {amp.shape}")
-        if not (math.isfinite(gain) and gain > 0):
-            raise ValueError(f"class-cycle gain must be a positive number, got {gain!r}")
-        return cls(amp, gain)
-
-
-class ClassCycleNoise:
-    """The keyed class-cycle function g of one noise level (version 2; see the module docstring).
-
-    Parameters
-    ----------
-    key : bytes
-    binding : bytes
-        The noise's identity: another binding gives another cycle.
-    n_classes : int
-    level : int, default 1
-        Nested levels use independent cycles.
-    fit : CycleFit, optional
-        Amplitudes and gain measured on the calibration rows (:meth:`balanced_on`);
-        without it every a_c = 1 and the gain is 1.
-    """
-
-    def __init__(self, key: bytes, *, binding: bytes, n_classes: int, level: int = 1, fit: CycleFit | None = None):
-        for name, value in (("n_classes", n_classes), ("level", level)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if n_classes < 2:
-            raise ValueError(f"n_classes must be at least 2, got {n_classes}")
-        self.n_classes, self.level, self.binding = int(n_classes), int(level), bytes(binding)
-        self._key = check_key(key)
-        self.next = keyed_cycle(self._key, self.binding, self.level, self.n_classes)
-        self.fit = fit if fit is not None else CycleFit(np.ones(self.n_classes), 1.0)
-        self._torch_cache: dict = {}
-
-    def __repr__(self) -> str:
-        return f"ClassCycleNoise(n_classes={self.n_classes}, level={self.level})"
-
-    def _raw(self, z: np.ndarray, amplitudes: np.ndarray) -> np.ndarray:
-        x = z - z.mean(axis=1, keepdims=True)
-        np.maximum(x, 0.0, out=x)
-        x *= amplitudes
-        out = np.empty_like(x)
-        out[:, self.next] = x  # class pi(c) gains a_c * (z_c - mean)+
-        return out
-
-    def __call__(self, logits) -> np.ndarray:
-        """g(z), shape (N, K), float64, bounded by MAX_ABS_NORMAL like every keyed draw."""
-        z = _finite_rows(np.asarray(logits, dtype=np.float64))
-        g = self._raw(z, self.fit.amplitudes)
-        g /= self.fit.gain
-        return np.clip(g, -keyed_noise.MAX_ABS_NORMAL, keyed_noise.MAX_ABS_NORMAL, out=g)
-
-    def torch_noise(self, logits):
-        """g(z) for a torch tensor (N, K), float64, on the tensor's own device (no host copy)."""
-        import torch
-
-        dev = logits.device
-        cached = self._torch_cache.get(dev)
-        if cached is None:
-            cached = (torch.as_tensor(self.next, device=dev),
-                      torch.as_tensor(self.fit.amplitudes / self.fit.gain, dtype=torch.float64, device=dev))
-            self._torch_cache[dev] = cached
-        nxt, scaled = cached
-        z = logits.detach().to(torch.float64)
-        finite = torch.isfinite(z)
-        if not bool(finite.all()):
-            low = torch.where(finite, z, torch.full_like(z, math.inf)).amin(dim=1, keepdim=True)
-            z = torch.where(finite, z, low)
-        x = (z - z.mean(dim=1, keepdim=True)).clamp_(min=0.0) * scaled
-        out = torch.empty_like(x)
-        out[:, nxt] = x
-        return out.clamp_(-keyed_noise.MAX_ABS_NORMAL, keyed_noise.MAX_ABS_NORMAL)
-
-    def balanced_on(self, logits, *, share: float, base=None, iterations: int = 30) -> "ClassCycleNoise":
-        """This cycle with amplitudes that keep every class's frequency on ``logits`` where ``share`` of rows flip.
-
-        Parameters
-        ----------
-        logits : ndarray (N, K)
-            The calibration rows.
-        share : float
-            The share of rows whose prediction the level changes at its target
-            (e.g. 1 - retention); the balance is exact there and close nearby.
-        base : ndarray (N, K), optional
-            The fixed noise of the lower levels at their sigmas (nested levels).
-        iterations : int
-            Rounds of the fixed point below.
-
-        Notes
-        -----
-        Each round scales the whole cycle until ``share`` of the rows change
-        their prediction (bisection), then moves each a_c by
-        (clean frequency of pi(c) / noisy frequency of pi(c))^0.3: class c
-        feeds pi(c), so it pushes less where pi(c) is over-predicted.
-        Amplitudes are normalized to mean 1; the gain makes g unit RMS on the rows.
-        """
-        if not (isinstance(share, numbers.Real) and 0 < share < 1):
-            raise ValueError(f"share must be in (0, 1), got {share!r}")
-        z = _finite_rows(np.asarray(logits, dtype=np.float64))
-        if z.shape[1] != self.n_classes:
-            raise ValueError(f"logits have {z.shape[1]} classes; this noise has n_classes={self.n_classes}")
-        start = z if base is None else z + np.asarray(base, dtype=np.float64)
-        top = np.argmax(start, axis=1)
-        k = self.n_classes
-        clean = np.bincount(top, minlength=k) + 0.5
-        amp = np.ones(k)
-        step = 1.0
-        for _ in range(int(iterations)):
-            raw = self._raw(z, amp)
-
-            def flipped(t):
-                return np.argmax(start + t * raw, axis=1) != top
-
-            lo, hi = 0.0, max(step, 1e-12)
-            while flipped(hi).mean() < share and hi < 1e12:
-                lo, hi = hi, 2.0 * hi
-            for _ in range(30):
-                mid = 0.5 * (lo + hi)
-                lo, hi = (mid, hi) if flipped(mid).mean() < share else (lo, mid)
-            step = hi
-            noisy = np.bincount(np.argmax(start + hi * raw, axis=1), minlength=k) + 0.5
-            amp *= (clean[self.next] / noisy[self.next]) ** 0.3
-            amp /= amp.mean()
-        gain = float(np.sqrt(np.mean(self._raw(z, amp) ** 2)))
-        if not gain > 0:
-            raise ValueError("the calibration rows give class-cycle noise of zero variance (all rows flat?)")
-        return ClassCycleNoise(self._key, binding=self.binding, n_classes=k, level=self.level,
-                               fit=CycleFit(amp, gain))
-
-
-def level_noise(noises, sigmas, level: int, logits, *, torch_tensor: bool = False):
-    """The nested noise of ``level`` (1-based): sum_{i<=level} sqrt(sigma_i^2 - sigma_{i-1}^2) g_i(z).
-
-    ``noises[i]`` and ``sigmas[i]`` belong to level i + 1; sigmas ascend, so a
-    lower level's noise is part of every higher level's and two accounts
-    served different levels see consistent answers. The sum is the runtime's
-    own (:func:`.keyed_noise.nested_noise`), so a Perturber serves exactly this.
-    """
-    if not 1 <= level <= len(sigmas) or len(noises) != len(sigmas):
-        raise ValueError(f"level must be in [1, {len(sigmas)}] with one noise per sigma, got level {level}")
-
-    def draw(j):
-        return noises[j - 1].torch_noise(logits) if torch_tensor else noises[j - 1](logits)
-
-    total = keyed_noise.nested_noise(keyed_noise.level_increments(list(sigmas), level), draw)
-    if total is None:
-        total = (logits.detach().to(__import__("torch").float64) * 0.0) if torch_tensor else \
-            np.zeros(np.shape(logits), dtype=np.float64)
-    return total
-
-
-def _finite_rows(z: np.ndarray) -> np.ndarray:
+def finite_rows(z: np.ndarray) -> np.ndarray:
+    """(N, K) logits with each non-finite value replaced by its row's smallest finite one (a row check)."""
     if z.ndim != 2:
         raise ValueError(f"logits must be (n_samples, n_classes), got shape {z.shape}")
     if np.isfinite(z).all():
@@ -467,103 +284,3 @@ def _normal_cdf(x: np.ndarray) -> np.ndarray:
     from math import erf, sqrt
 
     return np.array([0.5 * (1.0 + erf(v / sqrt(2.0))) for v in np.ravel(x)]).reshape(np.shape(x))
-
-
-# --------------------------------------------------------------------------
-# serving a calibrated consistent config
-# --------------------------------------------------------------------------
-
-def noise_version(record) -> str:
-    """The record's noise version: v1 for records written before versions were recorded."""
-    version = record.get(VERSION_FIELD, FIELD_VERSION)
-    if version not in VERSIONS:
-        raise ValueError(f"this config's consistent noise version {version!r} is not one this Caliber serves "
-                         f"({', '.join(VERSIONS)}): serve it with the Caliber that calibrated it, or recalibrate")
-    return version
-
-
-_BINDING_FIELDS = {
-    FIELD_VERSION: ("noise_id", "data_sha256", "seeding", "length_scale", "features", "scale", "key_fingerprint"),
-    FIELD_V3: (VERSION_FIELD, "design", "noise_id", "data_sha256", "seeding", "length_scale", "features", "scale",
-               "key_fingerprint"),
-    CYCLE_VERSION: (VERSION_FIELD, "design", "noise_id", "data_sha256", "seeding", "scale", "key_fingerprint"),
-}
-
-
-def noise_binding(record) -> bytes:
-    """The generator's binding for a consistent config: a digest of the noise's identity.
-
-    The full config cannot be bound (its sigmas come from this noise), so the
-    identity is what fixes g before calibration: the version and design (v2),
-    the random ``noise_id`` minted by ``calibrate``, the data digest, the
-    seeding, the field's length scale and feature count (v1), the scale S and
-    the key's fingerprint.
-    """
-    fields = _BINDING_FIELDS[noise_version(record)]
-    missing = [f for f in fields if f not in record]
-    if missing:
-        raise ValueError(f"consistent noise record is missing field(s): {', '.join(missing)}")
-    text = "|".join(f"{f}={record[f]!r}" for f in fields)
-    return hashlib.sha256(text.encode()).digest()
-
-
-def level_functions(record, key: bytes, n_classes: int) -> tuple[list, list[float]]:
-    """The function g_j (field for v1, class cycle for v2) and the sigma of every level of a consistent record."""
-    if record.get("seeding") != "consistent":
-        raise ValueError(f"the config's noise record has seeding {record.get('seeding')!r}, not 'consistent'")
-    version = noise_version(record)
-    expected = record["key_fingerprint"]
-    if key_fingerprint(key) != expected:
-        raise ValueError(f"this key's fingerprint {key_fingerprint(key)} differs from the one the config was "
-                         f"calibrated with ({expected}): consistent noise is calibrated per key")
-    binding = noise_binding(record)
-    noises, sigmas = [], []
-    for j, level in enumerate(record["levels"], start=1):
-        if version == CYCLE_VERSION:
-            noises.append(ClassCycleNoise(key, binding=binding, n_classes=n_classes, level=j,
-                                          fit=CycleFit.from_dict(level["fit"], n_classes=n_classes)))
-        else:
-            features = int(record["features"])
-            noises.append(ConsistentNoise(key, binding=binding, n_classes=n_classes, scale=float(record["scale"]),
-                                          length_scale=float(record["length_scale"]), level=j, features=features,
-                                          centring=Centring.from_dict(level["centring"], features=features),
-                                          version=version))
-        sigmas.append(float(level["sigma"]))
-    if any(b <= a for a, b in zip(sigmas, sigmas[1:])):
-        raise ValueError(f"consistent levels must have ascending sigmas, got {sigmas}")
-    return noises, sigmas
-
-
-class ConsistentLevels:
-    """The nested consistent noise of one served target of a config (what the runtime adds).
-
-    Parameters
-    ----------
-    config : dict
-        A loaded config with a consistent ``noise`` record.
-    target : int
-        Index into ``config["targets"]``; served at its ``level``.
-    key : bytes
-        Must be the key the config was calibrated with (checked by fingerprint).
-    """
-
-    def __init__(self, config, *, target: int, key: bytes):
-        record = config.get("noise")
-        if not isinstance(record, dict):
-            raise ValueError("this config has no consistent noise record: calibrate it with --seeding consistent")
-        self.n_classes = int(config["n_classes"])
-        self.noises, self.levels = level_functions(record, key, self.n_classes)
-        entry = config["targets"][target]
-        level = entry.get("level")
-        if not isinstance(level, int) or not 1 <= level <= len(self.levels):
-            raise ValueError(f"targets[{target}].level must be in [1, {len(self.levels)}], got {level!r}")
-        self.level = level
-        self.sigma = self.levels[level - 1]
-
-    def noise(self, logits) -> np.ndarray:
-        """sigma-scaled noise for (N, K) logits, float64 (numpy) or a float64 tensor (torch)."""
-        if np.shape(logits)[-1] != self.n_classes:
-            raise ValueError(f"logits have {np.shape(logits)[-1]} classes; the config was calibrated "
-                             f"for n_classes={self.n_classes}")
-        is_tensor = type(logits).__module__.startswith("torch")
-        return level_noise(self.noises, self.levels, self.level, logits, torch_tensor=is_tensor)

@@ -196,7 +196,7 @@ class Perturber:
     @classmethod
     def _from_consistent_config(cls, config, target, seeding, key) -> "Perturber":
         # The calibration bound this noise, not the config digest (its sigmas come from the noise itself).
-        from .consistent_noise import ConsistentLevels, noise_binding
+        from .consistent_levels import ConsistentLevels, noise_binding
 
         if seeding != "consistent":
             raise ValueError(f"this config was calibrated for consistent seeding (its sigmas hold for that noise "
