@@ -21,6 +21,8 @@ costs (rows x m + rows x bins) per node instead of rows x V.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,7 +123,9 @@ def reduce_block(block: np.ndarray, *, m: int = TOP_GAPS) -> tuple[np.ndarray, n
     # The m + 1 smallest gaps (the top's own 0 among them), exactly: every gap in a bin at or
     # below the one where the cumulative count reaches m + 1.
     threshold = np.argmax(np.cumsum(raw, axis=1) >= m + 1, axis=1).astype(np.uint32)
-    rows, cols = np.nonzero(idx <= threshold[:, None])
+    # flatnonzero of the mask, split by divmod: the same (row, col) pairs as np.nonzero on 2-D,
+    # at a sixth of its cost (2-D nonzero dominated the pass: 4.5 against 0.7 ns per element).
+    rows, cols = np.divmod(np.flatnonzero(idx <= threshold[:, None]), v)
     values = block[rows, cols]
     order = np.lexsort((values, rows))
     rows, values = rows[order], values[order]
@@ -172,11 +176,19 @@ def agreement_bounds(reduced: ReducedRows, sigma: float, *, step: float = _STEP)
     hi_tail = (counts @ log_ndtr(hi_edges[:, None] / s + nodes[None, :]).astype(np.float32)).astype(np.float64)
     lower, upper = np.empty(n), np.empty(n)
     per_chunk = max(1, 2_000_000 // (reduced.top_gaps.shape[1] * nodes.size))
-    for a in range(0, n, per_chunk):
+
+    def rows(a: int) -> None:
         b = min(n, a + per_chunk)
         g = reduced.top_gaps[a:b]
         k = max(1, int(np.max(np.sum(g < cut, axis=1))))
         head = np.log(np.maximum(np.prod(ndtr(g[:, :k, None] / s + nodes[None, None, :]), axis=1), 1e-300))
         lower[a:b] = np.exp(head + lo_tail[a:b]) @ weights
         upper[a:b] = np.exp(head + hi_tail[a:b]) @ weights
+
+    starts = range(0, n, per_chunk)
+    if len(starts) == 1:
+        rows(0)
+    else:  # chunks are independent and numpy releases the GIL: one thread per core, same numbers
+        with ThreadPoolExecutor(max_workers=min(len(starts), os.cpu_count() or 1)) as pool:
+            list(pool.map(rows, starts))
     return np.clip(lower, 0.0, 1.0), np.clip(upper, 0.0, 1.0)
