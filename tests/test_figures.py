@@ -19,8 +19,9 @@ from caliber_core.calibration.margins import normalized_noise
 from caliber_core.calibration.fleet import normalized_points
 from caliber_core.loading import load_logits
 from caliber_core.calibration.cost import analytic_attack, query_bound
-from caliber_dashboard import cache, figures, tables, targets, verification
-from caliber_dashboard import curves as plot
+from caliber_dashboard.calibrate import verification
+from caliber_dashboard.common import cache, figures, tables, targets
+from caliber_dashboard.common import curves as plot
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 

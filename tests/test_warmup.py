@@ -6,7 +6,8 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-from caliber_dashboard import cache, state, warmup
+from caliber_dashboard import warmup
+from caliber_dashboard.common import cache, state
 
 APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 

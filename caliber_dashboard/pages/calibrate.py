@@ -4,10 +4,13 @@ import streamlit as st
 
 from caliber_core.calibration.margins import MARGIN_STATISTICS
 from caliber_core.config import SIDES
-from caliber_dashboard import background, cache, calibrate_plots, figures, navigation, readouts, state, tables, thief, ui
-from caliber_dashboard.targets import percent_to_fraction, slider_range
-from caliber_dashboard.ui import fmt
-from caliber_dashboard.verification import verify_realizations, verify_sigma
+from caliber_dashboard import navigation
+from caliber_dashboard.calibrate import plots as calibrate_plots
+from caliber_dashboard.calibrate import thief
+from caliber_dashboard.calibrate.verification import verify_realizations, verify_sigma
+from caliber_dashboard.common import background, cache, figures, readouts, state, tables, ui
+from caliber_dashboard.common.targets import percent_to_fraction, slider_range
+from caliber_dashboard.common.ui import fmt
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 

@@ -46,8 +46,9 @@ from caliber_core.config import TargetRecord
 from caliber_core.loading import LogitsData
 from caliber_core.loading.checks import margins_in_chunks
 
-from . import calibrate_plots, readouts, tables
-from .curves import sigma_grid
+from caliber_dashboard.calibrate import plots as calibrate_plots
+from caliber_dashboard.common import readouts, tables
+from caliber_dashboard.common.curves import sigma_grid
 
 _EMPTY = object()
 _thread = threading.local()  # marks the warm-up thread: fill without drawing
@@ -197,7 +198,7 @@ def _realizations(realizations: int | None) -> int | None:
 def calibration(data: LogitsData, *, statistic: str = "median", seed: int = 0,
                 realizations: int | None = None) -> Calibration:
     """``pipeline.calibrate_data`` with the CLI's defaults, cached by content digest."""
-    from . import calibration_store  # not in this process: the workspace's copy, else compute and keep
+    from caliber_dashboard.common import calibration_store  # not in this process: the workspace's copy, else compute and keep
 
     key = (data_digest(data), statistic, seed, _realizations(realizations))
     return _fill(
@@ -438,7 +439,7 @@ def fleet_report(datas: Sequence[LogitsData], cals: Sequence[Calibration], *,
 def fleet_sigma_spread(datas: Sequence[LogitsData], cals: Sequence[Calibration], *, statistic: str,
                        value: float) -> np.ndarray:
     """``fleet_view.sigma_spread`` (each pooled model's held-out σ against its own), cached."""
-    from .fleet_view import sigma_spread
+    from caliber_dashboard.fleet.view import sigma_spread
 
     key = ("spread", tuple(data_digest(d) for d in datas), tuple(c.statistic for c in cals), statistic,
            float(value))
