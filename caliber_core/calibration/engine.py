@@ -44,13 +44,20 @@ EXACT_BUDGET = 1.7e7
 
 
 def exact_cost(n_samples: int, n_classes: int) -> float:
-    """Normal-CDF evaluations of one sigma's exact rows."""
+    """Normal-CDF evaluations of one sigma's exact rows (one per row at K = 2: the closed form)."""
+    if n_classes == 2:
+        return float(n_samples)
     nodes = 2 * U_MAX / (QUAD_STEP_FEW if n_classes <= FEW_CLASSES else QUAD_STEP) + 1
     return float(n_samples) * (n_classes - 1) * nodes
 
 
 def choose_method(n_samples: int, n_classes: int) -> str:
-    """"exact" when one sigma's quadrature costs at most ``EXACT_BUDGET`` CDFs, else "monte-carlo"."""
+    """"exact" when one sigma's quadrature costs at most ``EXACT_BUDGET`` CDFs, else "monte-carlo".
+
+    At K = 2 the rows are closed form (one CDF per row, no draws needed): always "exact".
+    """
+    if n_classes == 2:
+        return "exact"
     return "exact" if exact_cost(n_samples, n_classes) <= EXACT_BUDGET else "monte-carlo"
 
 
@@ -143,6 +150,8 @@ class CurveEngine:
     draws : SurvivalIntervals, optional
         The calibration sweep's draws for the Monte-Carlo rows; without them
         the sweep is run on first use with ``seed`` and the default draws.
+        Curves with no draws (``realizations`` 0: the closed form at K = 2)
+        are taken as none.
     seed : int or None, default 0
     """
 
@@ -153,6 +162,8 @@ class CurveEngine:
         if method not in ("auto", *METHODS):
             raise ValueError(f"method must be one of {('auto', *METHODS)}, got {method!r}")
         self.method = choose_method(n, k) if method == "auto" else method
+        if draws is not None and draws.realizations == 0:
+            draws = None
         if draws is not None:
             if draws.n_samples != n:
                 raise ValueError(f"draws cover {draws.n_samples} rows, logits have {n}")
