@@ -128,7 +128,7 @@ class TwoClassCurves:
     def _accuracy_sketch(self) -> np.ndarray:
         # The label's lead over the other class: the argmax's gap on correct rows, minus the deficit on wrong ones.
         smp = self.sample
-        return quantile_sketch(np.concatenate([smp.correct_gaps[:, 0], smp.label_gaps[:, 0]]))
+        return quantile_sketch(np.concatenate([smp.agreement_gaps[smp.correct, 0], smp.label_gaps[:, 0]]))
 
     def _need_labels(self) -> None:
         if not self.has_labels:

@@ -37,6 +37,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args) -> int:
     """Run ``check``; returns the exit status (errors propagate to the CLI's handler)."""
     from ..calibration.drift import check_drift
+    from ..calibration.sample import LogitSample
     from ..config import load_config
 
     config = load_config(args.config)
@@ -49,7 +50,8 @@ def run(args) -> int:
     data = load(args.file, args, labels_path=args.labels)
     for warning in data.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    report = check_drift(config, data.logits, data.labels, confidence=args.confidence, seed=args.seed)
+    # The loaded file's sample: its checks and margins are reused, not taken a second time.
+    report = check_drift(config, LogitSample.from_data(data), confidence=args.confidence, seed=args.seed)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     elif report.consistent:
