@@ -53,11 +53,18 @@ MAX_CONFIG_BYTES = 4 << 20
 
 
 class ConfigError(ValueError):
-    """A config file or dict that does not follow the schema."""
+    """A config file or dict that does not follow the schema.
+
+    A ``ValueError``; its message names the field and shows the value.
+    """
 
 
 class SaturatedTargetWarning(UserWarning):
-    """A saturated target is served: its sigma is the largest the sweep measured, not a solution."""
+    """A saturated target is served: its sigma is the largest the sweep measured, not a solution.
+
+    Issued by :func:`sigma_to_serve` (so by ``Perturber.from_config`` too)
+    for such a target; the message is :func:`saturation_message`.
+    """
 
 
 class Config(FrozenDict):
@@ -104,6 +111,16 @@ def _clean(obj):
 def config_to_json(config: Mapping) -> str:
     """A config (validated first) as indented JSON text, floats in their shortest round-trip form.
 
+    Parameters
+    ----------
+    config : Mapping
+        A ``caliber.config/v2`` config (a :class:`Config` or a plain dict).
+
+    Returns
+    -------
+    str
+        Indented JSON ending in a newline; non-finite display values are written as null.
+
     Raises
     ------
     ConfigError
@@ -114,12 +131,21 @@ def config_to_json(config: Mapping) -> str:
 
 
 def save_config(config: Mapping, path: str | os.PathLike) -> None:
-    """Write a config to ``path`` as JSON.
+    """Write a config to ``path`` as JSON (:func:`config_to_json`).
+
+    Parameters
+    ----------
+    config : Mapping
+        A ``caliber.config/v2`` config.
+    path : str or os.PathLike
+        The file to write (replaced if it exists).
 
     Raises
     ------
     ConfigError
         The config breaks the schema: nothing is written.
+    OSError
+        The file cannot be written.
     """
     text = config_to_json(config)
     with open(path, "w", encoding="utf-8") as fh:
@@ -241,10 +267,18 @@ def _is_number(x) -> bool:
 def validate_config(config) -> None:
     """Check ``config`` against the ``caliber.config/v2`` schema (a :class:`Config` passes as it is).
 
+    Parameters
+    ----------
+    config : Mapping
+        The parsed config.
+
     Raises
     ------
     ConfigError
-        The first rule broken, naming the field and showing its value.
+        The first rule broken, naming the field and showing its value: not an
+        object, another schema, a missing field, a bad scale, class or sample
+        count, a malformed target, or a target sigma beyond the largest the
+        sweep measured.
     """
     if isinstance(config, Config):
         return
@@ -275,9 +309,26 @@ def validate_config(config) -> None:
 
 
 def largest_sigma_measured(config: Mapping) -> float | None:
-    """S * sqrt(sweep.v_max): the largest sigma the config's sweep measured (None without a sweep).
+    """S * sqrt(sweep.v_max): the largest sigma the config's sweep measured.
 
-    Raises ConfigError for a sweep whose ``v_max`` is not a finite number > 0.
+    Parameters
+    ----------
+    config : Mapping
+        A config with a ``scale`` and optionally a ``sweep``.
+
+    Returns
+    -------
+    float or None
+        The largest measured sigma, or None for a config without a sweep.
+
+    Raises
+    ------
+    ConfigError
+        A sweep whose ``v_max`` is not a finite number > 0.
+
+    Notes
+    -----
+    Eq. normalized-noise solved for sigma: sigma = S sqrt(v).
     """
     sweep = config.get("sweep")
     if sweep is None:
@@ -407,7 +458,18 @@ def config_digest(config) -> str:
 
 
 def saturation_message(entry: Mapping | TargetRecord) -> str:
-    """One line saying what a saturated target serves (the CLI and the Perturber use it)."""
+    """One line saying what a saturated target serves (the CLI and the Perturber use it).
+
+    Parameters
+    ----------
+    entry : Mapping or TargetRecord
+        The saturated target (a config's target dict or its record).
+
+    Returns
+    -------
+    str
+        The target's kind and requested value, and the sigma served.
+    """
     get = entry.get if isinstance(entry, Mapping) else lambda k: getattr(entry, k)
     return (f"{get('kind')} target {get('requested')!r} is saturated: the curve never reaches it, "
             f"so sigma={float(get('sigma')):.5g}, the largest sigma the sweep measured, is served")
@@ -415,6 +477,16 @@ def saturation_message(entry: Mapping | TargetRecord) -> str:
 
 def target_records(config: Mapping) -> list[TargetRecord]:
     """The targets of a config as :class:`TargetRecord` objects, in the config's order.
+
+    Parameters
+    ----------
+    config : Config, Mapping, str or os.PathLike
+        Anything :func:`load_config` accepts.
+
+    Returns
+    -------
+    list of TargetRecord
+        One record per target; fields the file omits take their defaults.
 
     Raises
     ------

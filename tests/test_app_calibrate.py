@@ -223,3 +223,23 @@ def test_target_is_remembered_across_pages():
     assert at.slider(key=f"attack_retention_{sha[:12]}").value == 70.0
     at.switch_page("pages/calibrate.py").run()
     assert at.slider(key=_slider_key(at, "retention")).value == 70.0
+
+
+def test_two_class_model_is_exact_without_draws():
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 2, size=400)
+    z = rng.normal(size=(400, 2))
+    z[np.arange(400), y] += 1.5
+    buf = io.BytesIO()
+    np.savez(buf, logits=z.astype(np.float32), labels=y)
+    at.file_uploader(key="upload_logits").set_value(("pair.npz", buf.getvalue(), "application/octet-stream")).run()
+    sha = [k for k, d in at.session_state[state.MODELS].items() if d.source == "pair.npz"][0]
+    at.switch_page("pages/calibrate.py").run()
+    at.selectbox(key="calibrate_model").set_value(sha).run()
+    assert not at.exception
+    assert _metric(at, "noise draws / input") == "exact (K = 2)"
+    cal = pipeline.calibrate_data(at.session_state[state.MODELS][sha])
+    assert cal.intervals.realizations == 0
+    assert _shows_sigma(_metric(at, "σ* (logit units)"), sigma_for_target(cal, 0.8).sigma)

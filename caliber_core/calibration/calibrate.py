@@ -14,7 +14,9 @@ Which curve is "the measured curve" is the engine's one cost policy
 (:func:`.engine.choose_method`): the exact quadrature when the file is small
 enough, else the sweep's Monte-Carlo curve; agreement targets follow the same
 rule. The intervals, the corridor and the drift reference read the same
-engine (:attr:`Calibration.engine`). Every inversion goes through
+engine (:attr:`Calibration.engine`). At K = 2 the curves have a closed form
+and no sweep is run (:mod:`.two_class`): the calibration's ``intervals`` are
+the exact curves, with no draws (:func:`draws_per_input` is 0). Every inversion goes through
 :mod:`caliber_core.calibration.inversion`; the result is a
 :class:`caliber_core.config.TargetRecord`. A target out of reach raises, or
 with ``saturate`` serves the largest sigma the sweep measured
@@ -35,6 +37,7 @@ from .fit import LogisticFit, fit_logistic
 from .inversion import first_crossing, logistic_sigma, sigma_for_agreement, solve_near
 from .sample import LogitSample
 from .sweep import NoiseSweep, SurvivalIntervals, default_realizations, survival_intervals, sweep_from_intervals
+from .two_class import TwoClassCurves
 
 INVERSIONS = ("curve", "logistic")
 CURVE_METHODS = ("auto", "exact", "monte-carlo")
@@ -54,7 +57,7 @@ class Calibration:
     scale: float
     scales: dict
     clean_accuracy: float | None
-    intervals: SurvivalIntervals
+    intervals: SurvivalIntervals | TwoClassCurves
     sweep: NoiseSweep
     fit: LogisticFit
     fit_quantity: str
@@ -85,6 +88,7 @@ class Calibration:
     def engine(self) -> CurveEngine:
         """Per-row survival and curves on this sample, by ``curve_method``, over the sweep's draws."""
         if self._engine is None or self._engine.method != self.curve_method:
+            # Closed-form curves have no draws: a Monte-Carlo engine would run its own sweep.
             self._engine = CurveEngine(self.sample, method=self.curve_method, draws=self.intervals,
                                        seed=self.seed)
         return self._engine
@@ -116,12 +120,20 @@ def calibrate_model(
     statistic : {"median", "mean", "trimmed"}, default "median"
     realizations : int, optional
         Noise draws per input; default from N and K (:func:`default_realizations`).
+        Unused at K = 2 unless ``curve="monte-carlo"``: the curves are then
+        closed form (:func:`draws_per_input`).
     seed : int or None, default 0
     curve : {"auto", "exact", "monte-carlo"}, default "auto"
         Which measured curve every consumer reads (``sigma_for_target``, the
         intervals, the corridor); "auto" is :func:`.engine.choose_method`.
     progress : callable, optional
         Called with the fraction done in [0, 1].
+
+    Notes
+    -----
+    At K = 2, Eq. top1-exact is Phi(g / (sigma sqrt 2)) per row: the sweep's
+    curves are replaced by the exact ones (:class:`.two_class.TwoClassCurves`,
+    standard error 0), so no per-draw arrays are held.
     """
     sample = LogitSample.of(logits, labels)
     n, k = sample.n_samples, sample.n_classes
@@ -137,8 +149,13 @@ def calibrate_model(
             raise ValueError(
                 f"clean accuracy A0={a0:.4g} is not above chance 1/K={1 / k:.4g}: nothing to calibrate"
             )
-    r = default_realizations(n, k) if realizations is None else realizations
-    intervals = survival_intervals(sample, realizations=r, seed=seed, progress=progress)
+    r = draws_per_input(n, k, realizations=realizations, curve=curve)
+    if r == 0:
+        intervals = TwoClassCurves(sample, seed=seed)
+        if progress is not None:
+            progress(1.0)  # nothing to sweep
+    else:
+        intervals = survival_intervals(sample, realizations=r, seed=seed, progress=progress)
     sweep = sweep_from_intervals(intervals, scale=scale, clean_accuracy=a0)
     if sweep.utility is not None:
         fit = fit_logistic(sweep.v, sweep.utility)
@@ -153,6 +170,25 @@ def calibrate_model(
         clean_accuracy=a0, intervals=intervals, sweep=sweep, fit=fit, fit_quantity=quantity,
         curve_method=curve, seed=seed, sample=sample,
     )
+
+
+def draws_per_input(n_samples: int, n_classes: int, *, realizations: int | None = None,
+                    curve: str = "auto") -> int:
+    """Noise draws per input :func:`calibrate_model` makes: 0 at K = 2 (closed form), else the sweep's.
+
+    Parameters
+    ----------
+    n_samples, n_classes : int
+    realizations : int, optional
+        Asked for; None is :func:`.sweep.default_realizations`. An odd count is
+        rounded up to even (antithetic pairs).
+    curve : {"auto", "exact", "monte-carlo"}, default "auto"
+        At K = 2 only "monte-carlo" runs the sweep.
+    """
+    if n_classes == 2 and curve != "monte-carlo":
+        return 0
+    r = default_realizations(n_samples, n_classes) if realizations is None else realizations
+    return r + r % 2 if isinstance(r, (int, np.integer)) and not isinstance(r, bool) else r
 
 
 def _try_scale(m, statistic):
@@ -250,7 +286,7 @@ def sigma_for_target(
             return _unreachable(cal, kind, value, accuracy, saturate, result, "logistic")
         return result(sig_log, "logistic")
     lo, hi = _search_range(cal)
-    mc = cal.intervals.accuracy
+    mc = cal.intervals.guide("accuracy")
     try:
         s_mc = first_crossing(mc, accuracy, lo=lo, hi=hi)
     except ValueError:
@@ -293,18 +329,18 @@ def _agreement_target(cal: Calibration, value: float, *, saturate: bool) -> Targ
         )
     lo, hi = _search_range(cal)
     try:
-        guess = first_crossing(cal.intervals.agreement, value, lo=lo, hi=hi)
+        guess = first_crossing(cal.intervals.guide("agreement"), value, lo=lo, hi=hi)
     except ValueError:
         guess = hi
     else:
         if cal.curve_method == "monte-carlo":
             return result(guess, "monte-carlo-agreement")
-    s = sigma_for_agreement(cal.engine, value, guess=guess, slope=_slope(cal.intervals.agreement, guess))
+    s = sigma_for_agreement(cal.engine, value, guess=guess, slope=_slope(cal.intervals.guide("agreement"), guess))
     return result(s, "exact-agreement")
 
 
 def _slope(curve: Callable, sigma: float, rel: float = 0.05) -> float:
-    """d curve / d sigma by a central difference on the (instant) Monte-Carlo curve."""
+    """d curve / d sigma by a central difference on the (instant) guide curve."""
     lo, hi = curve(np.array([sigma * (1 - rel), sigma * (1 + rel)]))
     return float((hi - lo) / (2 * rel * sigma))
 

@@ -3,7 +3,9 @@
 The sweep is what takes time (minutes on a 50,000 x 1,000 file); its result
 is a few arrays: the survival intervals of every (input, draw) pair, the
 sweep's curves on its grid, and a handful of scalars (scales, clean accuracy,
-the logistic fit). :func:`calibration_to_bytes` writes them as an ``.npz``
+the logistic fit). A two-class calibration has no draws (``realizations`` 0,
+:mod:`.two_class`): its exact curves are rebuilt from the logits, and only the
+grid's curves and the scalars are stored. :func:`calibration_to_bytes` writes them as an ``.npz``
 (plain float64 arrays only, deflated) whose ``header`` entry is UTF-8 JSON;
 :func:`calibration_from_bytes` reads it back without pickle (each entry's
 ``.npy`` header is checked, object dtypes and unexpected shapes refused,
@@ -37,6 +39,7 @@ from .fit import LogisticFit
 from .margins import MARGIN_STATISTICS
 from .sample import LogitSample
 from .sweep import NoiseSweep, SurvivalIntervals
+from .two_class import TwoClassCurves
 
 FORMAT = "caliber.calibration-arrays/1"
 #: Entries of a stored calibration with labels; without labels the ``acc_*`` and
@@ -68,8 +71,9 @@ def calibration_to_arrays(cal: Calibration) -> tuple[dict, dict[str, np.ndarray]
     header : dict
         Format, code version, shapes and every scalar (NaN as ``None``).
     arrays : dict of str to ndarray
-        ``agree_hi``, ``acc_lo``, ``acc_hi`` of shape (n_samples, realizations) and
-        the sweep's curves of shape (n_points,); the label-only ones are absent without labels.
+        ``agree_hi``, ``acc_lo``, ``acc_hi`` of shape (n_samples, realizations) (none
+        at K = 2, where there are no draws) and the sweep's curves of shape
+        (n_points,); the label-only ones are absent without labels.
     """
     iv, sw, fit = cal.intervals, cal.sweep, cal.fit
     header = {
@@ -93,8 +97,9 @@ def calibration_to_arrays(cal: Calibration) -> tuple[dict, dict[str, np.ndarray]
         "seed": cal.seed,
         "sweep_scale": float(sw.scale),
     }
-    arrays = {"agree_hi": iv.agree_hi, "acc_lo": iv.acc_lo, "acc_hi": iv.acc_hi,
-              "pool_rows": iv.pool_rows, "sigma": sw.sigma, "v": sw.v, "accuracy": sw.accuracy, "accuracy_se": sw.accuracy_se,
+    draws = ({"agree_hi": iv.agree_hi, "acc_lo": iv.acc_lo, "acc_hi": iv.acc_hi}
+             if isinstance(iv, SurvivalIntervals) else {})
+    arrays = {**draws, "pool_rows": iv.pool_rows, "sigma": sw.sigma, "v": sw.v, "accuracy": sw.accuracy, "accuracy_se": sw.accuracy_se,
               "agreement": sw.agreement, "agreement_se": sw.agreement_se, "utility": sw.utility}
     arrays = {k: np.ascontiguousarray(v, dtype=np.float64) for k, v in arrays.items() if v is not None}
     return header, arrays
@@ -214,6 +219,8 @@ def _expected_shapes(h: dict) -> dict[str, tuple]:
     names = set(INTERVAL_ARRAYS + SWEEP_ARRAYS)
     if not h["has_labels"]:
         names -= set(_LABELLED_ONLY)
+    if h["realizations"] == 0:  # closed-form curves: no draws stored
+        names -= set(INTERVAL_ARRAYS)
     rows, grid = (h["n_samples"], h["realizations"]), (h["n_points"],)
     shapes = {name: rows if name in INTERVAL_ARRAYS else grid for name in names}
     if h["pooled"]:
@@ -250,9 +257,12 @@ def calibration_from_arrays(header: dict, arrays: dict[str, np.ndarray], *, logi
         raise CalibrationArraysError("stored calibration was made without labels; labels given")
     a = arrays.get
     pool = a("pool_rows")
-    intervals = SurvivalIntervals(agree_hi=a("agree_hi"), acc_lo=a("acc_lo"), acc_hi=a("acc_hi"),
-                                  n_classes=k, seed=header["seed"],
-                                  pool_rows=None if pool is None else pool.astype(np.int64))
+    if header["realizations"] == 0:
+        intervals = TwoClassCurves(sample, seed=header["seed"])
+    else:
+        intervals = SurvivalIntervals(agree_hi=a("agree_hi"), acc_lo=a("acc_lo"), acc_hi=a("acc_hi"),
+                                      n_classes=k, seed=header["seed"],
+                                      pool_rows=None if pool is None else pool.astype(np.int64))
     sweep = NoiseSweep(sigma=a("sigma"), v=a("v"), accuracy=a("accuracy"), accuracy_se=a("accuracy_se"),
                        agreement=a("agreement"), agreement_se=a("agreement_se"), utility=a("utility"),
                        scale=header["sweep_scale"], clean_accuracy=header["clean_accuracy"], n_classes=k,
@@ -293,11 +303,14 @@ def _header(raw) -> dict:
     if h.get("version") != __version__:
         raise CalibrationArraysError(f"written by version {h.get('version')!r}, this is {__version__}")
     _need(h, "name", isinstance(h.get("name"), str), "a string")
-    for key, low in (("n_samples", 1), ("n_classes", 2), ("realizations", 2), ("n_points", _MIN_GRID)):
+    for key, low in (("n_samples", 1), ("n_classes", 2), ("realizations", 0), ("n_points", _MIN_GRID)):
         _need(h, key, _is_int(h.get(key)) and h[key] >= low, f"an integer >= {low}")
     _need(h, "realizations", h["realizations"] % 2 == 0, "even (antithetic pairs)")
+    _need(h, "realizations", (h["realizations"] == 0) == (h["n_classes"] == 2 and h.get("curve_method") == "exact"),
+          "0 exactly at K = 2 with exact curves (closed form, no draws)")
     _need(h, "has_labels", isinstance(h.get("has_labels"), bool), "true or false")
     _need(h, "pooled", isinstance(h.get("pooled"), bool), "true or false")
+    _need(h, "pooled", not (h["pooled"] and h["realizations"] == 0), "false without draws")
     _need(h, "statistic", h.get("statistic") in MARGIN_STATISTICS, f"one of {MARGIN_STATISTICS}")
     _need(h, "curve_method", h.get("curve_method") in CURVE_METHODS[1:], f"one of {CURVE_METHODS[1:]}")
     _need(h, "fit_quantity", h.get("fit_quantity") in _FIT_QUANTITIES, f"one of {_FIT_QUANTITIES}")
@@ -347,8 +360,9 @@ def _checked_arrays(h: dict, entries: dict[str, np.ndarray]) -> dict[str, np.nda
         if np.isnan(arr).any():
             raise CalibrationArraysError(f"{name} holds NaN")
     e = entries
-    _rule(e, "agree_hi", (e["agree_hi"] >= 0).all(), "ends >= 0 (inf allowed)")
-    if h["has_labels"]:
+    if "agree_hi" in e:  # absent for closed-form curves (no draws)
+        _rule(e, "agree_hi", (e["agree_hi"] >= 0).all(), "ends >= 0 (inf allowed)")
+    if "acc_lo" in e:
         _rule(e, "acc_lo", np.isfinite(e["acc_lo"]).all() and (e["acc_lo"] >= 0).all(), "finite ends >= 0")
         _rule(e, "acc_hi", (e["acc_hi"] >= e["acc_lo"]).all(), "ends >= acc_lo")
     if "pool_rows" in e:

@@ -155,10 +155,12 @@ def check_drift(config, logits, labels=None, *, confidence: float = 0.95,
     config : mapping, str or os.PathLike
         A config in any form :func:`caliber_core.config.load_config` accepts (a v1
         file is upgraded): its targets' sigma, S, A0, N and per-target references.
-    logits : array_like of shape (n_samples, n_classes)
-        The new sample; K must match the config's.
+    logits : array_like of shape (n_samples, n_classes), or LogitSample
+        The new sample; K must match the config's. A loaded file's sample
+        (:meth:`.sample.LogitSample.from_data`) is used as it is: its margins are not taken again.
     labels : array_like of int, shape (n_samples,), optional
-        Without them only agreement and S are compared.
+        Without them only agreement and S are compared. Only with raw logits
+        (a sample carries its own).
     confidence : float, default 0.95
         Simultaneous level of all ranges (Bonferroni over the comparisons).
     seed : int or None, default 0
@@ -177,13 +179,16 @@ def check_drift(config, logits, labels=None, *, confidence: float = 0.95,
     """
     config = load_config(config)
     conf = check_confidence(confidence)
-    z = np.asarray(logits)
+    given = logits if isinstance(logits, LogitSample) else None
+    if given is not None and labels is not None:
+        raise ValueError("labels come with the LogitSample; pass them when building it")
+    z = given.logits if given is not None else np.asarray(logits)
     k_cfg = config.get("n_classes")
     if z.ndim != 2 or z.shape[1] != k_cfg:
         raise ValueError(f"the new sample must have the config's {k_cfg} classes, "
                          f"got logits of shape {z.shape}")
     n_cal = int(config["n_samples"])
-    sample = LogitSample(z, labels, finite=True)
+    sample = given if given is not None else LogitSample(z, labels, finite=True)
     if sample.n_samples < 2:
         raise ValueError(f"a drift check needs at least 2 rows, got n_samples={sample.n_samples}")
     rows = CurveEngine(sample, seed=seed)  # the one cost policy: exact, or the sweep's draws
@@ -215,12 +220,14 @@ def check_drift(config, logits, labels=None, *, confidence: float = 0.95,
 
     findings = []
     if plans:
-        sigmas = sorted({float(t["sigma"]) for _, t, *_ in plans})
-        rv = rows.at(sigmas)
-        est, sds = sample_estimates(rv), row_spread(rv)
+        # One sigma's rows at a time: all of them at once would hold 16 bytes a row per sigma.
+        at_sigma = {}
+        for s in sorted({float(t["sigma"]) for _, t, *_ in plans}):
+            rv = rows.at(s)
+            at_sigma[s] = (sample_estimates(rv), row_spread(rv)[0])
         for i, t, q, expected, sd_cal in plans:
-            j = sigmas.index(float(t["sigma"]))
-            observed, sd_new = float(est[q][j]), sds[j][q]
+            est, sds = at_sigma[float(t["sigma"])]
+            observed, sd_new = float(est[q][0]), sds[q]
             sd_cal = sd_new if sd_cal is None else sd_cal
             half = zq * math.sqrt(sd_cal**2 / n_cal + sd_new**2 / n_new)
             findings.append(_target_finding(i, t, q, expected, observed, half, n_new))

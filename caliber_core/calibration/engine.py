@@ -44,13 +44,20 @@ EXACT_BUDGET = 1.7e7
 
 
 def exact_cost(n_samples: int, n_classes: int) -> float:
-    """Normal-CDF evaluations of one sigma's exact rows."""
+    """Normal-CDF evaluations of one sigma's exact rows (one per row at K = 2: the closed form)."""
+    if n_classes == 2:
+        return float(n_samples)
     nodes = 2 * U_MAX / (QUAD_STEP_FEW if n_classes <= FEW_CLASSES else QUAD_STEP) + 1
     return float(n_samples) * (n_classes - 1) * nodes
 
 
 def choose_method(n_samples: int, n_classes: int) -> str:
-    """"exact" when one sigma's quadrature costs at most ``EXACT_BUDGET`` CDFs, else "monte-carlo"."""
+    """"exact" when one sigma's quadrature costs at most ``EXACT_BUDGET`` CDFs, else "monte-carlo".
+
+    At K = 2 the rows are closed form (one CDF per row, no draws needed): always "exact".
+    """
+    if n_classes == 2:
+        return "exact"
     return "exact" if exact_cost(n_samples, n_classes) <= EXACT_BUDGET else "monte-carlo"
 
 
@@ -93,14 +100,33 @@ def row_spread(rv: RowValues) -> list[dict]:
     """
     out = []
     for j in range(rv.sigma.size):
-        d = {"agreement": float(np.std(rv.agreement[j], ddof=1)), "accuracy": None, "retention": None}
+        g = rv.agreement[j]
+        d = {"agreement": _spread(g.size, lambda lo, hi: g[lo:hi]), "accuracy": None, "retention": None}
         if rv.accuracy is not None:
             a, c = rv.accuracy[j], rv.correct
             a0 = c.mean()
-            d["accuracy"] = float(np.std(a, ddof=1))
-            d["retention"] = float(np.std((a - a.mean() / a0 * c) / a0, ddof=1))
+            ratio = a.mean() / a0
+            d["accuracy"] = _spread(a.size, lambda lo, hi: a[lo:hi])
+            d["retention"] = _spread(a.size, lambda lo, hi: (a[lo:hi] - ratio * c[lo:hi]) / a0)
         out.append(d)
     return out
+
+
+_SPREAD_ROWS = 1 << 16
+
+
+def _spread(n: int, block: Callable[[int, int], np.ndarray]) -> float:
+    """Sample standard deviation (ddof 1) of a per-row value made ``block(lo, hi)`` rows at a time.
+
+    Two passes over blocks of rows: no temporary the size of all rows (the
+    retention's influence would otherwise need three of them).
+    """
+    if n < 2:
+        return float("nan")
+    starts = range(0, n, _SPREAD_ROWS)
+    mean = sum(float(block(lo, min(n, lo + _SPREAD_ROWS)).sum()) for lo in starts) / n
+    squares = sum(float(np.sum((block(lo, min(n, lo + _SPREAD_ROWS)) - mean) ** 2)) for lo in starts)
+    return float(np.sqrt(squares / (n - 1)))
 
 
 def deficit_term(deficits, sigma, *, n_samples: int) -> np.ndarray:
@@ -143,6 +169,8 @@ class CurveEngine:
     draws : SurvivalIntervals, optional
         The calibration sweep's draws for the Monte-Carlo rows; without them
         the sweep is run on first use with ``seed`` and the default draws.
+        Curves with no draws (``realizations`` 0: the closed form at K = 2)
+        are taken as none.
     seed : int or None, default 0
     """
 
@@ -153,6 +181,8 @@ class CurveEngine:
         if method not in ("auto", *METHODS):
             raise ValueError(f"method must be one of {('auto', *METHODS)}, got {method!r}")
         self.method = choose_method(n, k) if method == "auto" else method
+        if draws is not None and draws.realizations == 0:
+            draws = None
         if draws is not None:
             if draws.n_samples != n:
                 raise ValueError(f"draws cover {draws.n_samples} rows, logits have {n}")
@@ -230,7 +260,7 @@ class CurveEngine:
         agree = survival_probability(smp.agreement_gaps, s)
         if not self.has_labels:
             return agree, None
-        acc = agree * self.correct
+        acc = np.where(smp.correct, agree, 0.0)
         if smp.wrong_rows.size:
             acc[smp.wrong_rows] = survival_probability(smp.label_gaps, s)
         return agree, acc
@@ -257,7 +287,10 @@ class CurveEngine:
                 out[j] = smp.clean_accuracy
                 continue
             # Correct rows survive with the argmax, wrong ones need their label to win.
-            total = survival_probability(smp.correct_gaps, s).sum()
+            if self.n_classes == 2:  # one CDF a row: all rows', summed over the correct ones (no gap copy)
+                total = np.sum(survival_probability(smp.agreement_gaps, s), where=smp.correct)
+            else:
+                total = survival_probability(smp.correct_gaps, s).sum()
             if smp.wrong_rows.size:
                 total += survival_probability(smp.label_gaps, s).sum()
             out[j] = total / self.n_samples

@@ -178,7 +178,9 @@ class BootstrapIntervals:
         weights_seed, groups_seed = np.random.SeedSequence(seed).spawn(2)
         # Resampled units: the rows, or (beyond MAX_UNITS rows) random groups of rows.
         units = min(n, MAX_UNITS)
-        self._order = None if units == n else np.random.default_rng(groups_seed).permutation(n)
+        # int32 where it fits: the order is kept, 4 bytes a row instead of 8.
+        self._order = None if units == n else np.random.default_rng(groups_seed).permutation(n).astype(
+            np.int32 if n < 2**31 else np.int64)
         self._starts = np.linspace(0, n, units + 1).astype(np.int64)[:-1]
         sizes = np.diff(np.append(self._starts, n)).astype(np.float32)
         self._weights = self._counts(units, weights_seed)
@@ -203,11 +205,15 @@ class BootstrapIntervals:
             out[start:start + b] = np.bincount(idx.ravel(), minlength=b * units).reshape(b, units)
         return out
 
-    def _replicate_means(self, values: np.ndarray) -> np.ndarray:
-        """(B, M) resampled means of the (N, M) columns of ``values``."""
-        if self._order is not None:  # unit sums: one per random group of rows
-            values = np.add.reduceat(values[self._order], self._starts, axis=0)
-        return (self._weights @ values.astype(np.float32)) / self._rows_per_replicate[:, None]
+    def _replicate_means(self, columns: list[np.ndarray]) -> np.ndarray:
+        """(B, M) resampled means of M per-row columns (each of shape (N,))."""
+        # Column by column: an (N, M) float64 copy of all of them (and its reordered copy)
+        # would cost 16 M bytes a row, more than the sample itself at small K.
+        units = np.empty((self._starts.size, len(columns)), dtype=np.float32)
+        for j, column in enumerate(columns):
+            # Unit sums: one per random group of rows (beyond MAX_UNITS rows), else the rows.
+            units[:, j] = column if self._order is None else np.add.reduceat(column[self._order], self._starts)
+        return (self._weights @ units) / self._rows_per_replicate[:, None]
 
     def replicates(self, sigma) -> dict:
         """Bootstrap replicates per quantity: arrays (B, n_sigma); None without labels."""
@@ -216,10 +222,10 @@ class BootstrapIntervals:
     def _replicates(self, sigma) -> tuple[dict, RowValues]:
         rv = self.rows.at(sigma)
         g = rv.sigma.size
-        cols = [rv.agreement.T]
+        cols = list(rv.agreement)
         if rv.accuracy is not None:
-            cols += [rv.accuracy.T, rv.correct[:, None]]
-        t = self._replicate_means(np.concatenate(cols, axis=1))
+            cols += [*rv.accuracy, rv.correct]
+        t = self._replicate_means(cols)
         out = {"agreement": t[:, :g], "accuracy": None, "retention": None}
         if rv.accuracy is not None:
             acc, a0 = t[:, g:2 * g], t[:, 2 * g:2 * g + 1]

@@ -111,8 +111,15 @@ class LogitSample:
 
     @cached_property
     def agreement_gaps(self) -> np.ndarray:
-        """(n_samples, K - 1) gaps to the clean argmax, sorted ascending per row."""
-        return sorted_gaps(self.logits, self.pred, validated=True)
+        """(n_samples, K - 1) gaps to the clean argmax, sorted ascending per row.
+
+        At K = 2 the one gap is the top-two margin: the margins' array is shared
+        (a view) when it holds exactly these values, rather than kept twice.
+        """
+        gaps = sorted_gaps(self.logits, self.pred, validated=True)
+        if self.n_classes == 2 and np.array_equal(gaps[:, 0], self.margins):
+            return self.margins[:, None]
+        return gaps
 
     @cached_property
     def correct_gaps(self) -> np.ndarray:

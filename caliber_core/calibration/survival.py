@@ -14,6 +14,11 @@ the exact expected accuracy A(sigma). No Monte Carlo is involved.
 The integrand is analytic in u and decays like phi, so the trapezoid rule on a
 uniform grid converges geometrically; nodes on [-U_MAX, U_MAX] match mpmath to
 ~2e-11 (tests/test_survival_reference.py).
+
+With two classes (one gap g) the integral has a closed form: the reference
+stays ahead iff the difference of two independent N(0, sigma^2) noises, a
+N(0, 2 sigma^2) variable, stays below g, so P(sigma) = Phi(g / (sigma sqrt 2)).
+:func:`survival_probability` uses it (one CDF per row, no quadrature).
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ def sorted_gaps(logits, reference, *, validated: bool = False) -> np.ndarray:
     if c.shape != (z.shape[0],):
         raise ValueError(f"reference must have shape ({z.shape[0]},), got {c.shape}")
     rows = np.arange(z.shape[0])
+    if z.shape[1] == 2:
+        # One gap per row: built as an (n, 1) array of its own, not a view of an (n, 2) one.
+        return (z[rows, c] - z[rows, 1 - c])[:, None]
     gaps = z[rows, c][:, None] - z
     gaps[rows, c] = np.inf  # the reference itself: Phi(inf) = 1, sorted to the end
     gaps.sort(axis=1)
@@ -83,6 +91,11 @@ def survival_probability(gaps_sorted: np.ndarray, sigma: float) -> np.ndarray:
     Returns
     -------
     prob : ndarray of shape (n_samples,)
+
+    Notes
+    -----
+    Eq. top1-exact by trapezoid quadrature; with one gap per row (K = 2) its
+    closed form Phi(g / (sigma sqrt 2)), exact.
     """
     from scipy.special import ndtr  # on first quadrature only: the Monte-Carlo path never needs scipy
 
@@ -92,6 +105,8 @@ def survival_probability(gaps_sorted: np.ndarray, sigma: float) -> np.ndarray:
     if sigma == 0.0:
         # Noise-free: the reference wins iff every gap is positive.
         return (g[:, 0] > 0).astype(np.float64) if g.shape[1] else np.ones(n)
+    if g.shape[1] == 1:
+        return _two_class_survival(g[:, 0], sigma, ndtr)
     nodes, weights = _RULE_FEW if g.shape[1] + 1 <= FEW_CLASSES else _RULE
     # Columns whose scaled gap puts Phi at exactly 1 on every node drop out.
     cut = (_PHI_ONE + U_MAX) * sigma
@@ -107,6 +122,17 @@ def survival_probability(gaps_sorted: np.ndarray, sigma: float) -> np.ndarray:
         cond = np.prod(ndtr(t), axis=1)  # P(survive | reference noise = u)
         out[start : start + block.shape[0]] = cond @ weights
     return np.clip(out, 0.0, 1.0)
+
+
+def _two_class_survival(gaps: np.ndarray, sigma: float, ndtr) -> np.ndarray:
+    """Phi(g / (sigma sqrt 2)) per row (K = 2: the closed form of Eq. top1-exact), in row blocks."""
+    out = np.empty(gaps.shape[0])
+    scale = 1.0 / (sigma * np.sqrt(2.0))
+    for start in range(0, gaps.shape[0], _CHUNK_ELEMENTS):
+        block = out[start:start + _CHUNK_ELEMENTS]
+        np.multiply(gaps[start:start + _CHUNK_ELEMENTS], scale, out=block)
+        ndtr(block, out=block)
+    return out
 
 
 def agreement_probability(logits, sigma) -> np.ndarray:

@@ -105,6 +105,12 @@ class SurvivalIntervals:
             raise ValueError("accuracy needs labels; the sweep was run without them")
         return _fraction_inside(*self._acc_sorted, sigma)
 
+    def guide(self, quantity: str) -> Callable[[np.ndarray], np.ndarray]:
+        """The curve a search over many sigmas reads: :meth:`accuracy` or :meth:`agreement` (instant here)."""
+        if quantity not in ("accuracy", "agreement"):
+            raise ValueError(f"quantity must be 'accuracy' or 'agreement', got {quantity!r}")
+        return self.accuracy if quantity == "accuracy" else self.agreement
+
     def accuracy_stderr(self, sigma) -> np.ndarray:
         """Standard error of :meth:`accuracy` from the noise alone (inputs fixed)."""
         if not self.has_labels:

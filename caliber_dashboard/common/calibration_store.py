@@ -38,7 +38,7 @@ from caliber_core.version import __version__
 from caliber_core.calibration.calibrate import Calibration
 from caliber_core.calibration.calibration_arrays import (FORMAT, CalibrationArraysError,
                                                          calibration_from_bytes, calibration_to_bytes)
-from caliber_core.calibration.sweep import default_realizations
+from caliber_core.calibration.calibrate import draws_per_input
 from caliber_core.loading import LogitsData
 
 from caliber_dashboard.common import state, ui
@@ -53,11 +53,12 @@ def store_key(data: LogitsData, *, statistic: str, seed: int | None,
               realizations: int | None) -> tuple[str, str]:
     """(kind, key) of the calibration of ``data`` with these options in a workspace.
 
-    ``realizations=None`` is resolved to the core's default for the file's
-    shape, so the key names the draws actually made.
+    ``realizations`` is resolved to the draws the core makes for the file's
+    shape (the default for None, an odd count rounded up, 0 at K = 2 where the
+    curves are closed form), so the key names the draws actually made.
     """
-    r = default_realizations(data.n_samples, data.n_classes) if realizations is None else int(realizations)
-    r += r % 2  # the sweep rounds an odd count up (antithetic pairs)
+    r = draws_per_input(data.n_samples, data.n_classes,
+                        realizations=None if realizations is None else int(realizations))
     labels = (hashlib.sha256(data.labels.astype("<i8", copy=False).tobytes()).hexdigest()
               if data.labels is not None else None)
     described = {"format": FORMAT, "version": __version__, "sha256": data.sha256, "labels": labels,
@@ -86,8 +87,8 @@ def load(data: LogitsData, *, statistic: str, seed: int | None,
         if not isinstance(payload, bytes):
             raise CalibrationArraysError("not a stored calibration")
         cal = calibration_from_bytes(payload, logits=data.logits, labels=data.labels)
-        if (cal.statistic, cal.seed) != (statistic, seed) or (
-                realizations is not None and cal.intervals.realizations != realizations + realizations % 2):
+        if (cal.statistic, cal.seed) != (statistic, seed) or cal.intervals.realizations != draws_per_input(
+                data.n_samples, data.n_classes, realizations=realizations):
             raise CalibrationArraysError("its options do not match its key")
     except CalibrationArraysError as exc:
         _warn(f"The stored calibration of {data.name} was skipped ({exc}); it is computed again.")

@@ -66,8 +66,12 @@ else:
     m[2].metric("clean accuracy A0", "—", help="No labels in this file.")
 m[3].metric(f"S ({statistic} margin)", fmt(cal.scale, ".4g"))
 m[4].metric(f"logistic R² ({cal.fit_quantity})", fmt(cal.fit.r2, ".4f"))
-m[5].metric("noise draws / input", cal.intervals.realizations,
-            help="Monte-Carlo draws per input in the sweep (common random numbers over σ).")
+if cal.intervals.realizations:
+    m[5].metric("noise draws / input", cal.intervals.realizations,
+                help="Monte-Carlo draws per input in the sweep (common random numbers over σ).")
+else:
+    m[5].metric("noise draws / input", "exact (K = 2)",
+                help="No draws: with two classes each input's survival is Φ(gap / (σ√2)), so the curves are exact.")
 st.caption("σ* inverts the " + ("exact expected-accuracy curve (quadrature, Proposition 1). "
                                 if cal.curve_method == "exact" else
                                 "Monte-Carlo sweep curve (the file is too large for quadrature). ")

@@ -5,6 +5,14 @@ Streamlit marks the app element with ``data-test-script-state``: "running"
 is done. :func:`settle_run` watches that attribute from just before an action
 until a run has started and ended, then waits for the element the action
 should have produced.
+
+A short run can leave no trace on that attribute: the frontend may handle the
+run's start and end messages in one task, and React then renders only the
+final "notRunning" (seen on a cached page reached from the sidebar: the page
+was drawn, the attribute never moved). So an action given a ``ready``
+element that was not on the page before it also counts as done once that
+element is there and the app is idle: only the run the action started can
+have drawn it.
 """
 
 from __future__ import annotations
@@ -18,29 +26,38 @@ _WATCH_RUNS = """() => {
   if (window.__caliberWatch) window.__caliberWatch.disconnect();
   window.__caliberRuns = 0;
   window.__caliberStates = [app.getAttribute("data-test-script-state")];
-  window.__caliberWatch = new MutationObserver(() => {
-    const state = app.getAttribute("data-test-script-state");
-    window.__caliberStates.push(state);
-    if (state === "running" || state === "rerunRequested") window.__caliberRuns += 1;
+  const busy = (state) => state === "running" || state === "rerunRequested";
+  window.__caliberWatch = new MutationObserver((records) => {
+    // Every record, not only the attribute's value now: two changes can arrive in one callback.
+    for (const record of records) {
+      const state = record.target.getAttribute("data-test-script-state");
+      window.__caliberStates.push(state);
+      if (busy(record.oldValue) && !busy(state)) window.__caliberRuns += 1;
+      else if (busy(state)) window.__caliberRuns = Math.max(window.__caliberRuns, 1);
+    }
   });
-  window.__caliberWatch.observe(app, {attributes: true, attributeFilter: ["data-test-script-state"]});
+  window.__caliberWatch.observe(app, {attributes: true, attributeOldValue: true,
+                                      attributeFilter: ["data-test-script-state"]});
 }"""
 _RUN_DONE = """() => window.__caliberRuns > 0 &&
   document.querySelector("[data-testid='stApp']").getAttribute("data-test-script-state") === "notRunning"
 """
 
 
-def upload(page, path, *, ready: str, nth: int = 0, timeout: float = 240_000) -> None:
-    """Put ``path`` in the ``nth`` file uploader and wait until the upload is done and read.
+def upload(page, path, *, ready: str, label: str = "Logits files", timeout: float = 240_000) -> None:
+    """Put ``path`` in the file uploader whose label starts ``label`` and wait until it is read.
 
     Done means: a script run started after the file was given and ended, and
     ``ready`` (the file's own message, which only the run that read it draws) is
-    on the page. Streamlit answers
-    the browser's request for an upload URL before the file is sent; that answer
-    has taken 8 s here even on an idle server, and longer under load, hence the
-    generous ``timeout``.
+    on the page. The uploader is found by its label, never by position: the
+    labels uploader is re-keyed after each upload, and an index taken while it
+    remounts has put a logits file into it. Streamlit answers the browser's
+    request for an upload URL before the file is sent; that answer has taken
+    8 s here even on an idle server, and longer under load, hence the generous
+    ``timeout``.
     """
-    uploader = page.locator("[data-testid='stFileUploader']").nth(nth)
+    name = page.locator("[data-testid='stWidgetLabel']", has_text=label)
+    uploader = page.locator("[data-testid='stFileUploader']", has=name).first
     settle_run(page, lambda: uploader.locator("input[type=file]").set_input_files(str(path)),
                ready=ready, timeout=timeout)
 
@@ -51,8 +68,9 @@ def settle_run(page, action=None, *, ready: str | None = None, timeout: float = 
     The wait is on the app's own state: a run must have started after the action
     (``data-test-script-state`` left "notRunning") and ended again. With ``ready``
     (a selector), that element must also be on the page, for actions whose effect
-    arrives in a later run (an upload: the file is sent, then the run starts). With
-    no action: wait for the page's first run to end.
+    arrives in a later run (an upload: the file is sent, then the run starts); a
+    ``ready`` element absent before the action stands for the run itself (see the
+    module docstring). With no action: wait for the page's first run to end.
     """
     page.wait_for_selector("[data-testid='stApp']", timeout=timeout)
     if action is None:
@@ -62,14 +80,20 @@ def settle_run(page, action=None, *, ready: str | None = None, timeout: float = 
         # (the server restarts it with the new widget values), and no new start would show.
         page.wait_for_selector(IDLE, timeout=timeout)
         page.evaluate(_WATCH_RUNS)
+        # A ready element already on the page proves nothing about this action's run.
+        drawn_by_run = ready if ready is not None and not _on_page(page, ready) else None
         action()
         try:
-            page.wait_for_function(_RUN_DONE, timeout=timeout)
+            if drawn_by_run is not None:  # drawn only by the run the action started; idle below ends it
+                page.wait_for_selector(drawn_by_run, timeout=timeout)
+            else:
+                page.wait_for_function(_RUN_DONE, timeout=timeout)
         except Exception as exc:  # say what the app did instead
             states = page.evaluate("() => window.__caliberStates")
             files = page.locator("[data-testid='stFileUploader']").all_inner_texts()
+            headings = page.locator("h1").all_inner_texts()
             raise AssertionError(f"no script run started and ended after the action; states seen: {states}; "
-                                 f"files in the uploaders: {files}") from exc
+                                 f"files in the uploaders: {files}; headings: {headings}; url: {page.url}") from exc
     if ready is not None:
         page.wait_for_selector(ready, timeout=timeout)
         page.wait_for_selector(IDLE, timeout=timeout)
@@ -82,3 +106,8 @@ def sigma_readout(cal, sigma: float, kind: str = "retention") -> str:
 
     interval = interval_estimator(cal).at(sigma).get(kind)
     return readouts.sigma_text(sigma, readouts.sigma_range(cal, sigma, interval, kind))
+
+
+def _on_page(page, selector: str) -> bool:
+    """Whether ``selector`` (Playwright syntax, e.g. "text=...") matches an element now."""
+    return page.locator(selector).count() > 0

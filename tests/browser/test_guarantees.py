@@ -51,7 +51,7 @@ def test_at_least_80_reads_as_a_guarantee_export_follows_and_fleet_pools_one_k(p
 
     upload(page, logits, ready="text=Loaded mmlu_letters: N=1500, K=4, labels no.")
     # The .npy is still in its uploader: it is read again with the labels that came after it.
-    upload(page, labels, nth=1, ready="text=Loaded mmlu_letters: N=1500, K=4, labels yes (from mmlu_letters_labels.npy).")
+    upload(page, labels, label="Labels file", ready="text=Loaded mmlu_letters: N=1500, K=4, labels yes (from mmlu_letters_labels.npy).")
     page.wait_for_selector("text=with labels")
     assert "8 models loaded in this workspace (8 with labels)" in page.locator(
         "[data-testid='stSidebar']").inner_text()
