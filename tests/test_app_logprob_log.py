@@ -9,7 +9,7 @@ import numpy as np
 from streamlit.testing.v1 import AppTest
 
 from caliber_core.simulation.llm_like import llm_like_logits, log_softmax
-from caliber_dashboard.logprob_log_view import bounds_figure, calibrate_log
+from caliber_dashboard.data.logprob_log import bounds_figure, calibrate_log
 
 APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from caliber_core.calibration.llm_inputs import config_for_llm_file
 from caliber_core.loading import LogitsFileError
 
-from .figures import INTERVAL_FILL, LIGHT_LAYOUT, PALETTE, SIGMA_AXIS
+from caliber_dashboard.common.figures import INTERVAL_FILL, LIGHT_LAYOUT, PALETTE, SIGMA_AXIS
 
 
 def calibrate_log(content: bytes, filename: str, *, vocab_size: int, targets, side: str = "at-least"):
