@@ -113,6 +113,16 @@ MAX_ABS_NORMAL = float(np.polynomial.polynomial.polyval(0.0, _TABLE[:, 0]))
 def encode_ids(ids) -> list[bytes]:
     """Ids as bytes: str is UTF-8 encoded, so ``"a"`` and ``b"a"`` are one id (the one encoding of row ids).
 
+    Parameters
+    ----------
+    ids : iterable of str or bytes-like
+        One id per row.
+
+    Returns
+    -------
+    list of bytes
+        In the order given; bytes ids are passed through without a copy.
+
     Raises
     ------
     TypeError
@@ -133,7 +143,22 @@ def encode_ids(ids) -> list[bytes]:
 
 
 def row_digests(ids) -> np.ndarray:
-    """SHA-256 of each id (str or bytes), shape (n_rows, 32) uint8: what the device side never needs."""
+    """SHA-256 of each id (str or bytes): step 1 of the derivation, which the device side never needs.
+
+    Parameters
+    ----------
+    ids : iterable of str or bytes-like
+        One id per row (:func:`encode_ids`).
+
+    Returns
+    -------
+    ndarray of shape (n_rows, 32), uint8
+
+    Raises
+    ------
+    TypeError
+        An id that is neither str nor bytes.
+    """
     encoded = encode_ids(ids)
     sha256 = hashlib.sha256
     joined = b"".join([sha256(one).digest() for one in encoded])
@@ -154,7 +179,33 @@ def _check_args(binding, level, digests, n_classes) -> np.ndarray:
 
 
 def row_seeds(key: bytes, binding: bytes, level: int, digests, n_classes: int) -> np.ndarray:
-    """The 64-bit seed of each row (step 2 of the module's derivation), shape (n_rows,) uint64."""
+    """The 64-bit seed of each row (step 2 of the module's derivation).
+
+    Parameters
+    ----------
+    key : bytes
+        The serving key.
+    binding : bytes
+        What the stream is bound to (a config digest, a noise identity); length-prefixed in the derivation.
+    level : int
+        The noise level, >= 0.
+    digests : array_like of shape (n_rows, 32), uint8
+        :func:`row_digests` of the ids.
+    n_classes : int
+        K, >= 1: another K gives another stream.
+
+    Returns
+    -------
+    ndarray of shape (n_rows,), uint64
+
+    Raises
+    ------
+    TypeError
+        ``key`` or ``binding`` is not bytes.
+    ValueError
+        A key too short or one repeated byte, a negative level, a bad K, or
+        digests of another shape.
+    """
     key = check_key(key)
     digests = _check_args(binding, level, digests, n_classes)
     message = (DOMAIN + len(binding).to_bytes(8, "big") + bytes(binding)
@@ -177,7 +228,20 @@ def _counters(n_classes: int) -> np.ndarray:
 
 
 def blocks(n_rows: int, n_classes: int, size: int = _CHUNK):
-    """(row slice, class slice) pairs covering (n_rows, n_classes) in blocks of about ``size`` elements."""
+    """(row slice, class slice) pairs covering (n_rows, n_classes) in blocks of about ``size`` elements.
+
+    Parameters
+    ----------
+    n_rows, n_classes : int
+        The array's shape.
+    size : int, default the module's chunk
+        Elements per block; a row wider than this is cut along its classes.
+
+    Yields
+    ------
+    tuple of (slice, slice)
+        Row and class slices, in row-major order.
+    """
     if n_classes >= size:
         for row in range(n_rows):
             for start in range(0, n_classes, size):
@@ -218,7 +282,22 @@ def _workspace(size: int) -> _Workspace:
 
 
 def normals_from_seeds(seeds, n_classes: int, *, out: np.ndarray | None = None) -> np.ndarray:
-    """Standard normals, shape (n_rows, n_classes) float64, from row seeds (steps 3-4 of the derivation)."""
+    """Standard normals from row seeds (steps 3-4 of the derivation).
+
+    Parameters
+    ----------
+    seeds : array_like of shape (n_rows,), uint64
+        :func:`row_seeds`.
+    n_classes : int
+        K: the counters 0 .. K - 1 of each row.
+    out : ndarray of shape (n_rows, n_classes), float64, optional
+        Written in place when given.
+
+    Returns
+    -------
+    ndarray of shape (n_rows, n_classes), float64
+        ``out`` when given.
+    """
     seeds = np.asarray(seeds, dtype=np.uint64).reshape(-1)
     if out is None:
         out = np.empty((seeds.shape[0], n_classes), dtype=np.float64)
@@ -235,10 +314,26 @@ def normals_from_seeds(seeds, n_classes: int, *, out: np.ndarray | None = None) 
 def add_keyed_noise(logits: np.ndarray, level_seeds, increments) -> np.ndarray:
     """``logits + sum_i increments[i] * xi_i`` in float64, rounded once to the logits' dtype.
 
-    ``level_seeds[i]`` are the row seeds of level i + 1 (:func:`row_seeds`). Block
-    by block, so each block's noise is summed, added and rounded while in cache;
-    the result equals, bit for bit, the sum in that order of whole arrays:
+    Block by block, so each block's noise is summed, added and rounded while in
+    cache; the result equals, bit for bit, the sum in that order of whole arrays:
     ``((inc_1 * xi_1 + inc_2 * xi_2) + ...) + logits``.
+
+    Parameters
+    ----------
+    logits : ndarray of shape (n_rows, n_classes)
+        A floating dtype; not modified.
+    level_seeds : sequence of ndarray of shape (n_rows,), uint64
+        ``level_seeds[i]`` are the row seeds of level i + 1 (:func:`row_seeds`).
+    increments : sequence of float
+        One per level (:func:`level_increments`).
+
+    Returns
+    -------
+    ndarray of shape (n_rows, n_classes), the logits' dtype
+
+    Notes
+    -----
+    Eq. logits-noise, with the nested levels' variances adding up to sigma^2.
     """
     n_rows, n_classes = logits.shape
     out = np.empty(logits.shape, dtype=logits.dtype)
@@ -275,7 +370,17 @@ def _transform_block(seeds: np.ndarray, counters: np.ndarray, out: np.ndarray, w
 
 
 def normals_from_words(words) -> np.ndarray:
-    """Step 4 of the derivation alone: one standard normal per 64-bit word (any shape), float64."""
+    """Step 4 of the derivation alone: one standard normal per 64-bit word.
+
+    Parameters
+    ----------
+    words : array_like of uint64, any shape
+        Random words.
+
+    Returns
+    -------
+    ndarray of the same shape, float64
+    """
     w = np.array(words, dtype=np.uint64)
     out = np.empty(w.shape, dtype=np.float64)
     flat = (1, w.size)
@@ -338,7 +443,27 @@ def table() -> np.ndarray:
 
 
 def level_increments(levels, level: int) -> tuple[float, ...]:
-    """sqrt(sigma_i^2 - sigma_{i-1}^2) for i = 1..level (sigma_0 = 0), each as (s_i - s_{i-1})(s_i + s_{i-1})."""
+    """sqrt(sigma_i^2 - sigma_{i-1}^2) for i = 1..level (sigma_0 = 0).
+
+    Each is computed as sqrt((s_i - s_{i-1})(s_i + s_{i-1})), which keeps
+    precision when two sigmas are close.
+
+    Parameters
+    ----------
+    levels : sequence of float
+        sigma_1 <= sigma_2 <= ... of the served levels.
+    level : int
+        How many levels to take (the served level, 1-based; 0 gives none).
+
+    Returns
+    -------
+    tuple of float
+        One increment per level; their squares sum to sigma_level^2.
+
+    Notes
+    -----
+    Nested noise of variance sigma^2 at every level, Eq. logits-noise.
+    """
     out, previous = [], 0.0
     for sigma in levels[:level]:
         out.append(math.sqrt((sigma - previous) * (sigma + previous)))
