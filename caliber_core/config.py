@@ -53,18 +53,11 @@ MAX_CONFIG_BYTES = 4 << 20
 
 
 class ConfigError(ValueError):
-    """A config file or dict that does not follow the schema.
-
-    A ``ValueError``; its message names the field and shows the value.
-    """
+    """A config file or dict that does not follow the schema (a ValueError naming the field and value)."""
 
 
 class SaturatedTargetWarning(UserWarning):
-    """A saturated target is served: its sigma is the largest the sweep measured, not a solution.
-
-    Issued by :func:`sigma_to_serve` (so by ``Perturber.from_config`` too)
-    for such a target; the message is :func:`saturation_message`.
-    """
+    """A saturated target is served (by :func:`sigma_to_serve`): its sigma is the largest the sweep measured."""
 
 
 class Config(FrozenDict):
@@ -111,15 +104,9 @@ def _clean(obj):
 def config_to_json(config: Mapping) -> str:
     """A config (validated first) as indented JSON text, floats in their shortest round-trip form.
 
-    Parameters
-    ----------
-    config : Mapping
-        A ``caliber.config/v2`` config (a :class:`Config` or a plain dict).
-
     Returns
     -------
     str
-        Indented JSON ending in a newline; non-finite display values are written as null.
 
     Raises
     ------
@@ -131,21 +118,12 @@ def config_to_json(config: Mapping) -> str:
 
 
 def save_config(config: Mapping, path: str | os.PathLike) -> None:
-    """Write a config to ``path`` as JSON (:func:`config_to_json`).
-
-    Parameters
-    ----------
-    config : Mapping
-        A ``caliber.config/v2`` config.
-    path : str or os.PathLike
-        The file to write (replaced if it exists).
+    """Write a config to ``path`` as JSON (:func:`config_to_json`; OSError when it cannot be written).
 
     Raises
     ------
     ConfigError
         The config breaks the schema: nothing is written.
-    OSError
-        The file cannot be written.
     """
     text = config_to_json(config)
     with open(path, "w", encoding="utf-8") as fh:
@@ -267,18 +245,10 @@ def _is_number(x) -> bool:
 def validate_config(config) -> None:
     """Check ``config`` against the ``caliber.config/v2`` schema (a :class:`Config` passes as it is).
 
-    Parameters
-    ----------
-    config : Mapping
-        The parsed config.
-
     Raises
     ------
     ConfigError
-        The first rule broken, naming the field and showing its value: not an
-        object, another schema, a missing field, a bad scale, class or sample
-        count, a malformed target, or a target sigma beyond the largest the
-        sweep measured.
+        The first rule broken, naming the field and showing its value.
     """
     if isinstance(config, Config):
         return
@@ -309,26 +279,16 @@ def validate_config(config) -> None:
 
 
 def largest_sigma_measured(config: Mapping) -> float | None:
-    """S * sqrt(sweep.v_max): the largest sigma the config's sweep measured.
-
-    Parameters
-    ----------
-    config : Mapping
-        A config with a ``scale`` and optionally a ``sweep``.
+    """S * sqrt(sweep.v_max), Eq. normalized-noise: the largest sigma the sweep measured (None without a sweep).
 
     Returns
     -------
     float or None
-        The largest measured sigma, or None for a config without a sweep.
 
     Raises
     ------
     ConfigError
         A sweep whose ``v_max`` is not a finite number > 0.
-
-    Notes
-    -----
-    Eq. normalized-noise solved for sigma: sigma = S sqrt(v).
     """
     sweep = config.get("sweep")
     if sweep is None:
@@ -458,17 +418,11 @@ def config_digest(config) -> str:
 
 
 def saturation_message(entry: Mapping | TargetRecord) -> str:
-    """One line saying what a saturated target serves (the CLI and the Perturber use it).
-
-    Parameters
-    ----------
-    entry : Mapping or TargetRecord
-        The saturated target (a config's target dict or its record).
+    """One line saying what a saturated ``entry`` (target dict or record) serves; the CLI and the Perturber use it.
 
     Returns
     -------
     str
-        The target's kind and requested value, and the sigma served.
     """
     get = entry.get if isinstance(entry, Mapping) else lambda k: getattr(entry, k)
     return (f"{get('kind')} target {get('requested')!r} is saturated: the curve never reaches it, "
@@ -476,17 +430,7 @@ def saturation_message(entry: Mapping | TargetRecord) -> str:
 
 
 def target_records(config: Mapping) -> list[TargetRecord]:
-    """The targets of a config as :class:`TargetRecord` objects, in the config's order.
-
-    Parameters
-    ----------
-    config : Config, Mapping, str or os.PathLike
-        Anything :func:`load_config` accepts.
-
-    Returns
-    -------
-    list of TargetRecord
-        One record per target; fields the file omits take their defaults.
+    """The targets of a config (anything :func:`load_config` takes) as :class:`TargetRecord` objects, in order.
 
     Raises
     ------

@@ -11,6 +11,7 @@ from caliber_dashboard.calibrate.verification import check_verification, verify_
 from caliber_dashboard.common import background, cache, figures, readouts, state, tables, ui
 from caliber_dashboard.common.targets import percent_to_fraction, slider_range
 from caliber_dashboard.common.ui import fmt
+from caliber_dashboard.data import logprob_log
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 
@@ -34,6 +35,11 @@ st.caption(
     "Normalize noise by the median top-two margin S (v = σ²/S²) and accuracy by its range "
     "(Ã = (A − 1/K)/(A0 − 1/K)); a logistic law Ã(v) fits the sweep; a target in, σ* out."
 )
+
+log_config, _ = st.session_state.get(logprob_log.LOG_RESULT, (None, None))
+if log_config:  # calibrated on the Data page: a log is no model (no logits to sweep), its band shows here
+    with st.expander(f"Top-k logprob log {log_config['model']}: certified agreement band", expanded=True):
+        logprob_log.band_panel(log_config, key="calibrate_logprob_log_band")
 
 c1, c2 = st.columns([3, 1])
 with c1:
