@@ -133,6 +133,13 @@ def answer_queries(
     ------
     RepeatMismatchError
         Per-input seeding returned different answers to a repeated query.
+    ValueError
+        An unknown seeding or answer kind, or a bad M.
+
+    Notes
+    -----
+    Eq. logits-noise per answer; averaging M fresh answers is the route
+    Proposition cost (i) prices, and per-input seeding closes it (ii).
     """
     if seeding not in SEEDINGS:
         raise ValueError(f"seeding must be one of {SEEDINGS}, got {seeding!r}")
