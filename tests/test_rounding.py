@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from caliber_dashboard.common.rounding import decimals_for, plus_minus, with_range
+from caliber_dashboard.common.rounding import decimals_for, normal_half_width, plus_minus, with_range
 
 
 @pytest.mark.parametrize("half, decimals", [(0.3, 1), (0.0147, 3), (0.03, 2), (1.655, 1), (7.0, 0),
@@ -32,3 +32,19 @@ def test_plus_minus():
     assert plus_minus(0.7, 0.014) == "0.700 ± 0.014"
     assert plus_minus(0.7, float("nan")) == "0.7000"
     assert plus_minus(float("nan"), 0.1) == "—"
+
+
+def test_normal_half_width_is_the_levels_quantile_times_the_standard_error():
+    assert normal_half_width(0.01) == pytest.approx(0.01959963984540054, rel=1e-12)  # 95%: 1.96 se
+    assert normal_half_width(0.01, confidence=0.99) == pytest.approx(0.02575829303548901, rel=1e-12)
+    assert normal_half_width(0.01, confidence=0.5) == pytest.approx(0.006744897501960818, rel=1e-12)
+    assert normal_half_width(0.0) == 0.0
+
+
+def test_normal_half_width_refuses_a_bad_level_or_error():
+    with pytest.raises(ValueError, match=r"confidence must be in \[0.5, 1\), got 0.4"):
+        normal_half_width(0.01, confidence=0.4)
+    with pytest.raises(ValueError, match=r"standard_error must be finite and >= 0, got nan"):
+        normal_half_width(float("nan"))
+    with pytest.raises(ValueError, match=r"standard_error must be finite and >= 0, got -1"):
+        normal_half_width(-1)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from statistics import NormalDist
 
 import numpy as np
 
 from caliber_core.simulation.reference import argmax_monte_carlo
-from caliber_core.target_record import DEFAULT_CONFIDENCE, check_confidence
+from caliber_core.target_record import DEFAULT_CONFIDENCE
+from caliber_dashboard.common.rounding import normal_half_width
 
 
 #: Noise values one Verify click draws at most (about half a second of numpy on an idle core).
@@ -124,15 +124,13 @@ def check_verification(measured: float, standard_error: float, wanted: float, *,
     Notes
     -----
     The band is the normal approximation to the binomial: measured +- z se,
-    with z the (1 + confidence) / 2 quantile of the standard normal. A tolerance
+    with z the (1 + confidence) / 2 quantile of the standard normal
+    (:func:`~caliber_dashboard.common.rounding.normal_half_width`). A tolerance
     of 1e-12 keeps a value exactly on the band's edge inside.
     """
-    level = check_confidence(confidence)
-    if not (math.isfinite(standard_error) and standard_error >= 0):
-        raise ValueError(f"standard_error must be finite and >= 0, got {standard_error!r}")
+    half_width = normal_half_width(standard_error, confidence=confidence)
     if wanted == 0 or not math.isfinite(wanted):
         raise ValueError(f"wanted must be finite and non-zero (a relative error divides by it), got {wanted!r}")
-    half_width = NormalDist().inv_cdf(0.5 + level / 2) * standard_error
     return VerificationCheck(measured=float(measured), wanted=float(wanted), half_width=half_width,
-                             confidence=level, relative_error=(measured - wanted) / wanted,
+                             confidence=float(confidence), relative_error=(measured - wanted) / wanted,
                              within=abs(measured - wanted) <= half_width + 1e-12)

@@ -9,6 +9,35 @@ no Streamlit.
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
+
+from caliber_core.target_record import DEFAULT_CONFIDENCE, check_confidence
+
+
+def normal_half_width(standard_error: float, *, confidence: float = DEFAULT_CONFIDENCE) -> float:
+    """Half width of a two-sided normal band: the (1 + confidence) / 2 normal quantile times the standard error.
+
+    Parameters
+    ----------
+    standard_error : float
+        The estimate's standard error, finite and >= 0.
+    confidence : float, optional
+        The band's level, in [0.5, 1); ``DEFAULT_CONFIDENCE`` (0.95) gives 1.96 standard errors.
+
+    Returns
+    -------
+    float
+        The half width, in the estimate's units.
+
+    Raises
+    ------
+    ValueError
+        A confidence level outside [0.5, 1), or a negative or non-finite standard error.
+    """
+    level = check_confidence(confidence)
+    if isinstance(standard_error, bool) or not (math.isfinite(standard_error) and standard_error >= 0):
+        raise ValueError(f"standard_error must be finite and >= 0, got {standard_error!r}")
+    return NormalDist().inv_cdf(0.5 + level / 2) * float(standard_error)
 
 
 def decimals_for(half_width: float) -> int:

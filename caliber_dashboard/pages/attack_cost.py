@@ -7,7 +7,7 @@ from caliber_core.simulation.attack_estimate import DEFAULT_MAX_DRAWS
 from caliber_dashboard import navigation
 from caliber_dashboard.common import cache, figures, readouts, state, ui
 from caliber_dashboard.common.curves import m_grid, powers_of_two
-from caliber_dashboard.common.rounding import plus_minus
+from caliber_dashboard.common.rounding import normal_half_width, plus_minus
 from caliber_dashboard.common.targets import percent_to_fraction
 from caliber_dashboard.common.ui import fmt
 
@@ -15,8 +15,6 @@ navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 
 # Simulations up to this many noise values run at once; larger ones wait for the button.
 AUTO_SIMULATION_BUDGET = 2e8
-# Two-sided normal quantile of the 95% Monte-Carlo intervals shown.
-Z95 = 1.959963984540054
 
 st.title("Attack cost")
 st.caption(
@@ -128,7 +126,7 @@ if simulation is not None:
     def _headline(seeding, estimator):
         row = simulation[(simulation["seeding"] == seeding) & (simulation["estimator"] == estimator)
                          & (simulation["m"] == last)].iloc[0]
-        return plus_minus(row["accuracy"], Z95 * row["accuracy_se"]), int(row["trials"])
+        return plus_minus(row["accuracy"], normal_half_width(row["accuracy_se"])), int(row["trials"])
 
     s = st.columns(3)
     for col, (seeding, estimator, label) in zip(s, (

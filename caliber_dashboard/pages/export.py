@@ -12,7 +12,7 @@ from caliber_core.extraction.experiment import plan_runs
 from caliber_dashboard import navigation
 from caliber_dashboard.common import cache, state, ui
 from caliber_dashboard.common.readouts import SIDE_HELP, SIDE_LABELS
-from caliber_dashboard.common.targets import target_list
+from caliber_dashboard.common.targets import percent_to_fraction, target_list
 from caliber_dashboard.common.ui import fmt
 from caliber_dashboard.export import config as export_config
 from caliber_dashboard.export import inputs as export_inputs
@@ -92,7 +92,7 @@ elif st.checkbox("Add a surrogate-retention target from the extraction run", key
                           max_value=99.0, value=runs.surrogate_target(data.sha256), step=0.5, format="%.1f",
                           key=f"export_surrogate_r_{data.sha256[:12]}",
                           help="Starts at the Extraction page's surrogate-target slider.")
-    requested = round(pct / 100.0, 6)
+    requested = round(percent_to_fraction(pct), 6)
     found = runs.with_surrogate(archive, requested)
     search = runs.search_settings(latest.settings, requested)
     search_key = (data.sha256, run_key(archive.sha256, search))

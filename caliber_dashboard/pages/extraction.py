@@ -8,6 +8,7 @@ from caliber_core.extraction.experiment import ExtractionSettings
 from caliber_core.loading import LogitsFileError
 from caliber_dashboard import navigation
 from caliber_dashboard.common import ui
+from caliber_dashboard.common.targets import percent_to_fraction
 from caliber_dashboard.extraction import runs
 from caliber_dashboard.extraction import seedings
 from caliber_dashboard.extraction import view
@@ -105,7 +106,7 @@ def surrogate_target():
                     min_value=50.0, max_value=99.0, value=90.0, step=0.5, format="%.1f%%",
                     key=f"extraction_surrogate_{sha[:12]}")
     runs.remember_surrogate_target(sha, pct)  # the Export page's starting value
-    readout = view.surrogate_readout(result, pct / 100.0)
+    readout = view.surrogate_readout(result, percent_to_fraction(pct))
     m = st.columns(3)
     if readout is None:
         m[0].metric("σ", "out of reach")
