@@ -28,7 +28,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from caliber_core import Perturber  # noqa: E402
 from caliber_core.throttle import PolicyError, Throttle, build_policy, load_policy  # noqa: E402
 from caliber_core.throttle.policy import save_policy  # noqa: E402
+from redis_process import Redis  # noqa: E402  (benchmarks/ is this script's folder)
 
 KEY = bytes(range(32))
 K = 1000
@@ -67,38 +67,6 @@ def write_policy(folder: Path, *, levels=(0, 1), escalate_after=10**9, n_classes
     save_policy(build_policy(write_config(folder, n_classes=n_classes), targets=list(levels),
                              escalate_after=escalate_after, out_path=out), out)
     return out
-
-
-# ---------------------------------------------------------------------- redis
-class Redis:
-    def __init__(self, folder: Path, *, fsync: str):
-        self.exe = shutil.which("redis-server")
-        self.folder, self.proc, self.fsync = folder, None, fsync
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self):
-        import redis
-
-        self.proc = subprocess.Popen([self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
-                                      str(self.folder), "--save", "", "--appendonly", "yes", "--appendfsync",
-                                      self.fsync, "--logfile", str(self.folder / "redis.log")])
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
-        for _ in range(200):
-            try:
-                if client.ping():
-                    return
-            except redis.exceptions.RedisError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self, *, kill=False):
-        if self.proc is not None:
-            (self.proc.kill if kill else self.proc.terminate)()
-            self.proc.wait(timeout=10)
-            self.proc = None
 
 
 # ---------------------------------------------------------------------- 1, 2
@@ -299,7 +267,7 @@ def main() -> None:
             # the restart test on appendfsync always, so that nothing acknowledged can be lost.
             (folder / "fast").mkdir()
             (folder / "durable").mkdir()
-            server, durable = Redis(folder / "fast", fsync="everysec"), Redis(folder / "durable", fsync="always")
+            server, durable = Redis(folder / "fast", fsync="everysec", log=True), Redis(folder / "durable", fsync="always", log=True)
             server.start()
             durable.start()
             stores["redis"] = server.url

@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,44 +37,12 @@ from caliber_core.cli import main as cli  # noqa: E402
 from caliber_core.throttle import StoreUnavailable, Throttle  # noqa: E402
 from caliber_core.throttle.policy import build_policy, save_policy  # noqa: E402
 from figure_files import FigureFile  # noqa: E402  (benchmarks/ is this script's folder)
+from redis_process import Redis  # noqa: E402
 
 KEY = bytes(range(32))
 CHOICES = (("refuse", None, "serve refuse"), ("last-known", None, "last-known, unseen refuse (default)"),
            ("last-known", 1, "last-known, unseen level 1"))
 ACCOUNTS = ("seen, flagged L2", "seen, clean", "unseen, flagged L2", "unseen, clean")
-
-
-class Redis:
-    def __init__(self, folder: Path):
-        exe = shutil.which("redis-server")
-        if exe is None:
-            raise SystemExit("redis-server is not installed")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.exe, self.folder, self.proc = exe, folder, None
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self):
-        import redis
-
-        self.proc = subprocess.Popen([self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
-                                      str(self.folder), "--save", "", "--appendonly", "yes", "--appendfsync", "always"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
-        for _ in range(200):
-            try:
-                if client.ping():
-                    return
-            except redis.exceptions.RedisError:
-                time.sleep(0.05)
-        raise SystemExit("redis-server did not start")
-
-    def stop(self, *, kill=False):
-        if self.proc is not None:
-            (self.proc.kill if kill else self.proc.terminate)()
-            self.proc.wait(timeout=10)
-            self.proc = None
 
 
 def outage(folder: Path, config: Path, requests: int) -> list[dict]:

@@ -53,11 +53,11 @@ MAX_CONFIG_BYTES = 4 << 20
 
 
 class ConfigError(ValueError):
-    """A config file or dict that does not follow the schema."""
+    """A config file or dict that does not follow the schema (a ValueError naming the field and value)."""
 
 
 class SaturatedTargetWarning(UserWarning):
-    """A saturated target is served: its sigma is the largest the sweep measured, not a solution."""
+    """A saturated target is served (by :func:`sigma_to_serve`): its sigma is the largest the sweep measured."""
 
 
 class Config(FrozenDict):
@@ -104,6 +104,10 @@ def _clean(obj):
 def config_to_json(config: Mapping) -> str:
     """A config (validated first) as indented JSON text, floats in their shortest round-trip form.
 
+    Returns
+    -------
+    str
+
     Raises
     ------
     ConfigError
@@ -114,7 +118,7 @@ def config_to_json(config: Mapping) -> str:
 
 
 def save_config(config: Mapping, path: str | os.PathLike) -> None:
-    """Write a config to ``path`` as JSON.
+    """Write a config to ``path`` as JSON (:func:`config_to_json`; OSError when it cannot be written).
 
     Raises
     ------
@@ -275,9 +279,16 @@ def validate_config(config) -> None:
 
 
 def largest_sigma_measured(config: Mapping) -> float | None:
-    """S * sqrt(sweep.v_max): the largest sigma the config's sweep measured (None without a sweep).
+    """S * sqrt(sweep.v_max), Eq. normalized-noise: the largest sigma the sweep measured (None without a sweep).
 
-    Raises ConfigError for a sweep whose ``v_max`` is not a finite number > 0.
+    Returns
+    -------
+    float or None
+
+    Raises
+    ------
+    ConfigError
+        A sweep whose ``v_max`` is not a finite number > 0.
     """
     sweep = config.get("sweep")
     if sweep is None:
@@ -407,14 +418,19 @@ def config_digest(config) -> str:
 
 
 def saturation_message(entry: Mapping | TargetRecord) -> str:
-    """One line saying what a saturated target serves (the CLI and the Perturber use it)."""
+    """One line saying what a saturated ``entry`` (target dict or record) serves; the CLI and the Perturber use it.
+
+    Returns
+    -------
+    str
+    """
     get = entry.get if isinstance(entry, Mapping) else lambda k: getattr(entry, k)
     return (f"{get('kind')} target {get('requested')!r} is saturated: the curve never reaches it, "
             f"so sigma={float(get('sigma')):.5g}, the largest sigma the sweep measured, is served")
 
 
 def target_records(config: Mapping) -> list[TargetRecord]:
-    """The targets of a config as :class:`TargetRecord` objects, in the config's order.
+    """The targets of a config (anything :func:`load_config` takes) as :class:`TargetRecord` objects, in order.
 
     Raises
     ------

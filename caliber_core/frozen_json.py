@@ -12,13 +12,29 @@ from collections.abc import Mapping
 
 
 def refuse(self, *args, **kwargs):
-    """Every mutator of a frozen container."""
+    """Every mutator of a frozen container.
+
+    Parameters
+    ----------
+    self : Frozen
+        The container.
+    *args, **kwargs
+        Whatever the mutator was called with (ignored).
+
+    Raises
+    ------
+    TypeError
+        Always: the container is read-only.
+    """
     raise TypeError(f"a loaded {type(self).__name__} is read-only: copy.deepcopy() it for a plain, "
                     "mutable copy")
 
 
 class Frozen:
-    """Mutators refused; ``copy.deepcopy`` gives the plain, mutable container back."""
+    """Mutators refused; ``copy.deepcopy`` gives the plain, mutable container back.
+
+    A mixin without state: every mutating method is :func:`refuse`.
+    """
 
     __slots__ = ()
     __setitem__ = __delitem__ = __iadd__ = __imul__ = __ior__ = refuse
@@ -27,7 +43,13 @@ class Frozen:
 
 
 class FrozenList(Frozen, list):
-    """A read-only list."""
+    """A read-only list; built by :func:`frozen`.
+
+    Parameters
+    ----------
+    iterable : iterable
+        The items (already frozen where they are containers).
+    """
 
     __slots__ = ()
 
@@ -39,7 +61,13 @@ class FrozenList(Frozen, list):
 
 
 class FrozenDict(Frozen, dict):
-    """A read-only dict."""
+    """A read-only dict; built by :func:`frozen`.
+
+    Parameters
+    ----------
+    mapping : Mapping
+        The items (already frozen where they are containers).
+    """
 
     __slots__ = ()
 
@@ -51,7 +79,18 @@ class FrozenDict(Frozen, dict):
 
 
 def frozen(obj):
-    """``obj`` with every dict and list in it frozen (other values as they are)."""
+    """``obj`` with every dict and list in it frozen (other values as they are).
+
+    Parameters
+    ----------
+    obj : object
+        A parsed JSON value (any mapping counts as a dict).
+
+    Returns
+    -------
+    FrozenDict, FrozenList or object
+        A frozen copy of a container, walked all the way down; any other value itself.
+    """
     if isinstance(obj, Mapping):
         return FrozenDict({k: frozen(v) for k, v in obj.items()})
     if isinstance(obj, list):
@@ -60,7 +99,18 @@ def frozen(obj):
 
 
 def json_depth(text: str) -> int:
-    """Deepest bracket nesting of JSON text (strings skipped), without recursion."""
+    """Deepest bracket nesting of JSON text (strings skipped), without recursion.
+
+    Parameters
+    ----------
+    text : str
+        JSON text, not yet parsed (it need not be valid).
+
+    Returns
+    -------
+    int
+        The largest number of open ``[`` / ``{`` at any point; 0 for a scalar.
+    """
     depth = deepest = 0
     in_string = escaped = False
     for ch in text:
@@ -77,7 +127,21 @@ def json_depth(text: str) -> int:
 
 
 def nested_deeper(obj, limit: int) -> bool:
-    """Whether a parsed JSON value nests more than ``limit`` containers deep (stops at limit + 1)."""
+    """Whether a parsed JSON value nests more than ``limit`` containers deep.
+
+    Parameters
+    ----------
+    obj : object
+        A parsed JSON value.
+    limit : int
+        The deepest nesting allowed.
+
+    Returns
+    -------
+    bool
+        True as soon as a container lies below ``limit`` others (the walk
+        stops at depth limit + 1).
+    """
     if isinstance(obj, (dict, list)):
         if limit <= 0:
             return True

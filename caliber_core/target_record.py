@@ -25,6 +25,16 @@ DEFAULT_CONFIDENCE = 0.95
 def check_side(side) -> str:
     """``side`` itself when it is one of :data:`SIDES`.
 
+    Parameters
+    ----------
+    side : str
+        "point", "at-least" or "at-most".
+
+    Returns
+    -------
+    str
+        ``side``.
+
     Raises
     ------
     ValueError
@@ -41,10 +51,20 @@ def check_confidence(level) -> float:
     Below 0.5 a "confidence" interval would be narrower than the estimate's own
     error half the time, and 1 has no finite bootstrap quantile.
 
+    Parameters
+    ----------
+    level : float
+        The confidence level.
+
+    Returns
+    -------
+    float
+        ``level`` as a Python float.
+
     Raises
     ------
     ValueError
-        Not a real number, or outside [0.5, 1) (the message shows it).
+        Not a real number (bools refused), or outside [0.5, 1) (the message shows it).
     """
     if isinstance(level, bool) or not isinstance(level, numbers.Real) or not 0.5 <= float(level) < 1.0:
         raise ValueError(f"confidence must be in [0.5, 1), got {level!r}")
@@ -118,7 +138,23 @@ class TargetRecord:
 
 
 def inversion_of_method(method: str) -> str:
-    """"logistic" for a method solved on the logistic law (saturated or shared too), else "curve"."""
+    """The ``inversion`` option that reproduces a target's ``method``.
+
+    Parameters
+    ----------
+    method : str
+        A :attr:`TargetRecord.method`, possibly prefixed "saturated-".
+
+    Returns
+    -------
+    {"logistic", "curve"}
+        "logistic" for a method solved on the logistic law (saturated or
+        shared too), else "curve".
+
+    Notes
+    -----
+    "logistic" is the closed form of Eq. inverse-v.
+    """
     base = str(method)
     if base.startswith(_SATURATED_PREFIX):
         base = base[len(_SATURATED_PREFIX):]
@@ -126,7 +162,19 @@ def inversion_of_method(method: str) -> str:
 
 
 def plain_values(obj):
-    """numpy scalars unwrapped to Python numbers, containers walked."""
+    """numpy scalars unwrapped to Python numbers, containers walked.
+
+    Parameters
+    ----------
+    obj : object
+        A value, mapping, list or tuple.
+
+    Returns
+    -------
+    object
+        Mappings as dicts with str keys, lists and tuples as lists, anything
+        with ``.item()`` (numpy scalars) as its Python value, the rest as is.
+    """
     if isinstance(obj, Mapping):
         return {str(k): plain_values(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -24,7 +24,18 @@ import numpy as np
 
 
 def is_torch(x) -> bool:
-    """True for objects whose type lives in torch (checked without importing torch)."""
+    """True for objects whose type lives in torch (checked without importing torch).
+
+    Parameters
+    ----------
+    x : object
+        Any value.
+
+    Returns
+    -------
+    bool
+        Whether ``type(x)`` is defined in a ``torch`` module.
+    """
     return type(x).__module__.startswith("torch")
 
 
@@ -63,6 +74,19 @@ def as_logits(logits, *, finite: bool = False) -> np.ndarray:
 def as_labels(labels, *, n_samples: int, n_classes: int) -> np.ndarray:
     """Labels as an int64 array of shape (n_samples,) with values in [0, n_classes).
 
+    Parameters
+    ----------
+    labels : array_like of shape (n_samples,)
+        Class indices.
+    n_samples : int
+        The number of logit rows the labels belong to.
+    n_classes : int
+        The number of classes K.
+
+    Returns
+    -------
+    ndarray of shape (n_samples,), int64
+
     Raises
     ------
     ValueError
@@ -82,6 +106,15 @@ def as_labels(labels, *, n_samples: int, n_classes: int) -> np.ndarray:
 def check_sigma(sigma) -> float:
     """One noise standard deviation: a real number, finite and >= 0, as float.
 
+    Parameters
+    ----------
+    sigma : float
+        The standard deviation of Eq. logits-noise.
+
+    Returns
+    -------
+    float
+
     Raises
     ------
     TypeError
@@ -98,7 +131,25 @@ def check_sigma(sigma) -> float:
 
 
 def as_sigmas(sigma) -> np.ndarray:
-    """A scalar or 1-D array of noise scales as a 1-D float64 array, each finite and >= 0."""
+    """A scalar or 1-D array of noise scales as a 1-D float64 array, each finite and >= 0.
+
+    Parameters
+    ----------
+    sigma : float or array_like of shape (n_sigmas,)
+        Noise standard deviations.
+
+    Returns
+    -------
+    ndarray of shape (n_sigmas,), float64
+        A scalar becomes a one-element array.
+
+    Raises
+    ------
+    ValueError
+        More than one dimension, or a value that is NaN, infinite or negative
+        (the first such value is shown). A non-numeric input raises numpy's own
+        error on conversion.
+    """
     s = np.atleast_1d(np.asarray(sigma, dtype=np.float64))
     if s.ndim != 1:
         raise ValueError(f"sigma must be a scalar or 1-D, got shape {s.shape}")
@@ -117,6 +168,15 @@ MAX_KEY_BYTES = 64
 
 def check_key(key) -> bytes:
     """A per-input seeding secret: bytes-like of at least :data:`MIN_KEY_BYTES` bytes, returned as bytes.
+
+    Parameters
+    ----------
+    key : bytes, bytearray or memoryview
+        The secret.
+
+    Returns
+    -------
+    bytes
 
     Raises
     ------
@@ -141,7 +201,23 @@ def check_key(key) -> bytes:
 
 
 def check_seed(seed) -> np.random.Generator:
-    """A numpy Generator from a seed (int >= 0 or None) or a Generator passed through."""
+    """A numpy Generator from a seed (int >= 0 or None) or a Generator passed through.
+
+    Parameters
+    ----------
+    seed : int, None or numpy.random.Generator
+        None draws fresh entropy.
+
+    Returns
+    -------
+    numpy.random.Generator
+        ``seed`` itself when it is one, else ``numpy.random.default_rng(seed)``.
+
+    Raises
+    ------
+    ValueError
+        A negative or non-integer seed (bools refused).
+    """
     if isinstance(seed, np.random.Generator):
         return seed
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):

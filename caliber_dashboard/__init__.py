@@ -1,11 +1,18 @@
-"""The Caliber dashboard's helpers: figure builders, plot curves, session state, caches.
+"""The Caliber dashboard: a Streamlit app, its pages, and the helpers each page uses.
 
-* :mod:`curves`  plot-ready curves of a Calibration on the normalized axes (no Streamlit)
-* :mod:`targets` target kinds, percent fields and slider ranges (no Streamlit)
-* :mod:`tables`  the sweep, model and fleet tables (no Streamlit)
-* :mod:`verification` sigma* checked with fresh noise (no Streamlit)
-* :mod:`figures` plain plotly figure builders: data in, figure out (no Streamlit)
-* :mod:`state`   the per-session model store in ``st.session_state``
-* :mod:`cache`   results cached by content digest, with progress on a miss
-* :mod:`ui`      widgets shared by several pages (model picker, target control)
+Entry: :mod:`.app` (``streamlit run``) and :mod:`.navigation` (the page list);
+:mod:`.warmup` pays the heavy imports once per server. The pages are the files
+of ``pages/``; each page's own helpers sit in a package named after it:
+
+* :mod:`.calibrate`  the Calibrate page: plots, the fresh-noise verification, the thief's readout
+* :mod:`.data`       the Data page: uploads and top-k logprob logs
+* :mod:`.export`     the Export page: the config, its inputs, the review of a saved config
+* :mod:`.extraction` the Extraction page (also read by Export and Policy): runs, their codec,
+  the seeding comparison, the page's pieces
+* :mod:`.fleet`      the Fleet page: pooling and σ from S alone
+* :mod:`.policy`     the Policy page: the level table and the simulation
+
+What several pages share is in :mod:`.common` (session state, caches, figures,
+tables, readouts, target entry, widgets); the visitor's persistent store is
+:mod:`.workspace`. The Attack cost page needs only :mod:`.common`.
 """

@@ -18,8 +18,9 @@ import threading
 
 import streamlit as st
 
-from . import state, ui, warmup
-from .workspace import session as workspace
+from caliber_dashboard import warmup
+from caliber_dashboard.common import state, ui
+from caliber_dashboard.workspace import session as workspace
 
 _run = threading.local()  # a script-run marker (per script thread), not session data
 

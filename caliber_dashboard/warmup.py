@@ -38,7 +38,7 @@ def start(*, server: bool = False) -> bool:
     compute what they use.
     """
     global _thread
-    from .background import serving
+    from caliber_dashboard.common.background import serving
 
     if not (server or serving()):
         return False
@@ -62,7 +62,7 @@ class _OwnThreads(logging.Filter):
 
 def _run() -> None:
     try:
-        from . import cache
+        from caliber_dashboard.common import cache
 
         with cache.quietly():
             warm_demo()
@@ -85,7 +85,7 @@ def warm_demo() -> None:
     the app, on the same CPUs. The fleet ablation runs on request, and other
     models and views fill on first use (a fraction of a second each).
     """
-    from . import cache, state, tables  # noqa: F401  (tables: pandas, for the pages' tables)
+    from caliber_dashboard.common import cache, state, tables  # noqa: F401  (tables: pandas, for the pages' tables)
 
     demo = [d for d in state.demo_models() if d.has_labels]
     cals = [cache.calibration(d) for d in demo]

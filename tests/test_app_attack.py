@@ -13,7 +13,7 @@ from caliber_core.calibration import pipeline
 from caliber_core.simulation.attack_estimate import estimate_averaging_attack
 from caliber_core.calibration.calibrate import sigma_for_target
 from caliber_core.calibration.cost import queries_needed
-from caliber_dashboard import state
+from caliber_dashboard.common import state
 
 APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 

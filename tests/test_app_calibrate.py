@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest
 from caliber_core.calibration import pipeline
 from caliber_core.calibration.calibrate import measured_accuracy, sigma_for_target
 from caliber_core.calibration.target_intervals import interval_estimator
-from caliber_dashboard import figures, state
+from caliber_dashboard.common import figures, state
 
 APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 

@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from caliber_core.extraction.experiment import FrontierPoint
 from caliber_core.extraction.spread import Spread
-from caliber_dashboard import thief
+from caliber_dashboard.calibrate import thief
 
 APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 

@@ -17,7 +17,7 @@ from caliber_core.calibration.calibrate import sigma_for_target
 from caliber_core.calibration.engine import choose_method
 from caliber_core.calibration.target_intervals import interval_estimator, side_sigma
 from caliber_core.simulation.synthetic import make_synthetic_logits
-from caliber_dashboard import readouts, state
+from caliber_dashboard.common import readouts, state
 
 APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 

@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from caliber_core.calibration import pipeline
 from caliber_core.calibration.calibration_arrays import calibration_from_bytes
-from caliber_dashboard import calibration_store, state
+from caliber_dashboard.common import calibration_store, state
 from caliber_dashboard.workspace import SQLiteStore, from_environment
 
 APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")

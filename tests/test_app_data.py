@@ -14,7 +14,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from caliber_core.loading import LogitsFileError, load_logits_bytes
-from caliber_dashboard import state
+from caliber_dashboard.common import state
 
 APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 N_DEMO = len(list((Path(APP).parents[1] / "data").glob("digits_*.npz")))

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
-from caliber_dashboard import tables
+from caliber_dashboard.common import tables
 
 APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 

@@ -11,7 +11,8 @@ import numpy as np
 from streamlit.testing.v1 import AppTest
 
 from caliber_core.loading import LogitsFileError, load_logits_bytes
-from caliber_dashboard import state, tables, uploads
+from caliber_dashboard.common import state, tables
+from caliber_dashboard.data import uploads
 
 APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 N_DEMO = len(list((Path(APP).parents[1] / "data").glob("digits_*.npz")))

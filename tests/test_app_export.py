@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 from caliber_core.calibration import pipeline
 from caliber_core.calibration.calibrate import measured_accuracy, sigma_for_target
 from caliber_core.config import config_to_json
-from caliber_dashboard import state
+from caliber_dashboard.common import state
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "caliber_dashboard" / "app.py")

@@ -14,8 +14,9 @@ import numpy as np
 from streamlit.testing.v1 import AppTest
 
 from caliber_core.config import load_config
-from caliber_dashboard import export_config, state
-from caliber_dashboard.export_config import calibrate_command
+from caliber_dashboard.common import state
+from caliber_dashboard.export import config as export_config
+from caliber_dashboard.export.config import calibrate_command
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "caliber_dashboard" / "app.py")

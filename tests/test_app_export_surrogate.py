@@ -19,7 +19,7 @@ from streamlit.testing.v1 import AppTest
 from caliber_core.calibration import pipeline
 from caliber_core.config import config_to_json, load_config, sigma_to_serve
 from caliber_core.serving.runtime import Perturber
-from caliber_dashboard import readouts, state
+from caliber_dashboard.common import readouts, state
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "caliber_dashboard" / "app.py")
@@ -107,8 +107,8 @@ def test_no_extraction_run_no_surrogate_option():
 def test_surrogate_target_from_the_extraction_run_is_served(downloads):
     pytest.importorskip("torch")
     from caliber_core.extraction.targets import surrogate_records
-    from caliber_dashboard import extraction_runs as runs
-    from caliber_dashboard.export_config import sigma_text
+    from caliber_dashboard.extraction import runs
+    from caliber_dashboard.export.config import sigma_text
 
     # A finished run on the Extraction page: the model the Export page shows first.
     at = AppTest.from_file(APP, default_timeout=300)
@@ -125,7 +125,7 @@ def test_surrogate_target_from_the_extraction_run_is_served(downloads):
     assert not at.exception
 
     # Calibrate shows the thief beside the sigma it serves, read off this run's frontier.
-    from caliber_dashboard import thief
+    from caliber_dashboard.calibrate import thief
 
     at.switch_page("pages/calibrate.py").run()
     at.selectbox(key="calibrate_model").set_value(sha).run()

@@ -14,7 +14,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from caliber_core.calibration import calibrate, engine, pipeline
-from caliber_dashboard import state
+from caliber_dashboard.common import state
 
 APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 

@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 
 from caliber_core.extraction.archive import load_archive  # noqa: E402
 from caliber_core.extraction.experiment import ExtractionSettings, run_extraction  # noqa: E402
-from caliber_dashboard import extraction_view as view  # noqa: E402
+from caliber_dashboard.extraction import view  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "caliber_dashboard" / "app.py")

@@ -11,9 +11,9 @@ from streamlit.testing.v1 import AppTest
 pytest.importorskip("torch")
 
 from caliber_core.extraction.experiment import ExtractionSettings  # noqa: E402
-from caliber_dashboard import extraction_codec as codec  # noqa: E402
-from caliber_dashboard import extraction_runs as runs  # noqa: E402
-from caliber_dashboard import extraction_view as view  # noqa: E402
+from caliber_dashboard.extraction import codec  # noqa: E402
+from caliber_dashboard.extraction import runs  # noqa: E402
+from caliber_dashboard.extraction import view  # noqa: E402
 from caliber_dashboard.workspace import SQLiteStore, from_environment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

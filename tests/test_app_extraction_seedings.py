@@ -14,8 +14,8 @@ pytest.importorskip("torch")
 
 from caliber_core.extraction.archive import load_archive  # noqa: E402
 from caliber_core.extraction.seedings import compare_seedings  # noqa: E402
-from caliber_dashboard import extraction_seedings as seedings  # noqa: E402
-from caliber_dashboard import extraction_view as view  # noqa: E402
+from caliber_dashboard.extraction import seedings  # noqa: E402
+from caliber_dashboard.extraction import view  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "caliber_dashboard" / "app.py")

@@ -14,8 +14,9 @@ from streamlit.testing.v1 import AppTest
 from caliber_core.calibration import fleet
 from caliber_core.calibration import pipeline
 from caliber_core.simulation.synthetic import make_synthetic_logits
-from caliber_dashboard.rounding import decimals_for
-from caliber_dashboard import fleet_view, state
+from caliber_dashboard.common.rounding import decimals_for
+from caliber_dashboard.common import state
+from caliber_dashboard.fleet import view as fleet_view
 
 APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 
@@ -141,7 +142,7 @@ def test_pool_warning_when_held_out_error_is_large():
 
 
 def test_fleet_colours_stay_distinct_past_ten_models():
-    from caliber_dashboard.figures import distinct_colors, fleet_figure
+    from caliber_dashboard.common.figures import distinct_colors, fleet_figure
 
     assert len(set(distinct_colors(23))) == 23 and distinct_colors(3) == list(distinct_colors(10)[:3])
     points = {f"m{i}": ([0.1, 1.0], [0.9, 0.5]) for i in range(14)}

@@ -9,7 +9,7 @@ import numpy as np
 from streamlit.testing.v1 import AppTest
 
 from caliber_core.simulation.llm_like import llm_like_logits, log_softmax
-from caliber_dashboard.logprob_log_view import bounds_figure, calibrate_log
+from caliber_dashboard.data.logprob_log import LOG_RESULT, bounds_figure, calibrate_log
 
 APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 
@@ -50,3 +50,20 @@ def test_the_data_page_runs_with_the_panel():
     at.switch_page("pages/data.py").run()
     assert not at.exception
     assert any("Top-k logprob log" in s.value for s in at.subheader)
+
+
+def test_a_calibrated_log_shows_its_band_on_the_calibrate_page():
+    config, error = calibrate_log(chat_log(), "log.jsonl", vocab_size=4000, targets=[0.9, 0.8])
+    assert error is None
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    at.switch_page("pages/calibrate.py").run()
+    assert not at.exception
+    assert not [e for e in at.expander if "logprob log" in e.label]  # nothing before a log is calibrated
+    at.session_state[LOG_RESULT] = (config, None)
+    at.run()
+    assert not at.exception
+    band = [e for e in at.expander if "logprob log" in e.label]
+    assert len(band) == 1 and config["model"] in band[0].label
+    widths = ", ".join(f"{w:.4f}" for w in config["bounds"]["widths"])
+    assert any(widths in c.value for c in band[0].caption)

@@ -9,7 +9,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from caliber_core.throttle.policy import parse_policy
-from caliber_dashboard import policy_view, state
+from caliber_dashboard.common import state
+from caliber_dashboard.policy import view as policy_view
 
 APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
 

@@ -11,7 +11,7 @@ import numpy as np
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from caliber_dashboard import state
+from caliber_dashboard.common import state
 from caliber_dashboard.workspace import SQLiteStore, from_environment
 
 APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")

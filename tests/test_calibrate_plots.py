@@ -16,8 +16,9 @@ from caliber_core.calibration.corridor import model_curves
 from caliber_core.calibration.intervals import Interval, IntervalSet
 from caliber_core.calibration.target_intervals import interval_estimator
 from caliber_core.loading import load_logits
-from caliber_dashboard import calibrate_plots, figures, readouts
-from caliber_dashboard.curves import normalized_accuracy, normalized_agreement, sigma_grid
+from caliber_dashboard.calibrate import plots as calibrate_plots
+from caliber_dashboard.common import figures, readouts
+from caliber_dashboard.common.curves import normalized_accuracy, normalized_agreement, sigma_grid
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 

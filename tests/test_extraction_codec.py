@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 from caliber_core.extraction.archive import load_archive  # noqa: E402
 from caliber_core.extraction.experiment import ExtractionSettings, run_extraction  # noqa: E402
 from caliber_core.extraction.report import report_to_json, to_report  # noqa: E402
-from caliber_dashboard import extraction_codec as codec  # noqa: E402
+from caliber_dashboard.extraction import codec  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 SETTINGS = ExtractionSettings(retention=(0.75,), surrogate_retention=(0.9,), seeds=2, attack="fixed",

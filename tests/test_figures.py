@@ -19,8 +19,9 @@ from caliber_core.calibration.margins import normalized_noise
 from caliber_core.calibration.fleet import normalized_points
 from caliber_core.loading import load_logits
 from caliber_core.calibration.cost import analytic_attack, query_bound
-from caliber_dashboard import cache, figures, tables, targets, verification
-from caliber_dashboard import curves as plot
+from caliber_dashboard.calibrate import verification
+from caliber_dashboard.common import cache, figures, tables, targets
+from caliber_dashboard.common import curves as plot
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
@@ -246,15 +247,6 @@ def test_slider_range_is_reachable_on_every_demo_model(kind):
             assert r.sigma > 0
 
 
-def test_target_point_on_normalized_axes(cal):
-    r = sigma_for_target(cal, 0.8)
-    v, u = plot.target_point(cal, r)
-    assert v == pytest.approx((r.sigma / cal.scale) ** 2)
-    assert u == pytest.approx((0.8 * cal.clean_accuracy - 0.1) / (cal.clean_accuracy - 0.1))
-    g = sigma_for_target(cal, 0.7, kind="agreement")
-    assert plot.target_point(cal, g)[1] == pytest.approx((0.7 - 0.1) / 0.9)
-
-
 def test_verify_sigma_reproducible_and_near_prediction(data, cal):
     r = sigma_for_target(cal, 0.8)
     seen = []
@@ -348,3 +340,25 @@ def test_a_thin_band_draws_its_edges():
     wide = go.Figure()
     figures._band(wide, [1, 2], [0.5, 0.6], [0.7, 0.8], name="corridor", hover_x="v", hover_y="A")
     assert all(t.line.width == 0 for t in wide.data)
+
+
+def test_check_verification_band_is_the_levels_normal_quantile():
+    check = verification.check_verification(0.80, 0.01, 0.818)
+    assert check.confidence == 0.95
+    assert check.half_width == pytest.approx(1.959964 * 0.01, rel=1e-6)  # the 97.5% normal quantile
+    assert check.within and check.relative_error == pytest.approx(-0.018 / 0.818)
+    assert not verification.check_verification(0.80, 0.01, 0.818, confidence=0.9).within  # 1.645 x 0.01 < 0.018
+    assert verification.check_verification(0.80, 0.01, 0.8257, confidence=0.99).within  # 2.576 x 0.01
+    assert not verification.check_verification(0.80, 0.01, 0.8257).within
+    edge = verification.check_verification(0.5, 0.1, 0.5 + 0.1 * 1.959963984540054)
+    assert edge.within  # on the band's edge counts as within
+    assert not verification.check_verification(0.5, 0.0, 0.5 + 1e-9).within
+
+
+def test_check_verification_refuses_what_has_no_band():
+    with pytest.raises(ValueError, match=r"confidence must be in \[0.5, 1\), got 1.0"):
+        verification.check_verification(0.8, 0.01, 0.8, confidence=1.0)
+    with pytest.raises(ValueError, match=r"standard_error must be finite and >= 0, got -0.01"):
+        verification.check_verification(0.8, -0.01, 0.8)
+    with pytest.raises(ValueError, match=r"wanted must be finite and non-zero .* got 0"):
+        verification.check_verification(0.8, 0.01, 0)

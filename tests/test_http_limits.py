@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from throttle_support import KEY, free_port, write_policy
+from throttle_support import serve_example, write_policy
 
 from caliber_core.serving.request_limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, RequestRejected, parse_json
 
@@ -20,7 +16,6 @@ pytest.importorskip("uvicorn")
 
 from caliber_core.throttle import Throttle  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 MAX_BODY = 1 << 20  # the server under test takes 1 MiB bodies
 
 
@@ -36,33 +31,10 @@ def _rss_kib(pid: int, field: str) -> int:
 def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("http-limits")
     policy = write_policy(folder, escalate_after=1000)
-    key = folder / "caliber.key"
-    key.write_text(KEY.hex() + "\n")
-    key.chmod(0o600)
-    port = free_port()
-    env = os.environ | {"CALIBER_POLICY": str(policy), "CALIBER_KEY_FILE": str(key),
-                        "CALIBER_STORE": f"sqlite:///{folder / 'ledger.db'}", "CALIBER_FEATURES": "8",
-                        "CALIBER_MAX_BODY_BYTES": str(MAX_BODY)}
-    env.pop("CALIBER_METRICS_PORT", None)
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "examples.serve_fastapi:app", "--host", "127.0.0.1",
-                             "--port", str(port), "--log-level", "warning"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            httpx.get(base + "/docs", timeout=1.0)
-            break
-        except httpx.TransportError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"uvicorn did not start: {proc.stdout.read().decode()[-2000:]}")
-            time.sleep(0.1)
-    try:
+    env = {"CALIBER_POLICY": str(policy), "CALIBER_STORE": f"sqlite:///{folder / 'ledger.db'}",
+           "CALIBER_FEATURES": "8", "CALIBER_MAX_BODY_BYTES": str(MAX_BODY)}
+    with serve_example(folder, env=env) as (base, proc):
         yield base, proc.pid, policy, folder
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 def _queries(policy, folder, account):

@@ -8,7 +8,7 @@ import pytest
 from caliber_core.calibration import margins
 from caliber_core.loading import LogitsData
 from caliber_core.loading.checks import margins_in_chunks
-from caliber_dashboard import tables
+from caliber_dashboard.common import tables
 
 
 def _data(n=3000, k=12, *, labels=True, seed=0) -> LogitsData:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from caliber_dashboard.rounding import decimals_for, plus_minus, with_range
+from caliber_dashboard.common.rounding import decimals_for, plus_minus, with_range
 
 
 @pytest.mark.parametrize("half, decimals", [(0.3, 1), (0.0147, 3), (0.03, 2), (1.655, 1), (7.0, 0),

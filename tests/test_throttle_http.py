@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-from throttle_support import KEY, free_port, write_policy
+from throttle_support import KEY, free_port, serve_example, write_policy
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
@@ -22,37 +17,16 @@ from caliber_core.throttle import Throttle  # noqa: E402
 from caliber_core.serving import canonical_features, canonical_ids  # noqa: E402
 from examples.serve_fastapi import linear_model  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def served(tmp_path):
     policy = write_policy(tmp_path, escalate_after=1000)
-    (tmp_path / "caliber.key").write_text(KEY.hex() + "\n")
-    (tmp_path / "caliber.key").chmod(0o600)  # a key readable by others is refused
-    port, metrics_port = free_port(), free_port()
-    env = os.environ | {"CALIBER_POLICY": str(policy), "CALIBER_KEY_FILE": str(tmp_path / "caliber.key"),
-                        "CALIBER_STORE": f"sqlite:///{tmp_path / 'ledger.db'}", "CALIBER_FEATURES": "8",
-                        "CALIBER_METRICS_PORT": str(metrics_port)}
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "examples.serve_fastapi:app", "--host", "127.0.0.1",
-                             "--port", str(port), "--log-level", "warning"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            httpx.get(base + "/docs", timeout=1.0)
-            break
-        except httpx.TransportError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"uvicorn did not start: {proc.stdout.read().decode()[-2000:]}")
-            time.sleep(0.1)
-    try:
+    metrics_port = free_port()
+    env = {"CALIBER_POLICY": str(policy), "CALIBER_STORE": f"sqlite:///{tmp_path / 'ledger.db'}",
+           "CALIBER_FEATURES": "8", "CALIBER_METRICS_PORT": str(metrics_port)}
+    with serve_example(tmp_path, env=env) as (base, _):
         yield base, policy, tmp_path, metrics_port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 def test_flagged_and_clean_accounts_over_http(served):

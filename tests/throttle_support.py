@@ -108,3 +108,47 @@ def redis_server(folder: Path):
         yield server
     finally:
         server.stop()
+
+
+@contextmanager
+def serve_example(folder: Path, *, env: dict, start_timeout: float = 60.0):
+    """``uvicorn examples.serve_fastapi:app`` on a free 127.0.0.1 port; yields (base URL, process).
+
+    ``folder`` receives the key file (mode 0600: a key readable by others is
+    refused); ``env`` adds the example's settings (``CALIBER_POLICY``,
+    ``CALIBER_STORE``, ...) to this process's environment, and
+    ``CALIBER_KEY_FILE`` points at that key unless ``env`` names one. The
+    server is up when its ``/docs`` answers; it is stopped on exit.
+    """
+    import sys
+
+    import httpx
+
+    key = folder / "caliber.key"
+    key.write_text(KEY.hex() + "\n")
+    key.chmod(0o600)
+    port = free_port()
+    environ = os.environ | {"CALIBER_KEY_FILE": str(key)} | env
+    if "CALIBER_METRICS_PORT" not in env:
+        environ.pop("CALIBER_METRICS_PORT", None)
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "examples.serve_fastapi:app", "--host", "127.0.0.1",
+                             "--port", str(port), "--log-level", "warning"], cwd=root, env=environ,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + start_timeout
+    try:
+        while True:
+            try:
+                httpx.get(base + "/docs", timeout=1.0)
+                break
+            except httpx.TransportError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    raise RuntimeError(f"uvicorn did not start: {proc.stdout.read().decode()[-2000:]}") from None
+                time.sleep(0.1)
+        yield base, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=20)

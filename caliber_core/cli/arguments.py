@@ -19,6 +19,16 @@ __all__ = ["DEFAULT_CONFIDENCE", "add_confidence", "add_max_elements", "confiden
 def fraction(text: str) -> float:
     """A fraction in (0, 1], or a percentage in (1, 100] (``80`` is 0.8).
 
+    Parameters
+    ----------
+    text : str
+        The command-line word.
+
+    Returns
+    -------
+    float
+        The value as a fraction in (0, 1].
+
     Raises
     ------
     argparse.ArgumentTypeError
@@ -48,6 +58,15 @@ def _integer(text: str, least: int) -> int:
 def positive_int(text: str) -> int:
     """An integer >= 1.
 
+    Parameters
+    ----------
+    text : str
+        The command-line word.
+
+    Returns
+    -------
+    int
+
     Raises
     ------
     argparse.ArgumentTypeError
@@ -59,6 +78,15 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """An integer >= 0 (a seed).
 
+    Parameters
+    ----------
+    text : str
+        The command-line word.
+
+    Returns
+    -------
+    int
+
     Raises
     ------
     argparse.ArgumentTypeError
@@ -69,6 +97,16 @@ def non_negative_int(text: str) -> int:
 
 def confidence(text: str) -> float:
     """A confidence level, by the one rule of :func:`caliber_core.target_record.check_confidence`.
+
+    Parameters
+    ----------
+    text : str
+        The command-line word.
+
+    Returns
+    -------
+    float
+        A level in [0.5, 1).
 
     Raises
     ------
@@ -88,6 +126,15 @@ def confidence(text: str) -> float:
 def seconds(text: str) -> float:
     """A finite number of seconds > 0.
 
+    Parameters
+    ----------
+    text : str
+        The command-line word.
+
+    Returns
+    -------
+    float
+
     Raises
     ------
     argparse.ArgumentTypeError
@@ -103,13 +150,29 @@ def seconds(text: str) -> float:
 
 
 def add_confidence(parser: argparse.ArgumentParser, help_text: str) -> None:
-    """``--confidence LEVEL``, default :data:`DEFAULT_CONFIDENCE`."""
+    """Add ``--confidence LEVEL`` (type :func:`confidence`, default :data:`DEFAULT_CONFIDENCE`).
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The subcommand's parser.
+    help_text : str
+        What the level applies to; the default is appended.
+    """
     parser.add_argument("--confidence", type=confidence, default=DEFAULT_CONFIDENCE,
                         help=f"{help_text} (default {DEFAULT_CONFIDENCE:g})")
 
 
 def add_max_elements(parser: argparse.ArgumentParser, what: str = "logits files") -> None:
-    """``--max-elements N``: the loader's element limit."""
+    """Add ``--max-elements N``: the loader's element limit (default None: the loader's own).
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The subcommand's parser.
+    what : str, default "logits files"
+        What the limit refuses, for the help text.
+    """
     parser.add_argument("--max-elements", type=int, default=None, metavar="N",
                         help=f"refuse {what} declaring more elements than this "
                         "(default: caliber_core.loading.DEFAULT_MAX_ELEMENTS)")

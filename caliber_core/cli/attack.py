@@ -10,7 +10,18 @@ from .arguments import add_max_elements, load
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    """Register ``attack`` on an argparse subparsers object."""
+    """Register ``attack`` and its options on an argparse subparsers object.
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+        What ``ArgumentParser.add_subparsers()`` returned.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        The ``attack`` parser.
+    """
     att = sub.add_parser("attack", help="simulate the averaging attack at a sigma")
     att.add_argument("file")
     att.add_argument("--labels")
@@ -25,7 +36,32 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    """Run ``attack``; returns the exit status."""
+    """Run ``attack``: print the averaging attack's table at one sigma.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed ``attack`` options: the file, ``--sigma`` or ``--config`` with
+        ``--target``, ``--m``, ``--seed``, ``--labels``, ``--max-elements``.
+
+    Returns
+    -------
+    int
+        0 (a saturated target's warning goes to stderr).
+
+    Raises
+    ------
+    caliber_core.loading.LogitsFileError
+        A logits or labels file the loader refuses.
+    caliber_core.config.ConfigError
+        A config that does not load, or a target index out of range.
+    ValueError
+        A bad sigma or M (the CLI's handler makes each one line, exit 2).
+
+    Notes
+    -----
+    Proposition cost: averaging M fresh draws divides v by M.
+    """
     from ..config import SaturatedTargetWarning, sigma_to_serve
     from ..simulation.attack import format_attack_table, simulate_averaging_attack
 

@@ -38,7 +38,18 @@ def _add_seeding(parser: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    """Register ``calibrate`` on an argparse subparsers object."""
+    """Register ``calibrate`` and its options on an argparse subparsers object.
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+        What ``ArgumentParser.add_subparsers()`` returned.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        The ``calibrate`` parser.
+    """
     cal = sub.add_parser("calibrate", help="calibrate one model file and write its config JSON")
     cal.add_argument("file", help="logits file (.npz, .npy, .pt, .safetensors, .csv, .parquet), an lm-eval "
                      "samples file or a top-k logprob log (.jsonl/.json)")
@@ -73,7 +84,33 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    """Run ``calibrate``; returns the exit status (errors propagate to the CLI's handler)."""
+    """Run ``calibrate``: sweep the file, solve each target for sigma, write or print the config.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed ``calibrate`` options.
+
+    Returns
+    -------
+    int
+        0; warnings (saturated targets, wide intervals) go to stderr.
+
+    Raises
+    ------
+    caliber_core.loading.LogitsFileError
+        A logits, labels or log file the loader refuses.
+    ValueError
+        Missing labels for an accuracy or retention target, an unreachable
+        target without ``--saturate``, or a bad seeding option (errors
+        propagate to the CLI's handler: one line, exit 2).
+    OSError
+        ``--out`` cannot be written.
+
+    Notes
+    -----
+    Eq. util-norm, Eq. logistic-decay and Eq. inverse-v (``--inversion logistic``).
+    """
     from ..calibration.pipeline import DEFAULT_TARGETS, calibrate_data, config_from_calibration
     from ..loading import require_labels
     from ..calibration.target_intervals import interval_notes

@@ -20,7 +20,18 @@ EXIT_DRIFT = 3
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    """Register the ``check`` subcommand on an argparse subparsers object."""
+    """Register ``check`` and its options on an argparse subparsers object.
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+        What ``ArgumentParser.add_subparsers()`` returned.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        The ``check`` parser.
+    """
     check = sub.add_parser(
         "check", help="check a config against a new sample of the same model's logits (exit 3 on drift)")
     check.add_argument("config", help="a config JSON written by calibrate")
@@ -35,7 +46,30 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    """Run ``check``; returns the exit status (errors propagate to the CLI's handler)."""
+    """Run ``check``: compare a new sample against a config's expected ranges.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed ``check`` options: config, file, ``--labels``, ``--confidence``,
+        ``--seed``, ``--json``, ``--max-elements``.
+
+    Returns
+    -------
+    int
+        0 when the sample is consistent with the config, :data:`EXIT_DRIFT` (3) when something moved.
+
+    Raises
+    ------
+    caliber_core.config.ConfigError
+        A config that does not load.
+    caliber_core.loading.LogitsFileError
+        A logits or labels file the loader refuses.
+    ValueError
+        A config calibrated for consistent seeding (its sigma cannot be
+        re-measured with independent noise), or a sample whose K differs
+        (errors propagate to the CLI's handler: one line, exit 2).
+    """
     from ..calibration.drift import check_drift
     from ..calibration.sample import LogitSample
     from ..config import load_config

@@ -29,7 +29,18 @@ SERVER_FLAGS = (
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    """Register ``dashboard`` on an argparse subparsers object."""
+    """Register ``dashboard`` and its options on an argparse subparsers object.
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+        What ``ArgumentParser.add_subparsers()`` returned.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        The ``dashboard`` parser.
+    """
     dash = sub.add_parser("dashboard", help="start the dashboard (needs the dashboard extra)")
     dash.add_argument("--address", "--server.address", dest="address", default="127.0.0.1",
                       help="the address to bind (default 127.0.0.1: this machine only)")
@@ -59,7 +70,24 @@ def app_path() -> Path:
 
 
 def command(args) -> list[str]:
-    """The ``streamlit run`` command line for parsed ``args``."""
+    """The ``streamlit run`` command line for parsed ``args``.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed ``dashboard`` options: ``address``, ``port``, ``headless``, ``streamlit_args``.
+
+    Returns
+    -------
+    list of str
+        The interpreter, ``-m streamlit run``, the packaged app, the server
+        flags and any extra arguments (a leading ``--`` dropped).
+
+    Raises
+    ------
+    ValueError
+        The dashboard extra or package is not installed (:func:`app_path`).
+    """
     extra = [a for a in args.streamlit_args if a != "--"]
     return [sys.executable, "-m", "streamlit", "run", str(app_path()), f"--server.address={args.address}",
             f"--server.port={args.port}", f"--server.headless={'true' if args.headless else 'false'}",
@@ -67,7 +95,23 @@ def command(args) -> list[str]:
 
 
 def run(args) -> int:
-    """Run the server until it stops; returns its exit status."""
+    """Run the server until it stops.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed ``dashboard`` options.
+
+    Returns
+    -------
+    int
+        Streamlit's exit status, or 130 when interrupted.
+
+    Raises
+    ------
+    ValueError
+        The dashboard extra or package is not installed.
+    """
     cmd = command(args)
     try:
         return subprocess.call(cmd, env=os.environ.copy())

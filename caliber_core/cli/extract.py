@@ -13,7 +13,18 @@ from .arguments import add_max_elements, fraction, non_negative_int, positive_in
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Add the ``extract`` subcommand to an ``add_subparsers()`` object."""
+    """Register ``extract`` and its options on an argparse subparsers object.
+
+    Parameters
+    ----------
+    subparsers : argparse._SubParsersAction
+        What ``ArgumentParser.add_subparsers()`` returned.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        The ``extract`` parser.
+    """
     p = subparsers.add_parser(
         "extract", help="train the thief's surrogate on noisy answers: Table 3/4 analogues, frontier, "
         "sigma for a surrogate target",
@@ -59,12 +70,37 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def default_processes() -> int:
-    """2 training processes where the machine has at least 2 CPUs, else 1."""
+    """2 training processes where the machine has at least 2 CPUs, else 1.
+
+    Returns
+    -------
+    int
+    """
     return 2 if (os.cpu_count() or 1) >= 2 else 1
 
 
 def run(args) -> int:
-    """Execute ``extract`` for parsed ``args``; returns the exit status."""
+    """Execute ``extract`` for parsed ``args``: the extraction tables, or the seedings or frontier comparison.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed ``extract`` options.
+
+    Returns
+    -------
+    int
+        0; the tables go to stdout, progress to stderr.
+
+    Raises
+    ------
+    ValueError
+        A bad archive (:func:`caliber_core.extraction.archive.load_archive`) or
+        a combination of options that does not apply (``--key-file`` or
+        ``--length-scale`` without ``--seeding``): one line, exit 2.
+    OSError
+        ``--json`` or ``--out`` cannot be written.
+    """
     from ..loading import DEFAULT_MAX_ELEMENTS
     from ..extraction.archive import load_archive
     from ..extraction.experiment import DEFAULT_RETENTION, ExtractionSettings, run_extraction

@@ -9,7 +9,18 @@ from .arguments import add_max_elements, load
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    """Register ``fleet`` on an argparse subparsers object."""
+    """Register ``fleet`` and its options on an argparse subparsers object.
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+        What ``ArgumentParser.add_subparsers()`` returned.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        The ``fleet`` parser.
+    """
     fleet = sub.add_parser("fleet", help="shared fit and leave-one-out table over several models")
     fleet.add_argument("files", nargs="+")
     fleet.add_argument("--margin-stat", choices=("median", "mean", "trimmed"), default="median")
@@ -20,7 +31,31 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    """Run ``fleet``; returns the exit status."""
+    """Run ``fleet``: the shared logistic fit, its leave-one-out table and the margin ablation.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed ``fleet`` options: files, ``--margin-stat``, ``--seed``, ``--out``, ``--max-elements``.
+
+    Returns
+    -------
+    int
+        0; the tables go to stdout.
+
+    Raises
+    ------
+    ValueError
+        Fewer than 2 files, or a file without labels.
+    caliber_core.loading.LogitsFileError
+        A file the loader refuses.
+    OSError
+        ``--out`` cannot be written.
+
+    Notes
+    -----
+    Eq. logistic-decay fitted once over every model's (v, normalized accuracy) points.
+    """
     import numpy as np
 
     from ..calibration.fleet import leave_one_out, margin_ablation, shared_fit

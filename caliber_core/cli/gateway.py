@@ -15,7 +15,18 @@ from .arguments import positive_int
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    """Register ``gateway`` on an argparse subparsers object."""
+    """Register ``gateway`` and its options on an argparse subparsers object.
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+        What ``ArgumentParser.add_subparsers()`` returned.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        The ``gateway`` parser.
+    """
     from ..gateway.request_rules import DEFAULT_MAX_TOKENS, MAX_BODY_BYTES
     from ..throttle.grants import DEFAULT_VALID_MINUTES
 
@@ -43,7 +54,26 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def build_app(args):
-    """The gateway app for parsed arguments (the server is started by :func:`run`)."""
+    """The gateway app for parsed arguments (the server is started by :func:`run`).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed ``gateway`` options.
+
+    Returns
+    -------
+    fastapi.FastAPI
+        The app of :func:`caliber_core.gateway.app.create_app` over a
+        :class:`~caliber_core.throttle.Throttle` built from the policy and store.
+
+    Raises
+    ------
+    ValueError
+        An unreadable key or upstream key file, an upstream that is not an
+        http(s) URL, bad ``--valid-minutes``, a policy the throttle refuses
+        (``PolicyError``) or a bad store URL (``StoreURLError``).
+    """
     from ..gateway.app import create_app
     from ..serving.keys import read_key_file
     from ..throttle import Throttle
@@ -72,10 +102,21 @@ def build_app(args):
 def run(args) -> int:
     """Serve until interrupted.
 
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed ``gateway`` options.
+
+    Returns
+    -------
+    int
+        0 once uvicorn stops.
+
     Raises
     ------
     ValueError
-        An unreadable key, policy or store, a bad upstream URL (one line, exit 2).
+        The gateway extra is missing, or an unreadable key, a bad policy or
+        store, a bad upstream URL (one line, exit 2).
     """
     try:
         import uvicorn

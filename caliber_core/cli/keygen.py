@@ -6,14 +6,35 @@ import argparse
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    """Register ``keygen`` on an argparse subparsers object."""
+    """Register ``keygen`` and its options on an argparse subparsers object.
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+        What ``ArgumentParser.add_subparsers()`` returned.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        The ``keygen`` parser.
+    """
     keygen = sub.add_parser("keygen", help="write a new per-input seeding key (32 random bytes, hex, mode 0600)")
     keygen.add_argument("--out", required=True, metavar="KEYFILE", help="where to write it (never overwritten)")
     return keygen
 
 
 def run(args) -> int:
-    """Write the key; a file already there is a user error (exit 2).
+    """Write a new key; a file already there is a user error (exit 2).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed ``keygen`` options (``out``).
+
+    Returns
+    -------
+    int
+        0; the key's fingerprint (never the key) is printed.
 
     Raises
     ------

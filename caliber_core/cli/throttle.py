@@ -29,6 +29,18 @@ def _unseen(text: str):
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
+    """Register ``throttle`` and its options on an argparse subparsers object.
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+        What ``ArgumentParser.add_subparsers()`` returned.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        The ``throttle`` parser.
+    """
     throttle = sub.add_parser("throttle", help="serve a config to flagged accounts: policy, ledger, audit")
     tsub = throttle.add_subparsers(dest="throttle_command", required=True)
 
@@ -92,6 +104,25 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
+    """Run one ``throttle`` subcommand (init, flag, unflag, status, audit, simulate).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed ``throttle`` options; ``throttle_command`` picks the subcommand.
+
+    Returns
+    -------
+    int
+        The subcommand's exit status.
+
+    Raises
+    ------
+    ValueError
+        A policy the throttle refuses, a bad store URL, or an unreachable
+        store (turned into one line, exit 2, by the CLI's handler); other
+        bad input raises ValueError directly.
+    """
     from ..throttle.policy import PolicyError
     from ..throttle.stores import StoreUnavailable, StoreURLError
 

@@ -37,7 +37,7 @@ _NOISE_TAG = 0x4E015E
 
 
 class RepeatMismatchError(RuntimeError):
-    """Per-input answers to a repeated query differed (the runtime broke its contract)."""
+    """Per-input answers to a repeated query differed (the runtime broke its contract, Proposition cost (ii))."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,18 @@ class Answers:
 
 
 def per_input_key(seed: int) -> bytes:
-    """The provider's per-input secret in a simulation with this seed (the thief never sees it)."""
+    """The provider's per-input secret in a simulation with this seed (the thief never sees it).
+
+    Parameters
+    ----------
+    seed : int
+        The simulation's seed, >= 0.
+
+    Returns
+    -------
+    bytes
+        32 bytes: SHA-256 of a fixed label and the seed.
+    """
     return hashlib.sha256(b"caliber.extraction.per-input-key\x00" + int(seed).to_bytes(8, "big")).digest()
 
 
@@ -122,6 +133,13 @@ def answer_queries(
     ------
     RepeatMismatchError
         Per-input seeding returned different answers to a repeated query.
+    ValueError
+        An unknown seeding or answer kind, or a bad M.
+
+    Notes
+    -----
+    Eq. logits-noise per answer; averaging M fresh answers is the route
+    Proposition cost (i) prices, and per-input seeding closes it (ii).
     """
     if seeding not in SEEDINGS:
         raise ValueError(f"seeding must be one of {SEEDINGS}, got {seeding!r}")

@@ -51,6 +51,7 @@ class Split:
 
     @property
     def n_samples(self) -> int:
+        """N, the split's rows."""
         return int(self.logits.shape[0])
 
 
@@ -78,10 +79,12 @@ class ExtractionArchive:
 
     @property
     def n_classes(self) -> int:
+        """K, the number of classes."""
         return int(self.pool.logits.shape[1])
 
     @property
     def n_features(self) -> int:
+        """D, the number of input features."""
         return int(self.pool.inputs.shape[1])
 
 
@@ -126,7 +129,32 @@ def load_archive_bytes(
     eval_filename: str | None = None,
     max_elements: int = DEFAULT_MAX_ELEMENTS,
 ) -> ExtractionArchive:
-    """As :func:`load_archive`, from in-memory bytes (an upload)."""
+    """As :func:`load_archive`, from in-memory bytes (an upload).
+
+    Parameters
+    ----------
+    content : bytes
+        The ``.npz`` archive.
+    filename : str
+        Its name (must end in ``.npz``), for messages.
+    eval_content : bytes, optional
+        A separate evaluation ``.npz``; given with ``eval_filename``.
+    eval_filename : str, optional
+        Its name.
+    max_elements : int, default ``DEFAULT_MAX_ELEMENTS``
+        The element budget of each array.
+
+    Returns
+    -------
+    ExtractionArchive
+
+    Raises
+    ------
+    TypeError
+        Only one of ``eval_content`` and ``eval_filename`` given.
+    LogitsFileError
+        Not an ``.npz``, a missing array, or an array the loader refuses.
+    """
     if (eval_content is None) != (eval_filename is None):
         raise TypeError("eval_content and eval_filename must be given together")
     src = safety.display_name(filename)

@@ -64,6 +64,17 @@ class Request:
     one noise level, one per replicate seed -- share one k-fold selection,
     whose folds are spread over the group's answers (see :meth:`Thief.train`).
     Without a group, the selection uses this request's answers alone.
+
+    Attributes
+    ----------
+    answers : Answers
+        What the thief received for the pool's queries.
+    recipe : str or Recipe
+        The training recipe.
+    seed : int
+        The replicate seed (student init and order, :func:`training_seed`).
+    group : tuple or None
+        The tuned selection's group (:func:`noise_group`).
     """
 
     answers: Answers
@@ -73,7 +84,20 @@ class Request:
 
 
 def training_seed(seed: int, role: int = 0) -> int:
-    """A student's init/order seed: depends on the replicate seed only (common across conditions)."""
+    """A student's init/order seed: depends on the replicate seed only (common across conditions).
+
+    Parameters
+    ----------
+    seed : int
+        The replicate seed.
+    role : int, default 0
+        Separates students trained for different purposes under one seed.
+
+    Returns
+    -------
+    int
+        A 32-bit seed.
+    """
     return int(np.random.SeedSequence([int(seed), 0x5EED, int(role)]).generate_state(1)[0])
 
 
@@ -148,6 +172,15 @@ class Thief:
         selection on its own answers; a group of one answer set per seed
         costs the same and uses every seed's answers. A group chosen earlier
         keeps its choice for later members (the same noise level).
+
+        Parameters
+        ----------
+        requests : sequence of Request
+
+        Returns
+        -------
+        list of Outcome
+            One per request; identical requests are trained once (memoized).
         """
         tuned = [r for r in requests if r.recipe == TUNED]
         self._tune(tuned)
@@ -168,7 +201,22 @@ class Thief:
         self._trainer.close()
 
     def chosen(self, answers: Answers, seed: int) -> Recipe:
-        """The candidate the tuned attacker chose for these answers and seed (after :meth:`train`)."""
+        """The candidate the tuned attacker chose for these answers and seed (after :meth:`train`).
+
+        Parameters
+        ----------
+        answers : Answers
+        seed : int
+
+        Returns
+        -------
+        Recipe
+
+        Raises
+        ------
+        KeyError
+            No tuned request with these answers and seed was trained.
+        """
         return self._choice[(answers.digest(), seed)]
 
     # ------------------------------------------------------------------ internals
@@ -280,7 +328,22 @@ class Thief:
 
 
 def modal_choice(recipes: Sequence[Recipe]) -> Recipe:
-    """The candidate chosen most often (ties: the first chosen)."""
+    """The candidate chosen most often (ties: the first chosen).
+
+    Parameters
+    ----------
+    recipes : sequence of Recipe
+        The tuned attacker's choices, one per seed.
+
+    Returns
+    -------
+    Recipe
+
+    Raises
+    ------
+    ValueError
+        No recipes given.
+    """
     counts = Counter(r.key() for r in recipes)
     top = max(counts.values())
     for r in recipes:
@@ -290,5 +353,15 @@ def modal_choice(recipes: Sequence[Recipe]) -> Recipe:
 
 
 def noise_group(sigma: float) -> tuple:
-    """The tuned attacker's selection group (:attr:`Request.group`) of soft answers at effective noise ``sigma``."""
+    """The tuned attacker's selection group (:attr:`Request.group`) of soft answers at effective noise ``sigma``.
+
+    Parameters
+    ----------
+    sigma : float
+
+    Returns
+    -------
+    tuple
+        ``("soft", sigma)``.
+    """
     return ("soft", float(sigma))

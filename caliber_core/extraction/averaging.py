@@ -22,6 +22,20 @@ from .spread import Spread
 
 @dataclass
 class AveragingRow:
+    """One row of the averaging table: M answers per input at one sigma and seeding, over seeds.
+
+    Attributes
+    ----------
+    sigma : float
+    m : int
+        Answers averaged (soft) or voted (hard) per input.
+    seeding : {"fresh", "per-input"}
+    labels : {"soft", "hard"}
+    surrogate_accuracy, surrogate_agreement : Spread
+        The surrogate's accuracy and its agreement with the teacher.
+    label_agreement : Spread or None
+        Hard labels: how often the voted label is the clean teacher's argmax on the pool.
+    """
     sigma: float
     m: int
     seeding: str
@@ -40,8 +54,35 @@ def averaging_rows(thief: Thief, soft_attacker: str | Recipe, attacker: Recipe, 
     Averaged soft answers go to ``soft_attacker`` (the tuned one when run: it
     re-tunes for the lower effective noise), hard labels to the frontier
     attacker's weight decay. The last row is the clean-label ceiling (sigma = 0,
-    hard labels). ``on_phase("averaging")`` and ``on_phase("hard labels")`` mark
-    the two phases (timings).
+    hard labels).
+
+    Parameters
+    ----------
+    thief : Thief
+        Trains the surrogates.
+    soft_attacker : str or Recipe
+        Who distils averaged soft answers.
+    attacker : Recipe
+        The frontier attacker (hard labels).
+    logits : ndarray of shape (n_pool, n_classes)
+        The teacher's clean logits on the pool.
+    sigma : float
+        The served noise.
+    seeds : sequence of int
+        Replicate seeds.
+    m_values : sequence of int
+        Answers per input.
+    on_phase : callable, optional
+        Called with "averaging" and "hard labels" as each phase starts (timings).
+
+    Returns
+    -------
+    list of AveragingRow
+
+    Notes
+    -----
+    Proposition cost: fresh noise averaged over M answers has v / M; per-input
+    seeding answers every repeat alike.
     """
     phase = on_phase if on_phase is not None else (lambda name: None)
     phase("averaging")

@@ -51,7 +51,17 @@ def estimate_cycle(answers) -> tuple[np.ndarray, np.ndarray]:
 
 
 def unmixed(answers) -> np.ndarray:
-    """The answers with the estimated cycle's push subtracted (see the module docstring)."""
+    """The answers with the estimated cycle's push subtracted (see the module docstring).
+
+    Parameters
+    ----------
+    answers : array_like of shape (n_queries, n_classes)
+        Answers served with class-cycle noise.
+
+    Returns
+    -------
+    ndarray of shape (n_queries, n_classes), float64
+    """
     u = np.asarray(answers, dtype=np.float64)
     successor, push = estimate_cycle(u)
     source = np.maximum(u - u.mean(axis=1, keepdims=True), 0.0)

@@ -76,7 +76,24 @@ class Schedule:
 
 
 def tempered_targets(answers: np.ndarray, temperature: float) -> np.ndarray:
-    """softmax(answers / T) row by row, float32 (the targets of Eq. 1)."""
+    """softmax(answers / T) row by row, float32 (the targets of Eq. 1).
+
+    Parameters
+    ----------
+    answers : ndarray of shape (n, K)
+        Logits as answered.
+    temperature : float
+        T, finite and > 0.
+
+    Returns
+    -------
+    ndarray of shape (n, K), float32
+
+    Raises
+    ------
+    ValueError
+        A temperature that is not finite and > 0.
+    """
     if not (math.isfinite(temperature) and temperature > 0):
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
     z = np.asarray(answers, dtype=np.float64) / temperature
@@ -87,7 +104,17 @@ def tempered_targets(answers: np.ndarray, temperature: float) -> np.ndarray:
 
 
 def one_hot(labels: np.ndarray, n_classes: int) -> np.ndarray:
-    """Hard-label targets: one row per label, float32."""
+    """Hard-label targets: one row per label, float32.
+
+    Parameters
+    ----------
+    labels : ndarray of shape (n,), int
+    n_classes : int
+
+    Returns
+    -------
+    ndarray of shape (n, n_classes), float32
+    """
     out = np.zeros((labels.shape[0], n_classes), dtype=np.float32)
     out[np.arange(labels.shape[0]), labels] = 1.0
     return out

@@ -130,16 +130,31 @@ class ExtractionSettings:
             raise ValueError(f"m_values must be positive integers, got {self.m_values!r}")
 
     def replicate_seeds(self, count: int | None = None) -> list[int]:
+        """The first ``count`` (default :attr:`seeds`) replicate seeds, each derived from :attr:`seed` and its index.
+
+        Returns
+        -------
+        list of int
+        """
         n = self.seeds if count is None else count
         return [int(np.random.SeedSequence([self.seed, i]).generate_state(1)[0] % 2**31) for i in range(n)]
 
     def n_near(self) -> int:
+        """Seeds of the surrogate-target search: ``near_seeds``, else max(2 seeds, 4)."""
         return self.near_seeds if self.near_seeds is not None else max(2 * self.seeds, 4)
 
 
 @dataclass
 class RecipeStats:
-    """One recipe at one condition, over seeds."""
+    """One recipe at one condition, over seeds.
+
+    Attributes
+    ----------
+    accuracy, agreement, drop_recovered : Spread
+        The surrogate's accuracy, agreement with the teacher, and share of the noise's drop it recovered.
+    accuracies : list of float
+        Per seed. ``chosen``: the tuned attacker's choice per seed (None for fixed recipes).
+    """
 
     recipe: str
     accuracy: Spread
@@ -165,11 +180,13 @@ class Condition:
 
     @property
     def best(self) -> RecipeStats:
+        """The headline recipe's statistics."""
         return self.by_recipe[self.headline]
 
 
 @dataclass
 class FrontierPoint:
+    """Teacher accuracy at one sigma of the grid and the frontier attacker's surrogate there, over seeds."""
     sigma: float
     teacher_accuracy: float
     surrogate_accuracy: Spread
@@ -179,6 +196,7 @@ class FrontierPoint:
 
 @dataclass
 class ExtractionResult:
+    """Everything one :func:`run_extraction` measured: conditions, frontier, averaging rows, runs and timings."""
     archive: ExtractionArchive
     settings: ExtractionSettings
     seeds: list[int]
@@ -228,7 +246,12 @@ class _Progress:
 
 
 def plan_runs(settings: ExtractionSettings, *, frontier_points: int = len(FRONTIER_LEVELS) + 2) -> int:
-    """An upper bound on training runs (progress total); tuned runs include their fold models."""
+    """An upper bound on training runs (progress total); tuned runs include their fold models.
+
+    Returns
+    -------
+    int
+    """
     from .recipes import candidates_for
 
     names = recipes_for(settings.attack)

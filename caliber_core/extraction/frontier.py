@@ -164,7 +164,20 @@ def _line_root(points, target: float) -> tuple[float | None, float | None]:
 
 
 def teacher_grid(retention_levels: Sequence[float], sigma_for_retention: Callable[[float], float | None]) -> list[float]:
-    """Sigmas of a frontier grid: one per teacher retention level that calibration can reach."""
+    """Sigmas of a frontier grid: one per teacher retention level that calibration can reach.
+
+    Parameters
+    ----------
+    retention_levels : sequence of float
+        Teacher retention levels.
+    sigma_for_retention : callable
+        sigma for a retention level, or None when out of reach.
+
+    Returns
+    -------
+    list of float
+        0 and each distinct positive sigma reached, ascending.
+    """
     out = [0.0]
     for r in retention_levels:
         s = sigma_for_retention(r)

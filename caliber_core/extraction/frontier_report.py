@@ -15,7 +15,18 @@ def _pct(x: float) -> str:
 
 
 def frontier_table(frontier: Frontier) -> list[str]:
-    """One row per design and target: sigma/S, the user's and the strongest thief's retention, with intervals."""
+    """One row per design and target: sigma/S, the user's and the strongest thief's retention, with intervals.
+
+    Parameters
+    ----------
+    frontier : Frontier
+        One archive's measured frontier.
+
+    Returns
+    -------
+    list of str
+        Markdown lines: a caption, the header and one row per point.
+    """
     lines = [f"**{Path(frontier.archive).name}**: strongest thief on clean answers {_pct(frontier.clean_accuracy)}% "
              f"({frontier.clean_attacker}); {frontier.keys} keys x {frontier.seeds} training seeds per point. "
              "Thief with labels: the same thieves holding 10 labelled pool rows per class (matrix scaling), "
@@ -37,7 +48,17 @@ def _labelled(point) -> str:
 
 
 def frontier_summary(frontiers: list[Frontier]) -> list[str]:
-    """The thief's retention where the flagged user keeps 0.75, one column per archive."""
+    """The thief's retention where the flagged user keeps 0.75, one column per archive.
+
+    Parameters
+    ----------
+    frontiers : list of Frontier
+
+    Returns
+    -------
+    list of str
+        Markdown lines; a dash where 0.75 lies outside an archive's measured range.
+    """
     names = list(dict.fromkeys(p.design for f in frontiers for p in f.points))
     head = "| design | " + " | ".join(Path(f.archive).name for f in frontiers) + " |"
     lines = ["Thief's retention where the flagged user keeps 0.75 (linear between measured points; ± half the "
@@ -52,7 +73,17 @@ def frontier_summary(frontiers: list[Frontier]) -> list[str]:
 
 
 def frontier_to_json(frontiers: list[Frontier]) -> str:
-    """Every measured point of every archive (see :class:`~.thief_frontier.FrontierPoint`)."""
+    """Every measured point of every archive (see :class:`~.thief_frontier.FrontierPoint`).
+
+    Parameters
+    ----------
+    frontiers : list of Frontier
+
+    Returns
+    -------
+    str
+        JSON text under this module's ``SCHEMA``.
+    """
     return json.dumps({"schema": SCHEMA, "frontiers": [
         {"archive": Path(f.archive).name, "clean_accuracy": f.clean_accuracy, "clean_attacker": f.clean_attacker,
          "keys": f.keys, "seeds": f.seeds, "points": [p.to_dict() for p in f.points]} for f in frontiers]}, indent=1)

@@ -49,7 +49,21 @@ UnitNoise = Callable[..., np.ndarray]
 
 @dataclass(frozen=True)
 class Design:
-    """A noise design: a name, its family and its parameters."""
+    """A noise design: a name, its family and its parameters.
+
+    Attributes
+    ----------
+    name : str
+    family : str
+        "per-input", "class-cycle", "simplex", "field", "balanced", "deep", "cycle-mix", "cycle-push",
+        "random-mix", "cycle-field" or "mixed".
+    length_scale : float, default 4.0
+        A field's length scale in units of S.
+    iid_share : float, default 0.0
+        Share of the variance drawn per input instead of from the field.
+    balance_share : float, default 0.0
+        Class cycles: balance class frequencies where this share of rows flips.
+    """
 
     name: str
     family: str
@@ -60,8 +74,27 @@ class Design:
     def build(self, logits: np.ndarray, key: bytes, *, scale: float, target: float = 0.75) -> UnitNoise:
         """g for ``key``, scaled and centred on ``logits`` (the calibration rows).
 
-        ``target`` is the teacher retention the noise will be calibrated for; only the
-        class cycle uses it (it is balanced where 1 - target of the rows change).
+        Parameters
+        ----------
+        logits : ndarray of shape (n, K)
+            The calibration rows.
+        key : bytes
+            The simulated provider's key.
+        scale : float
+            S of the logits.
+        target : float, default 0.75
+            The teacher retention the noise will be calibrated for; only the class
+            cycle uses it (it is balanced where 1 - target of the rows change).
+
+        Returns
+        -------
+        callable
+            Unit noise ``g(x, rows=None)`` of shape (n, K) for answers ``x``.
+
+        Raises
+        ------
+        ValueError
+            An unknown family.
         """
         z = np.asarray(logits, dtype=np.float64)
         if self.family == "per-input":
@@ -119,7 +152,21 @@ SERVED_DESIGN = "field-4"
 
 
 def design(name: str) -> Design:
-    """The design called ``name`` (one of :data:`DESIGNS`)."""
+    """The design called ``name`` (one of :data:`DESIGNS`).
+
+    Parameters
+    ----------
+    name : str
+
+    Returns
+    -------
+    Design
+
+    Raises
+    ------
+    ValueError
+        An unknown name.
+    """
     if name not in DESIGNS:
         raise ValueError(f"noise design must be one of {sorted(DESIGNS)}, got {name!r}")
     return DESIGNS[name]
@@ -230,7 +277,18 @@ class _Mixed:
 
 
 def keyed_cycle(key: bytes, n_classes: int) -> np.ndarray:
-    """A keyed permutation of the classes that is one K-cycle (no class maps to itself)."""
+    """A keyed permutation of the classes that is one K-cycle (no class maps to itself).
+
+    Parameters
+    ----------
+    key : bytes
+    n_classes : int
+
+    Returns
+    -------
+    ndarray of shape (n_classes,), int64
+        ``next[c]``, the class that follows ``c``.
+    """
     from ..serving.consistent_noise import keyed_normals
 
     order = np.argsort(keyed_normals(key, b"class-cycle", 1, "cycle", (n_classes,)))

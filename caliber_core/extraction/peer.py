@@ -98,7 +98,27 @@ def _cross_entropy(targets: np.ndarray, logits: np.ndarray) -> float:
 
 
 def held_out_rows(n_samples: int, *, seed: int, fraction: float = HELD_OUT) -> np.ndarray:
-    """The sorted pool rows the peer keeps out of training to judge its settings."""
+    """The sorted pool rows the peer keeps out of training to judge its settings.
+
+    Parameters
+    ----------
+    n_samples : int
+        Rows of the pool.
+    seed : int
+        Draws the rows.
+    fraction : float, default ``HELD_OUT``
+        In (0, 1).
+
+    Returns
+    -------
+    ndarray of int
+        Sorted row indices, round(fraction * n_samples) of them.
+
+    Raises
+    ------
+    ValueError
+        A fraction outside (0, 1), or one that leaves no rows on one side.
+    """
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"fraction must be in (0, 1), got {fraction!r}")
     n_held = int(round(fraction * n_samples))

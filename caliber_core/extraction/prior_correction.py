@@ -67,7 +67,21 @@ def prior_matching_bias(logits, *, prior=None, iterations: int = DEFAULT_ITERATI
 
 
 def corrected_predictions(pool_logits, eval_logits, *, prior=None) -> np.ndarray:
-    """argmax of the evaluation logits after the bias fitted on the pool (a batch of students: leading axis)."""
+    """argmax of the evaluation logits after the bias fitted on the pool (a batch of students: leading axis).
+
+    Parameters
+    ----------
+    pool_logits : array_like of shape (n_pool, K) or (n_students, n_pool, K)
+        The surrogate's logits on the pool, where the bias is fitted.
+    eval_logits : array_like of shape (n_eval, K) or (n_students, n_eval, K)
+        The surrogate's logits on the evaluation split.
+    prior : array_like of shape (K,), optional
+        The class prior to match (default: :func:`prior_matching_bias`'s).
+
+    Returns
+    -------
+    ndarray of int, shape (n_eval,) or (n_students, n_eval)
+    """
     pool = np.asarray(pool_logits, dtype=np.float64)
     ev = np.asarray(eval_logits, dtype=np.float64)
     bias = prior_matching_bias(pool, prior=prior)

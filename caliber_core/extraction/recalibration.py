@@ -23,7 +23,23 @@ _STEPS = 300
 
 
 def labelled_rows(labels, *, per_class: int = DEFAULT_PER_CLASS, seed: int = 0) -> np.ndarray:
-    """``per_class`` pool rows of each class (fewer where a class has fewer), drawn with ``seed``; sorted."""
+    """``per_class`` pool rows of each class (fewer where a class has fewer), drawn with ``seed``; sorted.
+
+    Parameters
+    ----------
+    labels : array_like of shape (n,)
+    per_class : int, default ``DEFAULT_PER_CLASS``
+    seed : int, default 0
+
+    Returns
+    -------
+    ndarray of int
+
+    Raises
+    ------
+    ValueError
+        ``per_class`` not a positive integer.
+    """
     y = np.asarray(labels)
     if isinstance(per_class, bool) or not isinstance(per_class, int) or per_class < 1:
         raise ValueError(f"per_class must be a positive integer, got {per_class!r}")
@@ -69,6 +85,19 @@ def matrix_scaling(logits: torch.Tensor, labels: torch.Tensor, *, strength: floa
 
 
 def recalibrated_predictions(train_logits, train_labels, eval_logits, *, strength: float = DEFAULT_STRENGTH):
-    """argmax of the evaluation logits after matrix scaling fitted on the labelled rows (per student)."""
+    """argmax of the evaluation logits after matrix scaling fitted on the labelled rows (per student).
+
+    Parameters
+    ----------
+    train_logits : torch.Tensor of shape (n_students, n_labelled, K)
+    train_labels : torch.Tensor of shape (n_labelled,)
+    eval_logits : torch.Tensor of shape (n_students, n_eval, K)
+    strength : float, default ``DEFAULT_STRENGTH``
+        The fit's L2 strength toward the identity.
+
+    Returns
+    -------
+    torch.Tensor of shape (n_students, n_eval), int64
+    """
     w, b = matrix_scaling(train_logits, train_labels, strength=strength)
     return torch.baddbmm(b, eval_logits.float(), w).argmax(dim=2)

@@ -56,6 +56,7 @@ class Recipe:
         return (float(self.temperature), float(self.weight_decay))
 
     def to_dict(self) -> dict:
+        """Plain JSON values: ``{"name", "temperature", "weight_decay"}``."""
         return {"name": self.name, "temperature": self.temperature, "weight_decay": self.weight_decay}
 
 
@@ -71,14 +72,42 @@ TUNED_CANDIDATES = (
 
 
 def recipes_for(attack: str) -> tuple[str, ...]:
-    """Recipe names run for ``--attack fixed|tuned|all``."""
+    """Recipe names run for ``--attack fixed|tuned|all``.
+
+    Parameters
+    ----------
+    attack : {"fixed", "tuned", "all"}
+
+    Returns
+    -------
+    tuple of str
+
+    Raises
+    ------
+    ValueError
+        Another value.
+    """
     if attack not in ATTACKS:
         raise ValueError(f"attack must be one of {ATTACKS}, got {attack!r}")
     return {"fixed": FIXED, "tuned": (TUNED,), "all": RECIPE_NAMES}[attack]
 
 
 def fixed_recipe(name: str) -> Recipe:
-    """The fixed recipe called ``name``."""
+    """The fixed recipe called ``name``.
+
+    Parameters
+    ----------
+    name : {"light", "strong"}
+
+    Returns
+    -------
+    Recipe
+
+    Raises
+    ------
+    ValueError
+        Another name.
+    """
     table = {"light": LIGHT, "strong": STRONG}
     if name not in table:
         raise ValueError(f"fixed recipes are {tuple(table)}, got {name!r}")
@@ -86,7 +115,17 @@ def fixed_recipe(name: str) -> Recipe:
 
 
 def candidates_for(kind: str) -> tuple[Recipe, ...]:
-    """The tuned attacker's candidates for soft answers, or the distinct weight decays for hard labels."""
+    """The tuned attacker's candidates for soft answers, or the distinct weight decays for hard labels.
+
+    Parameters
+    ----------
+    kind : {"soft", "hard"}
+        Any value but "soft" gives the hard-label candidates (T = 1).
+
+    Returns
+    -------
+    tuple of Recipe
+    """
     if kind == "soft":
         return TUNED_CANDIDATES
     seen, out = set(), []
@@ -98,7 +137,24 @@ def candidates_for(kind: str) -> tuple[Recipe, ...]:
 
 
 def fold_rows(n_samples: int, *, folds: int, seed: int) -> list[np.ndarray]:
-    """A random partition of range(n_samples) into ``folds`` near-equal parts (sorted indices)."""
+    """A random partition of range(n_samples) into ``folds`` near-equal parts (sorted indices).
+
+    Parameters
+    ----------
+    n_samples : int
+    folds : int
+        >= 2.
+    seed : int
+
+    Returns
+    -------
+    list of ndarray of int
+
+    Raises
+    ------
+    ValueError
+        Fewer than 2 folds, or fewer rows than folds.
+    """
     if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
         raise ValueError(f"folds must be an integer >= 2, got {folds!r}")
     if n_samples < folds:

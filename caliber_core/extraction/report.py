@@ -66,7 +66,18 @@ def _condition(c: Condition) -> dict:
 
 
 def to_report(result: ExtractionResult) -> dict:
-    """The ``caliber.extraction/v1`` document (plain JSON values)."""
+    """The ``caliber.extraction/v1`` document (plain JSON values).
+
+    Parameters
+    ----------
+    result : ExtractionResult
+
+    Returns
+    -------
+    dict
+        The archive, settings, replicate seeds, student, every condition and
+        the frontier, averaging rows and timings.
+    """
     a, s = result.archive, result.settings
     clean = result.clean.best
     return {
@@ -135,6 +146,21 @@ def to_report(result: ExtractionResult) -> dict:
 
 
 def report_to_json(report: dict) -> str:
+    """A report (:func:`to_report`) as indented JSON text ending in a newline.
+
+    Parameters
+    ----------
+    report : dict
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    ValueError
+        A NaN or infinity in the report (``allow_nan=False``).
+    """
     return json.dumps(report, indent=2, allow_nan=False) + "\n"
 
 
@@ -147,7 +173,17 @@ def _pm(s: Spread | None, *, scale: float = 100.0, digits: int = 1) -> str:
 
 
 def format_tables(result: ExtractionResult) -> str:
-    """Table-3 analogue (targets), Table-4 analogue (averaging), hard-label rows; percentages."""
+    """Table-3 analogue (targets), Table-4 analogue (averaging), hard-label rows; percentages.
+
+    Parameters
+    ----------
+    result : ExtractionResult
+
+    Returns
+    -------
+    str
+        Plain-text tables, mean ± sd over seeds.
+    """
     lines = [f"{result.archive.name}: pool N={result.archive.pool.n_samples}, eval N="
              f"{result.archive.evaluation.n_samples}, D={result.archive.n_features}, K={result.archive.n_classes}; "
              f"{len(result.seeds)} seeds; accuracies in %, mean ± sd over seeds"]

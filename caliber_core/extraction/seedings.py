@@ -53,7 +53,20 @@ _RECIPES = (LIGHT, STRONG) + TUNED_CANDIDATES
 
 @dataclass
 class SeedingPoint:
-    """One seeding at one teacher retention level, over keys."""
+    """One seeding at one teacher retention level, over keys.
+
+    Attributes
+    ----------
+    seeding : {"per-input", "consistent"}
+    level : float
+        The teacher retention target.
+    sigma, teacher_retention, thief_retention : Spread
+        Over keys; ``sigmas`` holds sigma per key.
+    attackers : list of str
+        The strongest thief per key.
+    near_duplicate_retention : Spread or None
+        M near-duplicates averaged (lowest level only).
+    """
 
     seeding: str
     level: float
@@ -67,6 +80,24 @@ class SeedingPoint:
 
 @dataclass
 class SeedingComparison:
+    """Per-input against consistent seeding on one archive: the points and each key's retention curve.
+
+    Attributes
+    ----------
+    archive : str
+    length_scale : float or None
+        The field's length scale in units of S; None for the class cycle (version 2).
+    keys : int
+    clean_surrogate : float
+        The strongest clean-answer surrogate's accuracy (``clean_attacker``).
+    points : list of SeedingPoint
+    near_duplicates : int
+        Near-duplicates answered per pool row.
+    curve_sigmas : ndarray of shape (n_sigmas,)
+    curves : ndarray of shape (keys, n_sigmas)
+        Consistent teacher retention on the evaluation split, per key.
+    notes : list of str
+    """
     archive: str
     length_scale: float | None  # None: the class cycle (version 2)
     keys: int
@@ -79,12 +110,44 @@ class SeedingComparison:
     notes: list[str] = field(default_factory=list)
 
     def at(self, seeding: str) -> list[SeedingPoint]:
+        """The points of ``seeding``, in measured order.
+
+        Parameters
+        ----------
+        seeding : str
+
+        Returns
+        -------
+        list of SeedingPoint
+        """
         return [p for p in self.points if p.seeding == seeding]
 
 
 def consistent_noise_for(logits, key: bytes, *, scale: float, length_scale: float, noise_id: str,
                          data_sha256: str | None = None) -> ConsistentNoise:
-    """Level-1 consistent noise for ``key``, centred on ``logits`` (the calibration rows)."""
+    """Level-1 consistent noise for ``key``, centred on ``logits`` (the calibration rows).
+
+    Parameters
+    ----------
+    logits : array_like of shape (n, K)
+    key : bytes
+    scale : float
+        S of the logits.
+    length_scale : float
+        The field's length scale in units of S.
+    noise_id : str
+        The simulated noise identity (bound into the generator).
+    data_sha256 : str, optional
+
+    Returns
+    -------
+    ConsistentNoise
+
+    Raises
+    ------
+    ValueError
+        The rows give noise of zero variance.
+    """
     record = {"noise_id": noise_id, "data_sha256": data_sha256, "seeding": "consistent",
               "length_scale": float(length_scale), "features": DEFAULT_FEATURES, "scale": float(scale),
               "key_fingerprint": "simulation"}
@@ -95,7 +158,23 @@ def consistent_noise_for(logits, key: bytes, *, scale: float, length_scale: floa
 
 def class_cycle_for(logits, key: bytes, *, target: float, noise_id: str,
                     data_sha256: str | None = None) -> ClassCycleNoise:
-    """Level-1 class-cycle noise for ``key`` (what ``--seeding consistent`` serves), balanced for ``target``."""
+    """Level-1 class-cycle noise for ``key``, balanced for ``target``.
+
+    Parameters
+    ----------
+    logits : array_like of shape (n, K)
+        The calibration rows.
+    key : bytes
+    target : float
+        The teacher retention the noise is calibrated for; the cycle is
+        balanced where 1 - target of the rows change.
+    noise_id : str
+    data_sha256 : str, optional
+
+    Returns
+    -------
+    ClassCycleNoise
+    """
     record = {"version": CYCLE_VERSION, "design": "class-cycle", "noise_id": noise_id, "data_sha256": data_sha256,
               "seeding": "consistent", "scale": 1.0, "key_fingerprint": "simulation"}
     z = np.asarray(logits, dtype=np.float64)

@@ -16,7 +16,18 @@ def _fmt(spread) -> str:
 
 
 def format_seedings(result: SeedingComparison, *, first: str = "consistent") -> str:
-    """Per level, each seeding: sigma, teacher retention, strongest thief's retention (mean ± sd over keys)."""
+    """Per level, each seeding: sigma, teacher retention, strongest thief's retention (mean ± sd over keys).
+
+    Parameters
+    ----------
+    result : SeedingComparison
+    first : str, default "consistent"
+        The seeding listed first at each level.
+
+    Returns
+    -------
+    str
+    """
     design = ("the class cycle, version 2" if result.length_scale is None
               else f"length scale {result.length_scale:g} S")
     lines = [f"{result.archive}: per-input against consistent seeding ({design}), "
@@ -39,6 +50,16 @@ def format_seedings(result: SeedingComparison, *, first: str = "consistent") -> 
 
 
 def seedings_to_json(result: SeedingComparison) -> str:
+    """The comparison as JSON text under this module's ``SCHEMA`` (points and per-key curves).
+
+    Parameters
+    ----------
+    result : SeedingComparison
+
+    Returns
+    -------
+    str
+    """
     def spread(s):
         return None if s is None else s.to_dict()
 

@@ -92,7 +92,23 @@ class StudentBatch:
 
     @classmethod
     def from_params(cls, shape: StudentShape, params: Sequence[torch.Tensor]) -> "StudentBatch":
-        """A batch holding trained parameters (stacked as in ``params``), e.g. joined from two batches."""
+        """A batch holding trained parameters (stacked as in ``params``), e.g. joined from two batches.
+
+        Parameters
+        ----------
+        shape : StudentShape
+        params : sequence of torch.Tensor
+            Two tensors (weight, bias) per layer, each with the students on axis 0.
+
+        Returns
+        -------
+        StudentBatch
+
+        Raises
+        ------
+        ValueError
+            Not two tensors per layer.
+        """
         expected = 2 * len(shape.layer_sizes())
         if len(params) != expected:
             raise ValueError(f"a {shape.architecture} student has {expected} parameter tensors, got {len(params)}")
@@ -125,7 +141,18 @@ class StudentBatch:
 
     @torch.no_grad()
     def predict_logits(self, x: torch.Tensor, *, chunk: int = 4096) -> torch.Tensor:
-        """Every student's logits on the same rows ``x`` of shape (n, D): (S, n, K)."""
+        """Every student's logits on the same rows ``x``.
+
+        Parameters
+        ----------
+        x : torch.Tensor of shape (n, D)
+        chunk : int, default 4096
+            Rows per forward pass.
+
+        Returns
+        -------
+        torch.Tensor of shape (S, n, K)
+        """
         outs = []
         for start in range(0, x.shape[0], chunk):
             block = x[start:start + chunk]

@@ -28,7 +28,21 @@ METHOD = "surrogate-retention-search"
 
 
 def surrogate_records(result: ExtractionResult) -> list[TargetRecord]:
-    """One record per reachable surrogate-retention target of ``result``."""
+    """One record per reachable surrogate-retention target of ``result``.
+
+    Parameters
+    ----------
+    result : ExtractionResult
+
+    Returns
+    -------
+    list of TargetRecord
+        With the attacker's recipe, student and seeds; accuracy measured at the found sigma.
+
+    Notes
+    -----
+    v from Eq. normalized-noise.
+    """
     cal = result.calibration
     s = result.settings
     out = []
@@ -58,13 +72,38 @@ def surrogate_records(result: ExtractionResult) -> list[TargetRecord]:
 
 
 def with_intervals(result: ExtractionResult, records: list[TargetRecord]) -> list[TargetRecord]:
-    """``records`` served at their own sigma, each with its ``interval`` and drift ``reference``."""
+    """``records`` served at their own sigma, each with its ``interval`` and drift ``reference``.
+
+    Parameters
+    ----------
+    result : ExtractionResult
+    records : list of TargetRecord
+
+    Returns
+    -------
+    list of TargetRecord
+    """
     estimator = interval_estimator(result.calibration, seed=result.settings.seed)
     return [with_interval(result.calibration, r, estimator, side="point") for r in records]
 
 
 def extraction_config(result: ExtractionResult) -> dict:
-    """A config holding the calibrated retention targets, then the surrogate-retention ones, with intervals."""
+    """A config holding the calibrated retention targets, then the surrogate-retention ones, with intervals.
+
+    Parameters
+    ----------
+    result : ExtractionResult
+        With its calibration of the pool.
+
+    Returns
+    -------
+    dict
+        A ``caliber.config/v2`` config.
+
+    Notes
+    -----
+    Retention targets by Eq. util-norm and Eq. inverse-v.
+    """
     cal = result.calibration
     records = [sigma_for_target(cal, r, kind="retention") for r in result.settings.retention]
     records += surrogate_records(result)

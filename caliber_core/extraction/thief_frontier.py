@@ -69,7 +69,15 @@ LABELLED = "labels:"  # attackers that also hold LABELS_PER_CLASS labelled pool 
 
 @dataclass(frozen=True)
 class Interval:
-    """Mean with a 95% t interval over n values (lo = hi = mean for one value)."""
+    """Mean with a 95% t interval over n values (lo = hi = mean for one value).
+
+    Attributes
+    ----------
+    mean, lo, hi : float
+        NaN for no values.
+    n : int
+        How many values.
+    """
 
     mean: float
     lo: float
@@ -78,6 +86,18 @@ class Interval:
 
     @classmethod
     def of(cls, values) -> "Interval":
+        """The mean and 95% Student-t interval of ``values``.
+
+        Parameters
+        ----------
+        values : array_like of float
+            Per key or per seed.
+
+        Returns
+        -------
+        Interval
+            NaN and n = 0 for no values; lo = hi = mean for one.
+        """
         v = np.asarray(values, dtype=np.float64)
         if v.size == 0:
             return cls(math.nan, math.nan, math.nan, 0)
@@ -88,6 +108,7 @@ class Interval:
         return cls(m, m - half, m + half, int(v.size))
 
     def to_dict(self) -> dict:
+        """Plain JSON values: ``{"mean", "lo", "hi", "n"}``."""
         return {"mean": self.mean, "lo": self.lo, "hi": self.hi, "n": self.n}
 
 
@@ -103,7 +124,25 @@ def _t975(df: int) -> float:
 
 @dataclass
 class FrontierPoint:
-    """One design at one teacher retention target, over keys and seeds."""
+    """One design at one teacher retention target, over keys and seeds.
+
+    Attributes
+    ----------
+    design : str
+        The noise design (per-input, a served field, class cycle, ...).
+    level : float
+        The teacher retention target.
+    sigma_over_s : Interval
+        The calibrated sigma in units of S, over keys.
+    teacher, thief : Interval
+        The flagged user's retention (over keys) and the strongest thief's (over keys x seeds).
+    attacker : str
+        The strongest thief; ``attackers`` holds every thief's mean retention.
+    near_gain : float
+        Accuracy points the best near-duplicate thief adds over the best single-answer one.
+    labelled : Interval or None
+        The strongest thief that also holds a few labels (outside the threat model).
+    """
 
     design: str
     level: float
@@ -116,6 +155,7 @@ class FrontierPoint:
     labelled: Interval | None = None  # the strongest thief that also holds a few labels (outside the threat model)
 
     def to_dict(self) -> dict:
+        """Plain JSON values, the intervals as dicts."""
         return {"design": self.design, "level": self.level, "sigma_over_s": self.sigma_over_s.to_dict(),
                 "teacher": self.teacher.to_dict(), "thief": self.thief.to_dict(), "attacker": self.attacker,
                 "near_gain": self.near_gain, "attackers": self.attackers,
@@ -124,6 +164,20 @@ class FrontierPoint:
 
 @dataclass
 class Frontier:
+    """The thief's frontier of one archive: every design's points, and the clean reference.
+
+    Attributes
+    ----------
+    archive : str
+        The archive's name.
+    clean_accuracy : float
+        The strongest thief's accuracy on clean answers (the retention's denominator).
+    clean_attacker : str
+        That thief.
+    keys, seeds : int
+        Simulated keys and seeds per key.
+    points : list of FrontierPoint
+    """
     archive: str
     clean_accuracy: float  # the strongest thief's on clean answers (its retention's denominator)
     clean_attacker: str
@@ -132,10 +186,33 @@ class Frontier:
     points: list[FrontierPoint] = field(default_factory=list)
 
     def of(self, design: str) -> list[FrontierPoint]:
+        """The points of ``design``, highest retention target first.
+
+        Parameters
+        ----------
+        design : str
+
+        Returns
+        -------
+        list of FrontierPoint
+        """
         return sorted((p for p in self.points if p.design == design), key=lambda p: -p.level)
 
     def at(self, design: str, user: float = 0.75) -> tuple[float, float] | None:
-        """The thief's retention where the flagged user keeps ``user``: linear between the measured points."""
+        """The thief's retention where the flagged user keeps ``user``: linear between the measured points.
+
+        Parameters
+        ----------
+        design : str
+        user : float, default 0.75
+            The flagged user's retention.
+
+        Returns
+        -------
+        tuple of (float, float) or None
+            The thief's mean retention and its interval's half width; None when
+            ``user`` lies outside the measured range.
+        """
         pts = sorted(self.of(design), key=lambda p: p.teacher.mean)
         xs = [p.teacher.mean for p in pts]
         if not pts or not xs[0] <= user <= xs[-1]:

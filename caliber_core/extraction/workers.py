@@ -62,7 +62,26 @@ class DistillPool:
     def distill(self, targets: Sequence[np.ndarray], *, shape: StudentShape, temperatures: Sequence[float],
                 weight_decays: Sequence[float], seeds: Sequence[int],
                 train_rows: Sequence[np.ndarray] | None = None, schedule: Schedule = Schedule()) -> StudentBatch:
-        """:func:`~caliber_core.extraction.distill.distill` on ``targets``, split over the processes."""
+        """:func:`~caliber_core.extraction.distill.distill` on ``targets``, split over the processes.
+
+        Parameters
+        ----------
+        targets : sequence of ndarray
+            One target matrix per student.
+        shape : StudentShape
+        temperatures, weight_decays : sequence of float
+            Per student.
+        seeds : sequence of int
+            Per student.
+        train_rows : sequence of ndarray, optional
+            Rows each student trains on (default: every input).
+        schedule : Schedule, default Schedule()
+
+        Returns
+        -------
+        StudentBatch
+            The students in ``targets`` order, the same whatever the process count.
+        """
         n = len(targets)
         if train_rows is None:
             train_rows = [np.arange(self.inputs.shape[0])] * n

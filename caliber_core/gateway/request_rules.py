@@ -36,7 +36,22 @@ MAX_ACCOUNT_CHARS = 512
 
 
 class GatewayRefusal(Exception):
-    """A request the gateway does not forward: ``status`` (400, 401, 413, ...) and a one-line ``message``."""
+    """A request the gateway does not forward.
+
+    Parameters
+    ----------
+    status : int
+        The HTTP status to answer with (400, 401, 413, ...).
+    message : str
+        One line for the client; it shows the offending value, never a secret.
+
+    Attributes
+    ----------
+    status : int
+        As given.
+    message : str
+        As given (also the exception's text).
+    """
 
     def __init__(self, status: int, message: str):
         super().__init__(message)
@@ -45,6 +60,16 @@ class GatewayRefusal(Exception):
 
 def bearer_account(authorization: str | None) -> str:
     """The account named by an ``Authorization: Bearer <account>`` header.
+
+    Parameters
+    ----------
+    authorization : str or None
+        The header's value as received (None when absent).
+
+    Returns
+    -------
+    str
+        The credential after ``Bearer``, stripped: the account key the throttle counts under.
 
     Raises
     ------
@@ -71,11 +96,23 @@ def _reject_constant(name):
 def parse_body(raw: bytes) -> dict:
     """The request's JSON object, with the fields a client may not set removed.
 
+    Parameters
+    ----------
+    raw : bytes
+        The request body as read from the socket.
+
+    Returns
+    -------
+    dict
+        The parsed object without the :data:`DROPPED_FIELDS` (changed in place
+        later by :func:`rows_of`, which fills a missing ``max_tokens``).
+
     Raises
     ------
     GatewayRefusal
         413 beyond :data:`MAX_BODY_BYTES` (checked by the caller while reading
-        too), 400 for anything that is not a JSON object.
+        too), 400 for invalid JSON (NaN and Infinity included, or nesting deep
+        enough to exhaust recursion) and for anything that is not a JSON object.
     """
     if len(raw) > MAX_BODY_BYTES:
         raise GatewayRefusal(413, f"request body is larger than {MAX_BODY_BYTES} bytes")
@@ -105,9 +142,28 @@ def rows_of(path: str, body: dict, *, default_max_tokens: int = DEFAULT_MAX_TOKE
 
     rows = max(max_tokens, 1) x max(n, best_of): every sequence vLLM decodes
     is served noise, and the throttle counts each position it may generate.
-    A request without ``max_tokens`` (``max_completion_tokens`` on chat) gets
-    ``default_max_tokens``, written into the forwarded body so vLLM cannot
-    generate more than was counted.
+
+    Parameters
+    ----------
+    path : str
+        The endpoint, :data:`COMPLETIONS` or :data:`CHAT`.
+    body : dict
+        The parsed body (:func:`parse_body`). When it has no ``max_tokens``
+        (``max_completion_tokens`` on chat), ``default_max_tokens`` is written
+        into it, so vLLM cannot generate more than was counted.
+    default_max_tokens : int, default :data:`DEFAULT_MAX_TOKENS`
+        The token budget of a request that names none.
+
+    Returns
+    -------
+    int
+        The number of rows (decoding positions) to count, >= 1.
+
+    Raises
+    ------
+    GatewayRefusal
+        400 when ``max_tokens`` is not an integer in [0, 2^20], or ``n`` or
+        ``best_of`` is not an integer in [1, 1024] (bools refused).
     """
     field = "max_completion_tokens" if path == CHAT and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _count(body, field, low=0, high=MAX_TOKENS_LIMIT, default=None)
@@ -120,7 +176,21 @@ def rows_of(path: str, body: dict, *, default_max_tokens: int = DEFAULT_MAX_TOKE
 
 
 def asks_prompt_logprobs(path: str, body: dict) -> bool:
-    """Whether the request would return logprobs of its prompt (computed by vLLM without the noise)."""
+    """Whether the request would return logprobs of its prompt (computed by vLLM without the noise).
+
+    Parameters
+    ----------
+    path : str
+        The endpoint, :data:`COMPLETIONS` or :data:`CHAT`.
+    body : dict
+        The parsed body.
+
+    Returns
+    -------
+    bool
+        True for ``prompt_logprobs``, for ``echo`` on chat, and for ``echo``
+        with ``logprobs`` on completions.
+    """
     if body.get("prompt_logprobs") is not None:
         return True
     if body.get("echo"):
@@ -131,10 +201,22 @@ def asks_prompt_logprobs(path: str, body: dict) -> bool:
 def check_prompt_logprobs(path: str, body: dict, *, level: int, refuse: str) -> None:
     """Refuse a request for prompt logprobs at level >= 1 (``refuse="flagged"``) or always (``refuse="all"``).
 
+    Parameters
+    ----------
+    path : str
+        The endpoint, :data:`COMPLETIONS` or :data:`CHAT`.
+    body : dict
+        The parsed body.
+    level : int
+        The level the throttle granted this account.
+    refuse : {"flagged", "all"}
+        Refuse only accounts at level >= 1, or every account (so the refusal
+        does not reveal a flag).
+
     Raises
     ------
     GatewayRefusal
-        400, naming the fields.
+        400, naming the fields that ask for prompt logprobs.
     """
     if asks_prompt_logprobs(path, body) and (refuse == "all" or level >= 1):
         fields = "prompt_logprobs" if body.get("prompt_logprobs") is not None else (

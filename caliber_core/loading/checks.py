@@ -25,11 +25,26 @@ from .safety import check_count, check_dtype, fail
 def validate_logits(raw, src: str, *, max_elements: int) -> np.ndarray:
     """Logits as a float64, C-contiguous array of our own.
 
+    Parameters
+    ----------
+    raw : array_like
+        What a format reader found.
+    src : str
+        The file's display name, for messages.
+    max_elements : int
+        The largest element count accepted.
+
+    Returns
+    -------
+    ndarray of shape (n_samples, n_classes), float64
+        A copy whenever ``raw`` is a read-only view of the caller's bytes.
+
     Raises
     ------
     LogitsFileError
         Wrong dtype, not 2-D, no rows, fewer than 2 classes, too many elements,
-        or a non-finite value (named by row and column).
+        a short and wide (likely transposed) file, or a non-finite value (named
+        by row and column).
     """
     arr = np.asarray(raw)
     check_dtype(src, "logits", arr.dtype)
@@ -70,6 +85,13 @@ def check_rows_and_classes(src: str, n_rows: int, n_classes: int) -> None:
     from a handful of rows, and its sweep would cost K-wide work per row for
     nothing. Checked from the shape alone, before any conversion.
 
+    Parameters
+    ----------
+    src : str
+        The file's display name.
+    n_rows, n_classes : int
+        The declared shape.
+
     Raises
     ------
     LogitsFileError
@@ -86,8 +108,27 @@ def validate_labels(
 ) -> np.ndarray:
     """Labels as int64 in ``[0, n_classes)``, one per logits row.
 
-    ``src`` is where the labels came from; ``logits_src`` is named in the
-    length message when the labels came from a separate file.
+    Parameters
+    ----------
+    raw : array_like
+        What the reader found.
+    src : str
+        Where the labels came from (display name).
+    n_samples, n_classes : int
+        The validated logits' shape.
+    logits_src : str
+        The logits' file, named in the length message when the labels came from a separate file.
+
+    Returns
+    -------
+    ndarray of shape (n_samples,), int64
+
+    Raises
+    ------
+    LogitsFileError
+        A non-numeric dtype, not 1-D, a length that differs from the logits,
+        a non-integer float, or a value outside [0, n_classes) (the first such
+        index is named).
     """
     y = np.asarray(raw)
     check_dtype(src, "labels", y.dtype)
@@ -121,6 +162,20 @@ def margins_in_chunks(logits: np.ndarray) -> np.ndarray:
     """``top_two_margins`` of a float64 (n, K) array, computed a block of rows at a time.
 
     The same values as one pass (each row's margin depends on that row only).
+
+    Parameters
+    ----------
+    logits : ndarray of shape (n_samples, n_classes), float64
+        Validated logits.
+
+    Returns
+    -------
+    ndarray of shape (n_samples,), float64
+        Top-1 minus top-2 logit of each row.
+
+    Notes
+    -----
+    The margins m_i whose median is the scale S of Eq. normalized-noise.
     """
     n, k = logits.shape
     rows = max(1, _MARGIN_CHUNK_ELEMENTS // k)

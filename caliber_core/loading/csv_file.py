@@ -19,7 +19,29 @@ from .safety import RAISE_LIMIT, Unvalidated, decode_text, fail, is_number, libr
 
 
 def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
-    """A CSV of logits (and optionally labels)."""
+    """A CSV of logits (and optionally labels).
+
+    Parameters
+    ----------
+    content : bytes
+        The file's bytes.
+    src : str
+        The file's display name.
+    max_elements : int
+        The element budget, checked from the text before pandas parses it.
+
+    Returns
+    -------
+    Unvalidated
+        The class columns, the label column when present, and notes (a missing
+        header, a saved index dropped).
+
+    Raises
+    ------
+    LogitsFileError
+        Not UTF-8 text, no rows, too many values, a short and wide table,
+        pandas missing, or text pandas cannot parse.
+    """
     text = decode_text(content, src)
     first = next((ln.strip() for ln in io.StringIO(text) if ln.strip()), None)
     if first is None:

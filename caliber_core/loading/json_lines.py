@@ -37,10 +37,23 @@ def records(content: bytes, src: str) -> Iterator[tuple[int, object]]:
     kept by ``json``, so the array's first line is given for all of them); any
     other file holds one JSON value a non-blank line.
 
+    Parameters
+    ----------
+    content : bytes
+        The file's bytes.
+    src : str
+        The file's display name.
+
+    Yields
+    ------
+    line_no : int
+    record : object
+        The parsed JSON value.
+
     Raises
     ------
     LogitsFileError
-        Text that is not UTF-8, or a line (or the array) that is not valid JSON.
+        Text that is not UTF-8, no records, or a line (or the array) that is not valid JSON.
     """
     try:
         text = content.decode("utf-8-sig")
@@ -61,7 +74,29 @@ def records(content: bytes, src: str) -> Iterator[tuple[int, object]]:
 
 
 def finite_number(value, src: str, line_no: int, what: str) -> float:
-    """A float from a JSON number or a numeric string (lm-eval writes strings); NaN refused."""
+    """A float from a JSON number or a numeric string (lm-eval writes strings); NaN refused.
+
+    Parameters
+    ----------
+    value : int, float or str
+        The field's value.
+    src : str
+        The file's display name.
+    line_no : int
+        The record's line, for the message.
+    what : str
+        The field, for the message.
+
+    Returns
+    -------
+    float
+        Possibly infinite (a log-probability may be -inf).
+
+    Raises
+    ------
+    LogitsFileError
+        Not a number or numeric string (bools refused), or NaN.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise fail(src, f"line {line_no}: {what} must be a number, got {type(value).__name__}")
     try:
@@ -76,10 +111,21 @@ def finite_number(value, src: str, line_no: int, what: str) -> float:
 def kind_of(content: bytes, src: str) -> str:
     """"lm-eval-samples" or "logprob-logs", from the first record's fields.
 
+    Parameters
+    ----------
+    content : bytes
+        The file's bytes.
+    src : str
+        The file's display name.
+
+    Returns
+    -------
+    {"lm-eval-samples", "logprob-logs"}
+
     Raises
     ------
     LogitsFileError
-        The first record is neither an lm-eval sample nor a logprobs response.
+        No records, or a first record that is neither an lm-eval sample nor a logprobs response.
     """
     for line_no, rec in records(content, src):
         if isinstance(rec, dict) and ("resps" in rec or "filtered_resps" in rec) and "doc_id" in rec:

@@ -15,7 +15,30 @@ EXTENSIONS: tuple[str, ...] = (".npy", ".npz", ".csv", ".txt")
 
 
 def read_labels_file(content: bytes, ext: str, src: str, *, max_elements: int) -> np.ndarray:
-    """The labels array of a labels file (validated later, against the logits)."""
+    """The labels array of a labels file (validated later, against the logits).
+
+    Parameters
+    ----------
+    content : bytes
+        The file's bytes.
+    ext : str
+        Its lowercase extension: ``.npy``, ``.npz``, or anything else for text
+        (one integer a line, or comma-separated).
+    src : str
+        The file's display name.
+    max_elements : int
+        The element budget.
+
+    Returns
+    -------
+    ndarray
+        The labels as read (dtype and range checked by :func:`.checks.validate_labels`).
+
+    Raises
+    ------
+    LogitsFileError
+        A file that does not parse, or more values than ``max_elements``.
+    """
     if ext == ".npy":
         return npy.read_npy(content, src=src, field="labels", max_elements=max_elements)
     if ext == ".npz":

@@ -33,7 +33,18 @@ _SHORT_CHOICE = 8
 
 
 def task_name(filename: str) -> str:
-    """The task of ``samples_<task>_<time>.jsonl`` (else the file's stem)."""
+    """The task of ``samples_<task>_<time>.jsonl`` (else the file's stem).
+
+    Parameters
+    ----------
+    filename : str
+        The file's name or path.
+
+    Returns
+    -------
+    str
+        A clean display name; "samples" when nothing is left.
+    """
     base = str(filename).replace("\\", "/").rsplit("/", 1)[-1]
     stem = base.rsplit(".", 1)[0] if "." in base[1:] else base
     m = _SAMPLES_NAME.match(stem)
@@ -125,6 +136,25 @@ def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
 
     lm-eval samples of single-token choices load as labelled logits; a top-k
     logprob log is refused with what to do instead (it needs the vocabulary size).
+
+    Parameters
+    ----------
+    content : bytes
+        The file's bytes.
+    src : str
+        The file's display name.
+    max_elements : int
+        The element budget.
+
+    Returns
+    -------
+    Unvalidated
+        Per-choice scores as logits, and the gold choices as labels.
+
+    Raises
+    ------
+    LogitsFileError
+        A logprob log, or samples that do not parse (:func:`parse_samples`).
     """
     if kind_of(content, src) == "logprob-logs":
         raise fail(src, "a top-k logprob log gives agreement only and needs the vocabulary size: "

@@ -77,14 +77,17 @@ class LogitsData:
 
     @property
     def n_samples(self) -> int:
+        """N, the number of rows."""
         return int(self.logits.shape[0])
 
     @property
     def n_classes(self) -> int:
+        """K, the number of classes."""
         return int(self.logits.shape[1])
 
     @property
     def has_labels(self) -> bool:
+        """Whether the file carried labels."""
         return self.labels is not None
 
 
@@ -211,6 +214,17 @@ def load_logits_bytes(
 def require_labels(data: LogitsData, purpose: str) -> np.ndarray:
     """Return ``data.labels``, or raise when the file had none.
 
+    Parameters
+    ----------
+    data : LogitsData
+        A loaded file.
+    purpose : str
+        What needs the labels, for the message ("an accuracy target").
+
+    Returns
+    -------
+    ndarray of shape (n_samples,), int64
+
     Raises
     ------
     LogitsFileError
@@ -226,7 +240,17 @@ def require_labels(data: LogitsData, purpose: str) -> np.ndarray:
 
 
 def describe(data: LogitsData) -> str:
-    """One display line: ``"name: N=…, K=…, labels yes/no"``."""
+    """One display line: ``"name: N=…, K=…, labels yes/no"``.
+
+    Parameters
+    ----------
+    data : LogitsData
+        A loaded file.
+
+    Returns
+    -------
+    str
+    """
     return (
         f"{data.name}: N={data.n_samples}, K={data.n_classes}, "
         f"labels {'yes' if data.has_labels else 'no'}"

@@ -56,10 +56,12 @@ class LogprobLog:
 
     @property
     def n_positions(self) -> int:
+        """The number of generated positions read."""
         return int(self.logprobs.shape[0])
 
     @property
     def k(self) -> int:
+        """k, the number of top logprobs kept per position."""
         return int(self.logprobs.shape[1])
 
 

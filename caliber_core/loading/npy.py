@@ -48,10 +48,24 @@ class NpyHeader:
 def read_header(fp, *, src: str, where: str) -> NpyHeader:
     """Parse the header at the start of ``fp`` (an in-memory stream) with numpy.
 
+    Parameters
+    ----------
+    fp : binary file-like
+        Positioned at the header's start.
+    src : str
+        The file's display name.
+    where : str
+        What holds the array ("the file", "npz member logits.npy"), for messages.
+
+    Returns
+    -------
+    NpyHeader
+        Shape, Fortran order, dtype and the data's offset from the stream's start.
+
     Raises
     ------
     LogitsFileError
-        ``"<src>: <where> is not a valid npy array (...)"``.
+        ``"<src>: <where> is not a valid npy array (...)"``, or a negative dimension.
     """
     start = fp.tell()
     if fp.read(len(NPY_MAGIC)) != NPY_MAGIC:
@@ -96,13 +110,47 @@ def check_data_size(
 
 
 def read_data(fp) -> np.ndarray:
-    """Rewind ``fp`` and let numpy read the array whose header passed the checks."""
+    """Rewind ``fp`` and let numpy read the array whose header passed the checks.
+
+    Parameters
+    ----------
+    fp : binary file-like
+        The whole ``.npy`` stream.
+
+    Returns
+    -------
+    ndarray
+        Read with ``allow_pickle=False`` and the header-size limit.
+    """
     fp.seek(0)
     return npy_format.read_array(fp, allow_pickle=False, max_header_size=HEADER_MAX_BYTES)
 
 
 def read_npy(content: bytes, *, src: str, field: str, max_elements: int) -> np.ndarray:
-    """A whole ``.npy`` file held in ``content``."""
+    """A whole ``.npy`` file held in ``content``.
+
+    Parameters
+    ----------
+    content : bytes
+        The file's bytes.
+    src : str
+        The file's display name.
+    field : str
+        "logits" or "labels": selects the dtype rule and names the field in messages.
+    max_elements : int
+        The element budget.
+
+    Returns
+    -------
+    ndarray
+        A read-only view into ``content`` (:func:`view_data`).
+
+    Raises
+    ------
+    LogitsFileError
+        A header that is not valid, a dtype that is not real numeric, too many
+        elements, or fewer data bytes than the header declares.
+    """
     fp = io.BytesIO(content)
     header = read_header(fp, src=src, where="the file")
     check_dtype(src, field, header.dtype)
@@ -119,6 +167,17 @@ def view_data(content: bytes, header: NpyHeader) -> np.ndarray:
     ``check_dtype`` and ``check_data_size`` must have passed: the dtype holds no
     objects and the bytes are all there. The validators copy what they keep, so
     a 180 MB float32 file is not copied once more before its float64 conversion.
+
+    Parameters
+    ----------
+    content : bytes
+        The file's bytes.
+    header : NpyHeader
+        Its checked header.
+
+    Returns
+    -------
+    ndarray of ``header.shape``
     """
     count = math.prod(header.shape)
     if count == 0:
@@ -130,5 +189,25 @@ def view_data(content: bytes, header: NpyHeader) -> np.ndarray:
 
 
 def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
-    """A ``.npy`` logits file (it carries no labels)."""
+    """A ``.npy`` logits file (it carries no labels).
+
+    Parameters
+    ----------
+    content : bytes
+        The file's bytes.
+    src : str
+        The file's display name, for messages.
+    max_elements : int
+        The element budget, checked before the data are read.
+
+    Returns
+    -------
+    Unvalidated
+        The logits, a read-only view into ``content``.
+
+    Raises
+    ------
+    LogitsFileError
+        A header that is not valid, a dtype that is not real numeric, too many elements, or missing data.
+    """
     return Unvalidated(logits=read_npy(content, src=src, field="logits", max_elements=max_elements))

@@ -32,7 +32,27 @@ NAME_MAX_BYTES = 4096  # itemsize cap for the `name` string
 
 
 def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
-    """An ``.npz`` with a ``logits`` array and optional ``labels`` and ``name``."""
+    """An ``.npz`` with a ``logits`` array and optional ``labels`` and ``name``.
+
+    Parameters
+    ----------
+    content : bytes
+        The file's bytes.
+    src : str
+        The file's display name, for messages.
+    max_elements : int
+        The element budget, checked before the data are read.
+
+    Returns
+    -------
+    Unvalidated
+        The logits, labels and name found (each member's header checked before it is inflated).
+
+    Raises
+    ------
+    LogitsFileError
+        Not a zip archive, no ``logits`` member, an object or text dtype, too many elements, a compression bomb, or a member that is not a valid npy array.
+    """
     zf, found = _open(content, src, ("logits", "labels", "name"), max_elements=max_elements)
     logits = read_member(zf, found["logits"], src=src, field="logits", max_elements=max_elements)
     labels = name = None
@@ -47,7 +67,27 @@ def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
 
 
 def read_labels(content: bytes, src: str, *, max_elements: int) -> np.ndarray:
-    """The ``labels`` array of an ``.npz`` labels file."""
+    """The ``labels`` array of an ``.npz`` labels file.
+
+    Parameters
+    ----------
+    content : bytes
+        The file's bytes.
+    src : str
+        The file's display name.
+    max_elements : int
+        The element budget.
+
+    Returns
+    -------
+    ndarray
+        The labels as stored (validated later, against the logits).
+
+    Raises
+    ------
+    LogitsFileError
+        Not a zip archive, no ``labels`` member, or a member that does not pass :func:`read_member`.
+    """
     zf, found = _open(content, src, ("labels",), max_elements=max_elements)
     return read_member(zf, found["labels"], src=src, field="labels", max_elements=max_elements)
 
@@ -81,7 +121,31 @@ def read_member(
 ) -> np.ndarray:
     """One member: its header is checked before its data are inflated.
 
-    ``scalar=True`` reads a 0-d number or string (the ``name`` entry).
+    Parameters
+    ----------
+    zf : zipfile.ZipFile
+        The open archive.
+    info : zipfile.ZipInfo
+        The member.
+    src : str
+        The file's display name.
+    field : str
+        "logits", "labels" or "name".
+    max_elements : int
+        The element budget.
+    scalar : bool, default False
+        Read a 0-d number or string (the ``name`` entry).
+
+    Returns
+    -------
+    ndarray
+
+    Raises
+    ------
+    LogitsFileError
+        A header that is not valid, a dtype the field refuses, a non-scalar
+        name or one too long, too many elements, more bytes than the header
+        declares, or an archive zipfile cannot inflate.
     """
     where = f"npz member {info.filename}"
     with library_errors(src, "not a valid npz archive", where=where):

@@ -17,7 +17,27 @@ _INDEX_COLUMN = re.compile(r"__index_level_\d+__")
 
 
 def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
-    """A parquet table of logits (and optionally labels)."""
+    """A parquet table of logits (and optionally labels).
+
+    Parameters
+    ----------
+    content : bytes
+        The file's bytes.
+    src : str
+        The file's display name, for messages.
+    max_elements : int
+        The element budget, checked before the data are read.
+
+    Returns
+    -------
+    Unvalidated
+        The class columns and the label column when present.
+
+    Raises
+    ------
+    LogitsFileError
+        pyarrow missing, too many values or unpacked bytes, duplicate column names, a non-numeric column, or a table pyarrow cannot read.
+    """
     pa = optional_library("pyarrow", extra="tables", src=src)
     pq = optional_library("pyarrow.parquet", extra="tables", src=src)
 

@@ -33,7 +33,27 @@ _WEIGHTS_ONLY_HINT = re.compile(r"Unsupported (?:global|class): (?:GLOBAL )?([\w
 
 
 def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
-    """A ``torch.save`` archive of a dict of tensors, or of a bare logits tensor."""
+    """A ``torch.save`` archive of a dict of tensors, or of a bare logits tensor.
+
+    Parameters
+    ----------
+    content : bytes
+        The file's bytes.
+    src : str
+        The file's display name, for messages.
+    max_elements : int
+        The element budget, checked before the data are read.
+
+    Returns
+    -------
+    Unvalidated
+        The logits, and the dict's labels and name when present.
+
+    Raises
+    ------
+    LogitsFileError
+        Not the zip format torch.save writes, torch missing, an archive that does not load with ``weights_only=True``, no ``logits`` tensor, or too many elements.
+    """
     zf = open_zip(content, src, "torch (.pt zip)")
     infos = zf.infolist()
     if not any(info.filename.endswith("data.pkl") for info in infos):

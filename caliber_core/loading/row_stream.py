@@ -60,6 +60,7 @@ class RowSource:
 
     @property
     def itemsize(self) -> int:
+        """Bytes per stored value (2 for float16 and bfloat16, 4 for float32, 8 for float64)."""
         return np.dtype(_NUMPY_DTYPES[self.dtype]).itemsize
 
     def blocks(self, *, block_bytes: int = BLOCK_BYTES, buffers: int = 1) -> Iterator[tuple[int, np.ndarray]]:
@@ -67,6 +68,23 @@ class RowSource:
 
         The blocks rotate through ``buffers`` reused buffers: a block stays
         valid until ``buffers`` more have been read (use or overwrite it before).
+
+        Parameters
+        ----------
+        block_bytes : int, default :data:`BLOCK_BYTES`
+            About how many stored bytes a block holds (at least one row).
+        buffers : int, default 1
+            How many buffers rotate.
+
+        Yields
+        ------
+        first_row : int
+        block : ndarray of shape (rows, n_classes), float32
+
+        Raises
+        ------
+        LogitsFileError
+            The file ends inside a row (truncated).
         """
         row_bytes = self.n_classes * self.itemsize
         per_block = max(1, block_bytes // row_bytes)
@@ -206,6 +224,16 @@ def _open_pt(path: str, src: str, size: int) -> RowSource:
 def open_rows(path) -> RowSource:
     """Locate the logits matrix of a ``.npy``, ``.safetensors`` or ``.pt`` file without reading it.
 
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file.
+
+    Returns
+    -------
+    RowSource
+        Where the matrix lies in the file, its shape and dtype.
+
     Raises
     ------
     LogitsFileError
@@ -229,7 +257,18 @@ def open_rows(path) -> RowSource:
 
 
 def declared_shape(path) -> tuple[int, int] | None:
-    """(rows, classes) of a streamable file's matrix, or None when it cannot be told cheaply."""
+    """(rows, classes) of a streamable file's matrix, or None when it cannot be told cheaply.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file.
+
+    Returns
+    -------
+    tuple of (int, int) or None
+        None for any file :func:`open_rows` refuses (the ordinary loader then reports why).
+    """
     try:
         src = open_rows(path)
     except Exception:  # noqa: BLE001 - the ordinary loader reports the problem

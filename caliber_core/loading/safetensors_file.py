@@ -59,7 +59,27 @@ DTYPES = {
 
 
 def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
-    """A safetensors file with a ``logits`` tensor, optional ``labels`` and metadata ``name``."""
+    """A safetensors file with a ``logits`` tensor, optional ``labels`` and metadata ``name``.
+
+    Parameters
+    ----------
+    content : bytes
+        The file's bytes.
+    src : str
+        The file's display name, for messages.
+    max_elements : int
+        The element budget, checked before the data are read.
+
+    Returns
+    -------
+    Unvalidated
+        Read-only views of the tensors, and the metadata's name.
+
+    Raises
+    ------
+    LogitsFileError
+        A header that is not valid, entries outside the data, no ``logits`` tensor, a dtype that is not real numeric, or too many elements.
+    """
     header, data = _split(content, src)
     metadata = header.pop("__metadata__", None)
     entries = _check_entries(header, len(data), src)

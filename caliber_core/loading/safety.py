@@ -83,8 +83,12 @@ def one_line(text, *, max_chars: int, keep: str = "head") -> str:
 
     Runs of whitespace (line breaks included) become one space, other control
     characters become ``?``; an over-long line keeps its ``"head"`` or its
-    ``"tail"`` (file names: the end is the informative part) and marks the cut
-    with ``…``.
+    ``"tail"`` (``keep``; file names: the end is the informative part) and marks
+    the cut with ``…``.
+
+    Returns
+    -------
+    str
     """
     line = " ".join(_CONTROL.sub("?", str(text)).split())
     if len(line) <= max_chars:
@@ -95,17 +99,23 @@ def one_line(text, *, max_chars: int, keep: str = "head") -> str:
 
 
 def display_name(filename) -> str:
-    """A file name as messages show it."""
+    """A file name as messages show it (:func:`one_line`, keeping the tail)."""
     return one_line(filename, max_chars=FILENAME_MAX_CHARS, keep="tail")
 
 
 def clean_name(text) -> str:
-    """A model name read from a file (may be empty)."""
+    """A model name read from a file, as one short printable line (may be empty)."""
     return one_line(text, max_chars=NAME_MAX_CHARS)
 
 
 def fail(src: str, message: str) -> LogitsFileError:
-    """The error for file ``src``; ``message`` states the rule and shows the value."""
+    """The error for file ``src``; ``message`` states the rule and shows the value.
+
+    Returns
+    -------
+    LogitsFileError
+        ``"<src>: <message>"`` as one line; the caller raises it.
+    """
     return LogitsFileError(one_line(f"{src}: {message}", max_chars=MESSAGE_MAX_CHARS))
 
 
@@ -114,6 +124,11 @@ def describe_exception(err: BaseException) -> str:
 
     Libraries quote what they found (``got b'root:$'``): a quoted literal is
     replaced by ``<...>`` so that no message repeats a file's contents.
+
+    Returns
+    -------
+    str
+        At most 120 characters.
     """
     lines = [ln for ln in str(err).splitlines() if ln.strip()]
     first = _QUOTED.sub("<...>", lines[0]) if lines else ""
@@ -157,6 +172,11 @@ def library_errors(src: str, what: str, *, where: str | None = None):
     """Re-raise a parsing library's error as ``"<src>: <what> (<where>: <error>)"``.
 
     Our own :class:`LogitsFileError` and ``MemoryError`` pass through unchanged.
+
+    Raises
+    ------
+    LogitsFileError
+        For any other exception raised inside the ``with`` block.
     """
     try:
         yield
@@ -168,7 +188,13 @@ def library_errors(src: str, what: str, *, where: str | None = None):
 
 
 def decode_text(content: bytes, src: str) -> str:
-    """UTF-8 text (a BOM is dropped); NUL bytes mean binary data and are refused."""
+    """UTF-8 text (a BOM is dropped); NUL bytes mean binary data and are refused.
+
+    Raises
+    ------
+    LogitsFileError
+        Not UTF-8 (the offset is named), or a NUL byte.
+    """
     try:
         text = content.decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -190,7 +216,7 @@ def is_number(text: str) -> bool:
 
 
 def list_keys(keys) -> str:
-    """Up to eight sorted keys for a message (``"none"`` when empty)."""
+    """Up to eight sorted keys for a message, as one str (``"none"`` when empty)."""
     keys = sorted(one_line(k, max_chars=40) for k in keys)
     shown = ", ".join(keys[:8]) + (", …" if len(keys) > 8 else "")
     return shown or "none"
@@ -253,7 +279,15 @@ RAISE_LIMIT = "--max-elements raises the limit"
 
 
 def check_max_elements(max_elements) -> None:
-    """The ``max_elements`` argument must be an int >= 1."""
+    """The ``max_elements`` argument must be an int >= 1.
+
+    Raises
+    ------
+    TypeError
+        Not an int (bools refused).
+    ValueError
+        Below 1.
+    """
     if isinstance(max_elements, bool) or not isinstance(max_elements, (int, np.integer)):
         raise TypeError(f"max_elements must be an int, got {type(max_elements).__name__}")
     if max_elements < 1:
@@ -261,10 +295,19 @@ def check_max_elements(max_elements) -> None:
 
 
 def check_count(src: str, field: str, shape, max_elements: int) -> int:
-    """The element count of a declared ``shape``, refused above ``max_elements``.
+    """The element count of a declared ``shape`` of ``field``, refused above ``max_elements``.
 
     Every reader calls this on the shape a file *declares*, before allocating
     or converting anything of that size.
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    LogitsFileError
+        More than ``max_elements`` elements (the message gives the memory it would take).
     """
     shape = tuple(int(d) for d in shape)
     count = math.prod(shape)
@@ -286,7 +329,12 @@ def _gb(nbytes: float) -> str:
 
 
 def max_unpacked_bytes(max_elements: int) -> int:
-    """Upper bound on the unpacked bytes of the archive members or row groups read."""
+    """Upper bound on the unpacked bytes of the archive members or row groups read.
+
+    Returns
+    -------
+    int
+    """
     return MAX_ITEMSIZE * max_elements + 1024 * 1024
 
 
@@ -295,6 +343,10 @@ def max_file_bytes(max_elements: int) -> int:
 
     Text formats spend up to a few dozen bytes per value, and archives may carry
     arrays that are never read; the bound only stops absurd files before reading.
+
+    Returns
+    -------
+    int
     """
     return 64 * max_elements + 256 * 1024 * 1024
 
@@ -302,7 +354,13 @@ def max_file_bytes(max_elements: int) -> int:
 def check_unpacked_size(
     src: str, total: int, max_elements: int, what: str, *, bomb: str = "zip bomb"
 ) -> None:
-    """Refuse ``what`` when its declared unpacked size exceeds the element budget."""
+    """Refuse ``what`` when its declared unpacked size ``total`` exceeds the element budget.
+
+    Raises
+    ------
+    LogitsFileError
+        ``total`` beyond :func:`max_unpacked_bytes` (the message names a possible ``bomb``).
+    """
     limit = max_unpacked_bytes(max_elements)
     if total > limit:
         raise fail(
@@ -326,12 +384,17 @@ _KIND_NAMES = {
 
 
 def rule(field: str) -> str:
-    """The dtype rule for ``field``, as messages state it."""
+    """The dtype rule for ``field`` ("labels" or logits), as messages state it."""
     return "labels must be integers" if field == "labels" else "logits must be real numbers"
 
 
 def dtype_problem(dtype: np.dtype) -> str | None:
-    """Why ``dtype`` is not a real numeric dtype, or None when it is."""
+    """Why ``dtype`` is not a real numeric dtype, or None when it is.
+
+    Returns
+    -------
+    str or None
+    """
     if dtype.kind in "iuf":
         return None
     if dtype.hasobject or dtype.kind == "O":
@@ -340,7 +403,13 @@ def dtype_problem(dtype: np.dtype) -> str | None:
 
 
 def check_dtype(src: str, field: str, dtype: np.dtype, *, allow_text: bool = False) -> None:
-    """Refuse a dtype that is not real numeric (or, with ``allow_text``, plain text)."""
+    """Refuse a dtype that is not real numeric (or, with ``allow_text``, plain text).
+
+    Raises
+    ------
+    LogitsFileError
+        Any other dtype; an object dtype is named as such (it is never unpickled).
+    """
     problem = dtype_problem(dtype)
     if problem is None or (allow_text and dtype.kind in "US" and not dtype.hasobject):
         return
@@ -353,6 +422,16 @@ def check_dtype(src: str, field: str, dtype: np.dtype, *, allow_text: bool = Fal
 
 
 def open_zip(content: bytes, src: str, kind: str) -> zipfile.ZipFile:
-    """A zip archive over ``content``; zipfile reads only its central directory here."""
+    """A zip archive over ``content``; zipfile reads only its central directory here.
+
+    Returns
+    -------
+    zipfile.ZipFile
+
+    Raises
+    ------
+    LogitsFileError
+        Not a zip archive zipfile can read (``kind`` names the format).
+    """
     with library_errors(src, f"not a valid {kind} archive"):
         return zipfile.ZipFile(io.BytesIO(content))

@@ -18,7 +18,10 @@ _CREDENTIALS = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+)[ \t]+(.*)", re.DOTALL)
 
 
 class AuthorizationError(ValueError):
-    """A missing or malformed Authorization header (the message never holds the token)."""
+    """A missing or malformed Authorization header (the message never holds the token).
+
+    A ``ValueError``, so a caller's one-line error handling covers it.
+    """
 
 
 def account_from_authorization(header, *, scheme: str = "bearer") -> str:

@@ -119,7 +119,33 @@ def _grid(features, *, decimals: int) -> tuple[np.ndarray, tuple[str, ...] | Non
 
 
 def canonical_ids(features, *, decimals: int, namespace: bytes = b"") -> list[bytes]:
-    """One canonical id per row (see :func:`canonical_id`)."""
+    """One canonical id per row (see :func:`canonical_id`).
+
+    Parameters
+    ----------
+    features : array-like (N, D), or a mapping name -> column
+        The inputs; a mapping is read in sorted name order and its names are hashed too.
+    decimals : int in [0, 15]
+        The precision the model reads (see :func:`canonical_features`).
+    namespace : bytes, default b""
+        Separates id spaces (an endpoint, a model), so two never share an id.
+
+    Returns
+    -------
+    list of bytes
+        32 bytes per row, as :func:`canonical_id` computes them.
+
+    Raises
+    ------
+    TypeError
+        ``namespace`` is not bytes.
+    ValueError
+        Bad ``decimals``, NaN or an infinity, or a value beyond the grid.
+
+    Notes
+    -----
+    Widens the repeats that per-input seeding answers identically, Proposition cost (ii).
+    """
     decimals = _check_decimals(decimals)
     if not isinstance(namespace, (bytes, bytearray)):
         raise TypeError(f"namespace must be bytes, got {type(namespace).__name__}")

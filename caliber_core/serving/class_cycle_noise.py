@@ -28,6 +28,22 @@ from .consistent_noise import CYCLE_VERSION, finite_rows, keyed_normals
 def keyed_cycle(key: bytes, binding: bytes, level: int, n_classes: int) -> np.ndarray:
     """next[c] = pi(c): a keyed permutation of the K classes that is one K-cycle (no class maps to itself).
 
+    Parameters
+    ----------
+    key : bytes
+        The serving key.
+    binding : bytes
+        The noise's identity (:func:`.consistent_levels.noise_binding`).
+    level : int
+        The noise level, 1-based; each level has its own cycle.
+    n_classes : int
+        K, >= 2.
+
+    Returns
+    -------
+    ndarray of shape (n_classes,), int64
+        ``next[c]``, the class that follows ``c`` on the cycle.
+
     Notes
     -----
     The classes are visited in the order of K keyed normals (:func:`keyed_normals`, label ``cycle``),
@@ -42,16 +58,51 @@ def keyed_cycle(key: bytes, binding: bytes, level: int, n_classes: int) -> np.nd
 
 @dataclass(frozen=True)
 class CycleFit:
-    """What the calibration rows measured for one class-cycle level: per-class amplitudes and the RMS."""
+    """What the calibration rows measured for one class-cycle level: per-class amplitudes and the RMS.
+
+    Attributes
+    ----------
+    amplitudes : ndarray of shape (n_classes,)
+        a_c, the positive per-class amplitude that keeps class c's frequency.
+    gain : float
+        The RMS of the raw noise on the calibration rows; g is divided by it so
+        its variance per class is 1 and sigma keeps its meaning.
+    """
 
     amplitudes: np.ndarray  # (K,), a_c
     gain: float
 
     def to_dict(self) -> dict:
+        """The fit as plain JSON values: ``{"amplitudes": [...], "gain": float}``.
+
+        Returns
+        -------
+        dict
+        """
         return {"amplitudes": [float(x) for x in self.amplitudes], "gain": float(self.gain)}
 
     @classmethod
     def from_dict(cls, record, *, n_classes: int) -> "CycleFit":
+        """A fit read back from a config's level record (:meth:`to_dict`).
+
+        Parameters
+        ----------
+        record : Mapping
+            With ``amplitudes`` and ``gain``.
+        n_classes : int
+            K, the number of amplitudes expected.
+
+        Returns
+        -------
+        CycleFit
+
+        Raises
+        ------
+        ValueError
+            Amplitudes not K positive finite numbers, or a gain that is not positive and finite.
+        KeyError
+            A field is missing.
+        """
         amp = np.asarray(record["amplitudes"], dtype=np.float64)
         gain = float(record["gain"])
         if amp.shape != (n_classes,) or not np.isfinite(amp).all() or (amp <= 0).any():
@@ -109,7 +160,18 @@ class ClassCycleNoise:
         return np.clip(g, -keyed_noise.MAX_ABS_NORMAL, keyed_noise.MAX_ABS_NORMAL, out=g)
 
     def torch_noise(self, logits):
-        """g(z) for a torch tensor (N, K), float64, on the tensor's own device (no host copy)."""
+        """g(z) for a torch tensor (N, K), float64, on the tensor's own device (no host copy).
+
+        Parameters
+        ----------
+        logits : torch.Tensor of shape (N, K)
+            The clean logits; non-finite values count as the row's smallest finite one.
+
+        Returns
+        -------
+        torch.Tensor of shape (N, K), float64
+            The same values as :meth:`__call__` on the same logits, bounded by ``MAX_ABS_NORMAL``.
+        """
         import torch
 
         dev = logits.device

@@ -27,6 +27,33 @@ def level_noise(noises, sigmas, level: int, logits, *, torch_tensor: bool = Fals
     lower level's noise is part of every higher level's and two accounts
     served different levels see consistent answers. The sum is the runtime's
     own (:func:`.keyed_noise.nested_noise`), so a Perturber serves exactly this.
+
+    Parameters
+    ----------
+    noises : sequence of callable
+        g_i per level (:class:`ConsistentNoise` or :class:`ClassCycleNoise`).
+    sigmas : sequence of float
+        sigma_i per level, ascending.
+    level : int
+        The served level, in [1, len(sigmas)].
+    logits : ndarray or torch.Tensor of shape (N, K)
+        The clean logits g is evaluated on.
+    torch_tensor : bool, default False
+        ``logits`` is a torch tensor: compute on its device.
+
+    Returns
+    -------
+    ndarray or torch.Tensor of shape (N, K), float64
+        The noise to add (zeros when every increment is 0).
+
+    Raises
+    ------
+    ValueError
+        ``level`` out of range, or not one noise per sigma.
+
+    Notes
+    -----
+    Each level's noise has variance sigma_level^2 per class, as in Eq. logits-noise.
     """
     if not 1 <= level <= len(sigmas) or len(noises) != len(sigmas):
         raise ValueError(f"level must be in [1, {len(sigmas)}] with one noise per sigma, got level {level}")
@@ -46,7 +73,23 @@ def level_noise(noises, sigmas, level: int, logits, *, torch_tensor: bool = Fals
 # --------------------------------------------------------------------------
 
 def noise_version(record) -> str:
-    """The record's noise version: v1 for records written before versions were recorded."""
+    """The record's noise version: v1 for records written before versions were recorded.
+
+    Parameters
+    ----------
+    record : Mapping
+        A config's consistent ``noise`` record.
+
+    Returns
+    -------
+    str
+        One of ``VERSIONS``.
+
+    Raises
+    ------
+    ValueError
+        A version this Caliber does not serve.
+    """
     version = record.get(VERSION_FIELD, FIELD_VERSION)
     if version not in VERSIONS:
         raise ValueError(f"this config's consistent noise version {version!r} is not one this Caliber serves "
@@ -70,6 +113,21 @@ def noise_binding(record) -> bytes:
     the random ``noise_id`` minted by ``calibrate``, the data digest, the
     seeding, the field's length scale and feature count (v1), the scale S and
     the key's fingerprint.
+
+    Parameters
+    ----------
+    record : Mapping
+        A config's consistent ``noise`` record.
+
+    Returns
+    -------
+    bytes
+        32-byte SHA-256 digest.
+
+    Raises
+    ------
+    ValueError
+        An unknown version, or a record missing one of the identity's fields.
     """
     fields = _BINDING_FIELDS[noise_version(record)]
     missing = [f for f in fields if f not in record]
@@ -80,7 +138,30 @@ def noise_binding(record) -> bytes:
 
 
 def level_functions(record, key: bytes, n_classes: int) -> tuple[list, list[float]]:
-    """The function g_j (field for v1, class cycle for v2) and the sigma of every level of a consistent record."""
+    """The function g_j (field for v1, class cycle for v2) and the sigma of every level of a consistent record.
+
+    Parameters
+    ----------
+    record : Mapping
+        A config's ``noise`` record with seeding "consistent".
+    key : bytes
+        The serving key; its fingerprint must be the record's.
+    n_classes : int
+        K of the config.
+
+    Returns
+    -------
+    noises : list of ConsistentNoise or ClassCycleNoise
+        g_j per level, in level order.
+    sigmas : list of float
+        sigma_j per level, ascending.
+
+    Raises
+    ------
+    ValueError
+        Another seeding, an unknown version, a key whose fingerprint differs,
+        a malformed level fit, or sigmas that do not ascend.
+    """
     if record.get("seeding") != "consistent":
         raise ValueError(f"the config's noise record has seeding {record.get('seeding')!r}, not 'consistent'")
     version = noise_version(record)
@@ -133,7 +214,23 @@ class ConsistentLevels:
         self.sigma = self.levels[level - 1]
 
     def noise(self, logits) -> np.ndarray:
-        """sigma-scaled noise for (N, K) logits, float64 (numpy) or a float64 tensor (torch)."""
+        """sigma-scaled noise for (N, K) logits at the served level.
+
+        Parameters
+        ----------
+        logits : ndarray or torch.Tensor of shape (N, K)
+            The clean logits.
+
+        Returns
+        -------
+        ndarray or torch.Tensor of shape (N, K), float64
+            The nested noise of :func:`level_noise`; a tensor on the logits' device for torch input.
+
+        Raises
+        ------
+        ValueError
+            K differs from the config's.
+        """
         if np.shape(logits)[-1] != self.n_classes:
             raise ValueError(f"logits have {np.shape(logits)[-1]} classes; the config was calibrated "
                              f"for n_classes={self.n_classes}")

@@ -83,6 +83,32 @@ def keyed_normals(key: bytes, binding: bytes, level: int, name: str, shape: tupl
                   version: str = FIELD_VERSION) -> np.ndarray:
     """Standard normals of ``shape`` (1-D or 2-D) as a pure function of (key, binding, level, name, shape).
 
+    Parameters
+    ----------
+    key : bytes
+        The serving key (:func:`caliber_core.validation.check_key`).
+    binding : bytes
+        The noise's identity.
+    level : int
+        The noise level, 1-based.
+    name : str
+        What the matrix is for (``"first"``, ``"mix"``, ``"cycle"``, ...): another name, another matrix.
+    shape : tuple of int
+        (n,) or (rows, cols).
+    version : str, default ``FIELD_VERSION``
+        The record's noise version; selects the row labels.
+
+    Returns
+    -------
+    ndarray of ``shape``, float64
+
+    Raises
+    ------
+    TypeError
+        ``key`` or ``binding`` is not bytes.
+    ValueError
+        A key that is too short or one repeated byte, or an unknown version.
+
     Notes
     -----
     The project's one keyed generator (:func:`.keyed_noise.unit_normals`, whose key derivation
@@ -110,16 +136,50 @@ def keyed_normals(key: bytes, binding: bytes, level: int, name: str, shape: tupl
 
 @dataclass(frozen=True)
 class Centring:
-    """What the calibration rows measured: the mean feature vector and the RMS of the centred noise."""
+    """What the calibration rows measured: the mean feature vector and the RMS of the centred noise.
+
+    Attributes
+    ----------
+    phi_mean : ndarray of shape (features,)
+        The mean of phi(z) over the calibration rows, subtracted before mixing.
+    gain : float
+        The RMS of the centred noise there; g is divided by it so its variance per class is 1.
+    """
 
     phi_mean: np.ndarray  # (F,)
     gain: float
 
     def to_dict(self) -> dict:
+        """The centring as plain JSON values: ``{"phi_mean": [...], "gain": float}``.
+
+        Returns
+        -------
+        dict
+        """
         return {"phi_mean": [float(x) for x in self.phi_mean], "gain": float(self.gain)}
 
     @classmethod
     def from_dict(cls, record, *, features: int) -> "Centring":
+        """A centring read back from a config's level record (:meth:`to_dict`).
+
+        Parameters
+        ----------
+        record : Mapping
+            With ``phi_mean`` and ``gain``.
+        features : int
+            F, the length ``phi_mean`` must have.
+
+        Returns
+        -------
+        Centring
+
+        Raises
+        ------
+        ValueError
+            ``phi_mean`` not F finite numbers, or a gain that is not positive and finite.
+        KeyError
+            A field is missing.
+        """
         phi = np.asarray(record["phi_mean"], dtype=np.float64)
         gain = float(record["gain"])
         if phi.shape != (features,) or not np.isfinite(phi).all():
@@ -201,7 +261,22 @@ class ConsistentNoise:
     # ------------------------------------------------------------------ numpy
 
     def features_of(self, logits: np.ndarray) -> np.ndarray:
-        """phi(z), shape (N, F), float64; non-finite logits (masked classes) count as the row's finite minimum."""
+        """phi(z): the random Fourier features of each row.
+
+        Parameters
+        ----------
+        logits : ndarray of shape (N, K)
+            The clean logits; non-finite values (masked classes) count as the row's finite minimum.
+
+        Returns
+        -------
+        ndarray of shape (N, F), float64
+
+        Raises
+        ------
+        ValueError
+            ``logits`` is not 2-D.
+        """
         z = finite_rows(np.asarray(logits, dtype=np.float64))
         t = z @ self._first
         if self._freq is not None:
@@ -212,7 +287,23 @@ class ConsistentNoise:
         return t
 
     def centred_on(self, logits) -> "ConsistentNoise":
-        """This function with its centring measured on ``logits`` (the calibration rows)."""
+        """This function with its centring measured on ``logits`` (the calibration rows).
+
+        Parameters
+        ----------
+        logits : ndarray of shape (N, K)
+            The calibration rows.
+
+        Returns
+        -------
+        ConsistentNoise
+            A copy whose ``centring`` holds the rows' mean features and RMS; ``self`` is unchanged.
+
+        Raises
+        ------
+        ValueError
+            The rows give noise of zero variance (all rows equal, say).
+        """
         phi = self.features_of(logits)
         phi_mean = phi.mean(axis=0)
         g = (phi - phi_mean) @ self._mix
@@ -239,7 +330,18 @@ class ConsistentNoise:
     # ------------------------------------------------------------------ torch
 
     def torch_noise(self, logits):
-        """g(z) for a torch tensor (N, K), float64, on the tensor's own device (no host copy)."""
+        """g(z) for a torch tensor (N, K), float64, on the tensor's own device (no host copy).
+
+        Parameters
+        ----------
+        logits : torch.Tensor of shape (N, K)
+            The clean logits; non-finite values count as the row's smallest finite one.
+
+        Returns
+        -------
+        torch.Tensor of shape (N, K), float64
+            The values :meth:`__call__` gives for the same logits, bounded by ``MAX_ABS_NORMAL``.
+        """
         import torch
 
         dev = logits.device
@@ -270,7 +372,23 @@ class ConsistentNoise:
 
 
 def finite_rows(z: np.ndarray) -> np.ndarray:
-    """(N, K) logits with each non-finite value replaced by its row's smallest finite one (a row check)."""
+    """(N, K) logits with each non-finite value replaced by its row's smallest finite one.
+
+    Parameters
+    ----------
+    z : ndarray of shape (N, K), float64
+        Logits; a masked class is -inf.
+
+    Returns
+    -------
+    ndarray of shape (N, K)
+        ``z`` itself when every value is finite, else a copy.
+
+    Raises
+    ------
+    ValueError
+        ``z`` is not 2-D.
+    """
     if z.ndim != 2:
         raise ValueError(f"logits must be (n_samples, n_classes), got shape {z.shape}")
     if np.isfinite(z).all():

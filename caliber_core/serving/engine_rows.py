@@ -76,6 +76,11 @@ class PositionHasher:
     An engine's output list only grows (a preempted request comes back whole,
     and is then rebuilt): re-hashing a long prompt at every step would cost
     O(prompt) per token.
+
+    Parameters
+    ----------
+    prompt_token_ids : sequence of int
+        The request's prompt, hashed once here.
     """
 
     __slots__ = ("_state", "_seen", "_prompt_state")
@@ -87,9 +92,20 @@ class PositionHasher:
         self._seen = 0
 
     def id_after(self, output_token_ids, *, extra=()) -> bytes:
-        """The position id after this request's prompt, ``output_token_ids`` (the engine's live list) and ``extra``.
+        """The position id after this request's prompt, ``output_token_ids`` and ``extra``.
 
-        ``extra`` (tokens not kept, e.g. speculative drafts) is hashed on a copy.
+        Parameters
+        ----------
+        output_token_ids : sequence of int
+            The engine's live output list; only the tokens not seen before are
+            hashed (a shorter list than last time restarts from the prompt).
+        extra : sequence of int, default ()
+            Tokens not kept (speculative drafts, say), hashed on a copy.
+
+        Returns
+        -------
+        bytes
+            The 32-byte id, equal to :func:`position_id` of the same tokens.
         """
         n = len(output_token_ids)
         if n < self._seen:  # the output was cut (never in vLLM today): hash it again from the prompt
@@ -129,7 +145,26 @@ class BatchNoise:
         self._signing_key = grant_key(key)
 
     def verify(self, token, *, now: float | None = None) -> Grant:
-        """The grant a request's token carries; GrantError (a ValueError, one line) when it does not verify."""
+        """The grant a request's token carries.
+
+        Parameters
+        ----------
+        token : str
+            The grant token from the request's ``extra_args``.
+        now : float, optional
+            The time to check expiry against (default: the clock).
+
+        Returns
+        -------
+        Grant
+            The account's level and what the token was signed for.
+
+        Raises
+        ------
+        GrantError
+            A ValueError, one line: the token is malformed, forged, expired, or
+            signed for another policy or level range.
+        """
         return verify_grant(token, signing_key=self._signing_key, digest=self.digest, top=self.policy.top, now=now)
 
     def serve(self, logits, row_levels, row_ids):

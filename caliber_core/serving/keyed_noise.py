@@ -113,6 +113,10 @@ MAX_ABS_NORMAL = float(np.polynomial.polynomial.polyval(0.0, _TABLE[:, 0]))
 def encode_ids(ids) -> list[bytes]:
     """Ids as bytes: str is UTF-8 encoded, so ``"a"`` and ``b"a"`` are one id (the one encoding of row ids).
 
+    Returns
+    -------
+    list of bytes
+
     Raises
     ------
     TypeError
@@ -133,7 +137,12 @@ def encode_ids(ids) -> list[bytes]:
 
 
 def row_digests(ids) -> np.ndarray:
-    """SHA-256 of each id (str or bytes), shape (n_rows, 32) uint8: what the device side never needs."""
+    """SHA-256 of each id (str or bytes), shape (n_rows, 32) uint8: what the device side never needs.
+
+    Returns
+    -------
+    ndarray of shape (n_rows, 32), uint8
+    """
     encoded = encode_ids(ids)
     sha256 = hashlib.sha256
     joined = b"".join([sha256(one).digest() for one in encoded])
@@ -154,7 +163,20 @@ def _check_args(binding, level, digests, n_classes) -> np.ndarray:
 
 
 def row_seeds(key: bytes, binding: bytes, level: int, digests, n_classes: int) -> np.ndarray:
-    """The 64-bit seed of each row (step 2 of the module's derivation), shape (n_rows,) uint64."""
+    """The 64-bit seed of each row (step 2 of the module's derivation), shape (n_rows,) uint64.
+
+    ``digests`` are :func:`row_digests` of the ids; ``binding`` is length-prefixed,
+    ``level`` (>= 0) and ``n_classes`` (>= 1) are folded in as 8-byte integers.
+
+    Returns
+    -------
+    ndarray of shape (n_rows,), uint64
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad key or binding, a negative level, a bad K, or digests not (n_rows, 32).
+    """
     key = check_key(key)
     digests = _check_args(binding, level, digests, n_classes)
     message = (DOMAIN + len(binding).to_bytes(8, "big") + bytes(binding)
@@ -177,7 +199,12 @@ def _counters(n_classes: int) -> np.ndarray:
 
 
 def blocks(n_rows: int, n_classes: int, size: int = _CHUNK):
-    """(row slice, class slice) pairs covering (n_rows, n_classes) in blocks of about ``size`` elements."""
+    """(row slice, class slice) pairs covering (n_rows, n_classes) in blocks of about ``size`` elements.
+
+    Yields
+    ------
+    tuple of (slice, slice)
+    """
     if n_classes >= size:
         for row in range(n_rows):
             for start in range(0, n_classes, size):
@@ -218,7 +245,13 @@ def _workspace(size: int) -> _Workspace:
 
 
 def normals_from_seeds(seeds, n_classes: int, *, out: np.ndarray | None = None) -> np.ndarray:
-    """Standard normals, shape (n_rows, n_classes) float64, from row seeds (steps 3-4 of the derivation)."""
+    """Standard normals, shape (n_rows, n_classes) float64, from row seeds (steps 3-4 of the derivation).
+
+    Returns
+    -------
+    ndarray
+        ``out`` when given, else a new array.
+    """
     seeds = np.asarray(seeds, dtype=np.uint64).reshape(-1)
     if out is None:
         out = np.empty((seeds.shape[0], n_classes), dtype=np.float64)
@@ -238,7 +271,11 @@ def add_keyed_noise(logits: np.ndarray, level_seeds, increments) -> np.ndarray:
     ``level_seeds[i]`` are the row seeds of level i + 1 (:func:`row_seeds`). Block
     by block, so each block's noise is summed, added and rounded while in cache;
     the result equals, bit for bit, the sum in that order of whole arrays:
-    ``((inc_1 * xi_1 + inc_2 * xi_2) + ...) + logits``.
+    ``((inc_1 * xi_1 + inc_2 * xi_2) + ...) + logits`` (Eq. logits-noise).
+
+    Returns
+    -------
+    ndarray of the logits' shape and dtype
     """
     n_rows, n_classes = logits.shape
     out = np.empty(logits.shape, dtype=logits.dtype)
@@ -275,7 +312,12 @@ def _transform_block(seeds: np.ndarray, counters: np.ndarray, out: np.ndarray, w
 
 
 def normals_from_words(words) -> np.ndarray:
-    """Step 4 of the derivation alone: one standard normal per 64-bit word (any shape), float64."""
+    """Step 4 of the derivation alone: one standard normal per 64-bit word (any shape), float64.
+
+    Returns
+    -------
+    ndarray of the words' shape, float64
+    """
     w = np.array(words, dtype=np.uint64)
     out = np.empty(w.shape, dtype=np.float64)
     flat = (1, w.size)
@@ -338,7 +380,13 @@ def table() -> np.ndarray:
 
 
 def level_increments(levels, level: int) -> tuple[float, ...]:
-    """sqrt(sigma_i^2 - sigma_{i-1}^2) for i = 1..level (sigma_0 = 0), each as (s_i - s_{i-1})(s_i + s_{i-1})."""
+    """sqrt(sigma_i^2 - sigma_{i-1}^2) for i = 1..level (sigma_0 = 0), each as sqrt((s_i - s_{i-1})(s_i + s_{i-1})).
+
+    Returns
+    -------
+    tuple of float
+        Their squares sum to ``levels[level - 1]`` squared: nested noise of variance sigma^2 (Eq. logits-noise).
+    """
     out, previous = [], 0.0
     for sigma in levels[:level]:
         out.append(math.sqrt((sigma - previous) * (sigma + previous)))

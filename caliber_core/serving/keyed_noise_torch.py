@@ -141,7 +141,23 @@ def _workspace(size: int, device: torch.device) -> _Workspace:
 
 
 def normals_from_seeds(seeds: np.ndarray, n_classes: int, *, device, dtype=None) -> torch.Tensor:
-    """Standard normals, (n_rows, n_classes), on ``device``; float64 unless ``dtype`` says otherwise."""
+    """Standard normals from row seeds on ``device`` (the numpy function's bits).
+
+    Parameters
+    ----------
+    seeds : ndarray of shape (n_rows,), uint64
+        :func:`keyed_noise.row_seeds`.
+    n_classes : int
+        K.
+    device : str or torch.device
+        Where the normals are made.
+    dtype : torch.dtype, optional
+        Default float64; another is one rounding of the float64 result.
+
+    Returns
+    -------
+    torch.Tensor of shape (n_rows, n_classes)
+    """
     device = torch.device(device)
     dtype = torch.float64 if dtype is None else dtype
     seeds_t = _seeds_on(seeds, device)
@@ -169,6 +185,23 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments) -> torch.Tens
     passes than torch's (no signed-shift masks, no per-op dispatch); about a
     quarter less time at V = 128,000 on one thread (benchmarks/bench_vllm.py).
     Other devices and dtypes use :func:`add_keyed_noise_torch`.
+
+    Parameters
+    ----------
+    logits : torch.Tensor of shape (n_rows, n_classes)
+        A floating dtype; not modified.
+    level_seeds : sequence of array_like of shape (n_rows,), uint64
+        Row seeds of each level.
+    increments : sequence of float
+        One per level.
+
+    Returns
+    -------
+    torch.Tensor of shape (n_rows, n_classes), the logits' dtype and device
+
+    Notes
+    -----
+    Eq. logits-noise.
     """
     if logits.device.type == "cpu" and logits.dtype in _NUMPY_DTYPES:
         seeds = [np.asarray(s, dtype=np.uint64).reshape(-1) for s in level_seeds]
@@ -177,7 +210,21 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments) -> torch.Tens
 
 
 def add_keyed_noise_torch(logits: torch.Tensor, level_seeds, increments) -> torch.Tensor:
-    """:func:`add_keyed_noise` in torch's own ops, on any device (what a GPU runs): the same bits."""
+    """:func:`add_keyed_noise` in torch's own ops, on any device (what a GPU runs): the same bits.
+
+    Parameters
+    ----------
+    logits : torch.Tensor of shape (n_rows, n_classes)
+        A floating dtype; not modified.
+    level_seeds : sequence of array_like of shape (n_rows,), uint64
+        Row seeds of each level.
+    increments : sequence of float
+        One per level.
+
+    Returns
+    -------
+    torch.Tensor of shape (n_rows, n_classes), the logits' dtype and device
+    """
     device = logits.device
     n_rows, n_classes = logits.shape
     out = torch.empty_like(logits)
@@ -215,7 +262,17 @@ def _transform_block(seeds: torch.Tensor, counters: torch.Tensor, table: tuple, 
 
 
 def normals_from_words(words: torch.Tensor) -> torch.Tensor:
-    """Step 4 alone, for int64 words holding the uint64 bits: float64 normals of the same shape and device."""
+    """Step 4 alone, for int64 words holding the uint64 bits.
+
+    Parameters
+    ----------
+    words : torch.Tensor, any shape
+        Random words as int64 (two's complement of the uint64 bits).
+
+    Returns
+    -------
+    torch.Tensor of the same shape and device, float64
+    """
     w = words.to(torch.int64).reshape(-1).clone()
     out = torch.empty(w.shape, dtype=torch.float64, device=w.device)
     _words_to_normals(w, torch.empty_like(w), _table(w.device), _constants(w.device), out,
@@ -255,6 +312,32 @@ def unit_normals_torch(key: bytes, binding: bytes, level: int, digests, n_classe
     Only the row seeds (8 bytes a row) cross from the host; the (n_rows, K)
     noise is made on the device. ``dtype`` (default float64) is applied by one
     rounding of the float64 result, so float32 equals numpy's float64 output rounded.
+
+    Parameters
+    ----------
+    key : bytes
+        The serving key.
+    binding : bytes
+        What the stream is bound to.
+    level : int
+        The noise level, >= 0.
+    digests : array_like of shape (n_rows, 32), uint8
+        :func:`keyed_noise.row_digests` of the ids.
+    n_classes : int
+        K.
+    device : str or torch.device
+        Where the normals are made.
+    dtype : torch.dtype, optional
+        Default float64.
+
+    Returns
+    -------
+    torch.Tensor of shape (n_rows, n_classes)
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`keyed_noise.row_seeds`.
     """
     seeds = keyed_noise.row_seeds(key, binding, level, digests, n_classes)
     return normals_from_seeds(seeds, int(n_classes), device=device, dtype=dtype)

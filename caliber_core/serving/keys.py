@@ -41,8 +41,23 @@ def new_key() -> bytes:
 def write_key_file(path) -> bytes:
     """Write a new key to ``path`` as 64 hex characters and a newline, mode 0600.
 
-    Returns the key. Refuses to overwrite an existing file (``FileExistsError``):
-    replacing a key changes every served row's noise (see README, "Keys").
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Where to write it; created with mode 0600 from the start.
+
+    Returns
+    -------
+    bytes
+        The new 32-byte key (:func:`new_key`).
+
+    Raises
+    ------
+    FileExistsError
+        ``path`` exists: replacing a key changes every served row's noise, so
+        a key file is never overwritten.
+    OSError
+        The file cannot be created.
     """
     key = new_key()
     # O_EXCL: never clobber a deployed key; 0600 at creation, so the key is never world-readable.
@@ -64,14 +79,24 @@ def read_key_file(path) -> bytes:
     serves nobody noisy. Turn it into an error with
     ``warnings.simplefilter("error", KeyFileExposedWarning)``.
 
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The key file.
+
+    Returns
+    -------
+    bytes
+        The key.
+
     Raises
     ------
     ValueError
-        The file is not a regular file, holds
-        more than one line, is not an even number of hex digits, or holds a
-        key shorter than :data:`MIN_KEY_BYTES`, longer than
-        :data:`MAX_KEY_BYTES` or of one repeated byte (all zeros, say).
-        Messages give lengths and modes, never the file's contents.
+        The file is not a regular file, is empty, holds more than one line,
+        is not an even number of hex digits, or holds a key shorter than
+        :data:`MIN_KEY_BYTES`, longer than :data:`MAX_KEY_BYTES` or of one
+        repeated byte (all zeros, say). Messages give lengths and modes,
+        never the file's contents.
     OSError
         The file cannot be opened.
     """
@@ -108,6 +133,22 @@ def read_key_file(path) -> bytes:
 
 
 def key_fingerprint(key) -> str:
-    """16 hex characters naming ``key`` (HMAC-SHA256 of a fixed label): safe to store or log."""
+    """16 hex characters naming ``key`` (HMAC-SHA256 of a fixed label): safe to store or log.
+
+    Parameters
+    ----------
+    key : bytes
+        The serving key.
+
+    Returns
+    -------
+    str
+        16 lowercase hex characters.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Not a valid key (:func:`caliber_core.validation.check_key`).
+    """
     key = check_key(key)
     return hmac.new(key, _FINGERPRINT_LABEL, hashlib.sha256).hexdigest()[:16]

@@ -100,7 +100,18 @@ def noisy_top_logprobs(perturber, logits, ids=None, *, k: int = 5):
 
 
 def token_ids_bytes(tokens) -> bytes:
-    """Default id of a generation prefix: its token ids as little-endian int64 bytes."""
+    """Default id of a generation prefix: its token ids as little-endian int64 bytes.
+
+    Parameters
+    ----------
+    tokens : array_like or torch.Tensor of shape (n_tokens,)
+        Token ids (a tensor is copied to the host).
+
+    Returns
+    -------
+    bytes
+        8 bytes per token.
+    """
     if is_torch(tokens):
         tokens = tokens.detach().cpu().numpy()
     return np.asarray(tokens).astype("<i8", copy=False).tobytes()
@@ -167,7 +178,25 @@ class LogitsProcessorAdapter:
         self.id_fn = id_fn
 
     def unpadded_rows(self, input_ids) -> list[np.ndarray]:
-        """Each row's token ids without its padding (int64, on the host)."""
+        """Each row's token ids without its padding (int64, on the host).
+
+        Parameters
+        ----------
+        input_ids : torch.Tensor of shape (n_rows, length)
+            What ``generate`` passes a logits processor.
+
+        Returns
+        -------
+        list of ndarray, int64
+            One per row: with an attention mask, the prompt's kept positions and
+            every generated token; else, with a pad token, the row from its first
+            non-pad position; else the row as is.
+
+        Raises
+        ------
+        ValueError
+            An attention mask that does not cover ``input_ids`` (other rows, or longer).
+        """
         tokens = input_ids.detach().cpu().numpy().astype(np.int64, copy=False)
         if self.attention_mask is not None:
             mask = self.attention_mask

@@ -15,7 +15,29 @@ from .keyed_noise import encode_ids
 
 
 def encode_row_ids(ids, n_rows: int, *, single_row: bool) -> list[bytes]:
-    """One id per row as bytes (:func:`.keyed_noise.encode_ids`); ``single_row`` means the logits were 1-D (K,)."""
+    """One id per row as bytes (:func:`.keyed_noise.encode_ids`).
+
+    Parameters
+    ----------
+    ids : str, bytes, or sequence of them
+        One id per row; a single str/bytes only for one 1-D row.
+    n_rows : int
+        Rows of the logits.
+    single_row : bool
+        The logits were 1-D (K,).
+
+    Returns
+    -------
+    list of bytes
+        ``n_rows`` ids.
+
+    Raises
+    ------
+    TypeError
+        A bare str/bytes for a batch, something that is not a sequence, or an id of another type.
+    ValueError
+        A multi-dimensional id array, or not one id per row.
+    """
     if single_row and isinstance(ids, (str, bytes, bytearray, memoryview)):
         return encode_ids([ids])
     if isinstance(ids, (str, bytes, bytearray, memoryview)):
@@ -38,7 +60,27 @@ def encode_row_ids(ids, n_rows: int, *, single_row: bool) -> list[bytes]:
 
 
 def row_shape(logits) -> tuple[int, int, bool]:
-    """(n_rows, n_classes, single_row) of numpy or torch logits, after the type and shape checks."""
+    """(n_rows, n_classes, single_row) of numpy or torch logits, after the type and shape checks.
+
+    Parameters
+    ----------
+    logits : ndarray or torch.Tensor of shape (N, K) or (K,)
+        Floating logits.
+
+    Returns
+    -------
+    n_rows : int
+    n_classes : int
+    single_row : bool
+        The logits are one 1-D row.
+
+    Raises
+    ------
+    TypeError
+        Not a floating dtype (or a torch-module object that is not a tensor).
+    ValueError
+        Neither 1-D nor 2-D, or fewer than 2 classes.
+    """
     if is_torch(logits):
         import torch
 
@@ -68,6 +110,18 @@ def check_values(logits, *, limit: float) -> None:
     One pass in the common case (the smallest and largest values within the
     limit: no temporary), more when some class is masked with +-inf; on a
     torch device the answer is two scalars brought to the host at once.
+
+    Parameters
+    ----------
+    logits : ndarray or torch.Tensor
+        Floating logits.
+    limit : float
+        The largest finite magnitude allowed.
+
+    Raises
+    ------
+    ValueError
+        A NaN, or a finite value beyond ``limit``; the message gives the first one's row and class.
     """
     torch_in = is_torch(logits)
     values = logits.detach() if torch_in else np.asarray(logits)
@@ -104,7 +158,17 @@ def check_values(logits, *, limit: float) -> None:
 
 
 def largest_value(dtype) -> float:
-    """The largest finite value of a numpy or torch floating dtype."""
+    """The largest finite value of a numpy or torch floating dtype.
+
+    Parameters
+    ----------
+    dtype : numpy.dtype or torch.dtype
+        A floating dtype.
+
+    Returns
+    -------
+    float
+    """
     if isinstance(dtype, np.dtype):
         return float(np.finfo(dtype).max)
     import torch
@@ -113,11 +177,39 @@ def largest_value(dtype) -> float:
 
 
 def check_request(logits, ids, *, n_classes: int | None, seeding: str, noise_bound: float, source: str):
-    """Every check of a request, before any draw; returns (n_rows, n_classes, single_row, encoded ids, is torch).
+    """Every check of a request, before any draw.
 
-    ``n_classes`` is the config's K (None: any); ``noise_bound`` the largest
-    noise the served levels can add, so that no finite logit turns infinite;
-    ``source`` names what sets that bound in the message.
+    Parameters
+    ----------
+    logits : ndarray or torch.Tensor of shape (N, K) or (K,)
+        The request's logits.
+    ids : str, bytes, sequence of them, or None
+        One id per row; None only for fresh seeding.
+    n_classes : int or None
+        The config's K (None: any).
+    seeding : str
+        The Perturber's seeding; "per-input" needs ids.
+    noise_bound : float
+        The largest noise the served levels can add, so that no finite logit turns infinite.
+    source : str
+        What sets that bound, named in the message.
+
+    Returns
+    -------
+    n_rows : int
+    n_classes : int
+    single_row : bool
+    encoded_ids : list of bytes or None
+    is_torch : bool
+
+    Raises
+    ------
+    TypeError
+        A non-floating dtype or malformed ids.
+    ValueError
+        K differs from the config's, per-input seeding without ids, not one
+        id per row, a noise bound beyond half the dtype's range, or NaN or a
+        value too large to stay finite once noised.
     """
     n_rows, k, single_row = row_shape(logits)
     if n_classes is not None and k != n_classes:

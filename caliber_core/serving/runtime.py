@@ -55,9 +55,34 @@ BARE_BINDING_LABEL = b"caliber.bare-sigma\x00"
 def per_input_noise(ids, n_classes: int, *, key: bytes, binding: bytes = b"", level: int = 1) -> np.ndarray:
     """Standard-normal draws, one row per id: ``keyed_noise.unit_normals`` for str/bytes ids.
 
-    Returns an (n_rows, n_classes) float64 array, a pure function of
-    (key, binding, level, id, K); str ids are UTF-8 encoded, so ``"a"`` and
-    ``b"a"`` are one id.
+    Parameters
+    ----------
+    ids : sequence of str or bytes
+        One id per row; str ids are UTF-8 encoded, so ``"a"`` and ``b"a"`` are one id.
+    n_classes : int
+        K, >= 1.
+    key : bytes
+        The serving key, at least 16 bytes.
+    binding : bytes, default b""
+        What the stream is bound to (a config digest, say).
+    level : int, default 1
+        The noise level.
+
+    Returns
+    -------
+    ndarray of shape (n_rows, n_classes), float64
+        A pure function of (key, binding, level, id, K).
+
+    Raises
+    ------
+    TypeError
+        ``ids`` is a bare str/bytes or not a sequence, an id of another type, or a key that is not bytes.
+    ValueError
+        A bad K or key.
+
+    Notes
+    -----
+    Per-input seeding, Proposition cost (ii): a repeated id gets the same draw.
     """
     if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 1:
         raise ValueError(f"n_classes must be a positive integer, got {n_classes!r}")
@@ -213,26 +238,32 @@ class Perturber:
 
     @property
     def sigma(self) -> float:
+        """The served noise standard deviation (the served level's sigma)."""
         return self._sigma
 
     @property
     def seeding(self) -> str:
+        """"per-input", "fresh" or "consistent"."""
         return self._seeding
 
     @property
     def levels(self) -> tuple[float, ...]:
+        """The config's distinct sigmas, ascending (``(sigma,)`` for a bare sigma)."""
         return self._levels
 
     @property
     def level(self) -> int:
+        """1-based index of :attr:`sigma` in :attr:`levels`."""
         return self._level
 
     @property
     def n_classes(self) -> int | None:
+        """The config's K (None for a bare sigma): logits of another K are refused."""
         return self._n_classes
 
     @property
     def config_digest(self) -> str | None:
+        """The config's identity, which the noise is bound to (None for a bare sigma)."""
         return self._digest
 
     @property
@@ -331,6 +362,23 @@ class Perturber:
         keyed seeding adds its name to :data:`SEEDINGS` and its draw here; it is
         then served level by level through :meth:`level_noise`, with the same
         nesting and the same binding to the config.
+
+        Parameters
+        ----------
+        level : int
+            The level, in [1, len(levels)].
+        digests : ndarray of shape (n_rows, 32), uint8
+            :func:`.keyed_noise.row_digests` of the ids (unused by consistent seeding).
+        rows : ndarray or torch.Tensor of shape (n_rows, K)
+            The logits as served (read by consistent seeding only).
+        n_classes : int
+            K.
+        device : torch.device, optional
+            Draw a torch tensor there; None draws numpy.
+
+        Returns
+        -------
+        ndarray or torch.Tensor of shape (n_rows, n_classes), float64
         """
         if self._consistent is not None:  # a keyed smooth function of the logits, no ids needed
             g = self._consistent[level - 1]
@@ -347,6 +395,26 @@ class Perturber:
         The path any keyed seeding can take; per-input serving takes a fused,
         blockwise version of it (``keyed_noise.add_keyed_noise``) whose
         ``level_noise + logits`` is bit for bit the same.
+
+        Parameters
+        ----------
+        digests : ndarray of shape (n_rows, 32), uint8
+            Row digests of the ids.
+        rows : ndarray or torch.Tensor of shape (n_rows, K)
+            The logits as served.
+        n_classes : int
+            K.
+        device : torch.device, optional
+            Draw a torch tensor there; None draws numpy.
+
+        Returns
+        -------
+        ndarray or torch.Tensor of shape (n_rows, n_classes), float64
+            Noise of variance sigma^2 per class.
+
+        Notes
+        -----
+        Eq. logits-noise at the served sigma.
         """
         return keyed_noise.nested_noise(
             self._increments, lambda level: self.unit_draw(level, digests, rows, n_classes, device=device))

@@ -79,6 +79,16 @@ _cores_lock = threading.Lock()
 def core_from_environment(environ=None) -> BatchNoise:
     """The :class:`BatchNoise` for ``CALIBER_POLICY`` and ``CALIBER_KEY_FILE``, made once per process and pair.
 
+    Parameters
+    ----------
+    environ : Mapping, optional
+        Where the two variables are read (default ``os.environ``).
+
+    Returns
+    -------
+    BatchNoise
+        Cached per (policy path, key path) pair for the life of the process.
+
     Raises
     ------
     CaliberSetupError
@@ -200,6 +210,11 @@ class CaliberLogitsProcessor(_V1Base):
     def validate_params(cls, sampling_params) -> None:
         """Refuse a request whose ``extra_args["caliber"]`` is missing, malformed, forged, altered, expired or foreign.
 
+        Parameters
+        ----------
+        sampling_params : vllm.SamplingParams
+            The request's parameters; the grant token is in ``extra_args``.
+
         Raises
         ------
         GrantError
@@ -215,7 +230,15 @@ class CaliberLogitsProcessor(_V1Base):
         return False
 
     def update_state(self, batch_update) -> None:
-        """Follow the batch: removed, added (an overwrite of its slot), then moved, as vLLM documents."""
+        """Follow the batch: removed, added (an overwrite of its slot), then moved, as vLLM documents.
+
+        Parameters
+        ----------
+        batch_update : vllm BatchUpdate or None
+            The persistent batch's changes since the last step (None: no change).
+            Each added request's level is read from its grant; a grant that does
+            not verify here is served the top level (logged, never raised).
+        """
         if batch_update is None:
             return
         added = {index for index, *_ in batch_update.added}
@@ -232,7 +255,23 @@ class CaliberLogitsProcessor(_V1Base):
                 self.slots[a] = second
 
     def apply(self, logits):
-        """The batch's logits with each row's noise; level-0 rows unchanged, bit for bit."""
+        """The batch's logits with each row's noise; level-0 rows unchanged, bit for bit.
+
+        Parameters
+        ----------
+        logits : torch.Tensor of shape (n_rows, vocab_size)
+            The batch's logits, one row per slot.
+
+        Returns
+        -------
+        torch.Tensor of shape (n_rows, vocab_size)
+            Each row noised at its request's level, seeded by its position id; a
+            row never added is served the top level with a random id.
+
+        Notes
+        -----
+        Eq. logits-noise at each row's level, per-input seeding of Proposition cost (ii).
+        """
         n_rows = int(logits.shape[0])
         levels, ids = [], []
         top = self.core.policy.top
@@ -288,11 +327,41 @@ class CaliberLogitsProcessorV2(_V2Base):
 
     @classmethod
     def validate_params(cls, sampling_params) -> None:
-        """As :meth:`CaliberLogitsProcessor.validate_params`."""
+        """As :meth:`CaliberLogitsProcessor.validate_params`.
+
+        Parameters
+        ----------
+        sampling_params : vllm.SamplingParams
+            The request's parameters.
+
+        Raises
+        ------
+        GrantError
+            The grant does not verify.
+        CaliberSetupError
+            The process lacks its settings.
+        """
         _validate(sampling_params)
 
     def add_request(self, req_idx: int, sampling_params) -> bool:
-        """Read the request's grant; reset the slot. Returns True: every row gets the same work."""
+        """Read the request's grant and reset its slot.
+
+        Parameters
+        ----------
+        req_idx : int
+            The request's slot.
+        sampling_params : vllm.SamplingParams
+            The request's parameters, with the grant token.
+
+        Returns
+        -------
+        bool
+            True: every row gets the same work.
+
+        Notes
+        -----
+        A grant that does not verify here is served the top level (logged, never raised).
+        """
         self.levels[int(req_idx)] = _admitted_level(self.core, sampling_params)
         self.hashers[int(req_idx)] = (PositionHasher([]), [])
         return True
@@ -311,7 +380,26 @@ class CaliberLogitsProcessorV2(_V2Base):
         return hasher, tokens
 
     def apply(self, logits, ctx):
-        """The rows' logits with each row's noise (rows mapped to slots through ``ctx.expanded_idx_mapping``)."""
+        """The rows' logits with each row's noise (rows mapped to slots through ``ctx.expanded_idx_mapping``).
+
+        Parameters
+        ----------
+        logits : torch.Tensor of shape (n_rows, vocab_size)
+            The step's logits; speculative decoding gives a slot several rows.
+        ctx : object
+            vLLM's step context: ``expanded_idx_mapping``, ``pos`` and ``input_ids`` per row.
+
+        Returns
+        -------
+        torch.Tensor of shape (n_rows, vocab_size)
+            Each row noised at its slot's level, seeded by the position id of its
+            committed tokens and the drafts up to it; a row of a slot never added
+            is served the top level with a random id.
+
+        Notes
+        -----
+        Eq. logits-noise at each row's level.
+        """
         slots = ctx.expanded_idx_mapping.tolist()
         positions = ctx.pos.tolist()
         fed = ctx.input_ids.tolist()

@@ -46,6 +46,27 @@ def _check_choice_tuple(values, allowed, name: str) -> tuple:
 
 
 def check_count(value, name: str, *, allow_none: bool = False):
+    """A positive integer option, or None where ``allow_none``.
+
+    Parameters
+    ----------
+    value : int or None
+        The value to check.
+    name : str
+        The option's name, for the message.
+    allow_none : bool, default False
+        Let None through (meaning "not set").
+
+    Returns
+    -------
+    int or None
+        ``value`` as a Python int (None only where allowed).
+
+    Raises
+    ------
+    ValueError
+        Not an integer (bools refused) or below 1.
+    """
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
@@ -57,6 +78,25 @@ def repeat_key(key: bytes, repeat: int) -> bytes:
     # Repeat 0 uses the key as given, so it reproduces exactly what a
     # deployed Perturber with that key serves for ids "0", "1", ...; later
     # repeats need independent per-input noise, hence derived keys.
+    """The per-input seeding key of one simulation repeat.
+
+    Parameters
+    ----------
+    key : bytes
+        The simulation's key.
+    repeat : int
+        The repeat's index, >= 0.
+
+    Returns
+    -------
+    bytes
+        ``key`` itself for repeat 0 (so it reproduces what a deployed
+        Perturber with that key serves), else HMAC-SHA256 of the repeat under ``key``.
+
+    Notes
+    -----
+    Independent repeats need independent per-input noise, Proposition cost (ii).
+    """
     if repeat == 0:
         return key
     return hmac.new(key, b"caliber.attack.repeat/%d" % repeat, hashlib.sha256).digest()
@@ -202,6 +242,20 @@ def simulate_averaging_attack(
 
 
 def binomial_se(p: float, n: int) -> float:
+    """Standard error of a proportion measured over ``n`` independent trials.
+
+    Parameters
+    ----------
+    p : float
+        The observed proportion (NaN passes through).
+    n : int
+        The number of trials, >= 1.
+
+    Returns
+    -------
+    float
+        sqrt(p (1 - p) / n), or NaN when ``p`` is NaN.
+    """
     return math.nan if math.isnan(p) else math.sqrt(p * (1.0 - p) / n)
 
 

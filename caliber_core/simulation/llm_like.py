@@ -55,16 +55,45 @@ def llm_like_logits(n_rows: int, vocab_size: int, *, seed: int = 0, zipf=(1.2, 1
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax in float64."""
+    """Row-wise log-softmax in float64.
+
+    Parameters
+    ----------
+    logits : array_like of shape (n_rows, vocab_size)
+        Real logits.
+
+    Returns
+    -------
+    ndarray of shape (n_rows, vocab_size), float64
+        log p per row, computed after subtracting the row's maximum.
+    """
     z = np.asarray(logits, dtype=np.float64)
     m = z.max(axis=1, keepdims=True)
     return z - m - np.log(np.exp(z - m).sum(axis=1, keepdims=True))
 
 
 def exact_agreement(logits: np.ndarray, sigma: float, *, step: float = 0.1) -> np.ndarray:
-    """pi_i(sigma) of every row over its full vocabulary, grouping equal gaps (exact, Eq. top1-exact).
+    """pi_i(sigma) of every row over its full vocabulary, grouping equal gaps.
 
-    A row whose top logit is tied gets the tie's share (the top class is the first maximum).
+    Parameters
+    ----------
+    logits : ndarray of shape (n_rows, vocab_size)
+        Clean logits.
+    sigma : float
+        Noise standard deviation, > 0.
+    step : float, default 0.1
+        Trapezoid step of the quadrature over u in [-U_MAX, U_MAX].
+
+    Returns
+    -------
+    ndarray of shape (n_rows,)
+        The probability that each row's top class survives the noise. A row
+        whose top logit is tied gets the tie's share (the top class is the
+        first maximum).
+
+    Notes
+    -----
+    Eq. top1-exact, with gaps far beyond the noise (Phi = 1 in float64) dropped.
     """
     from scipy.special import log_ndtr
 

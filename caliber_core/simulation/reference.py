@@ -33,6 +33,15 @@ def argmax_monte_carlo(logits, labels, sigma, *, realizations: int, seed=0) -> t
     accuracy, agreement : ndarray of shape (len(sigma),)
         Mean over inputs and draws of 1[noisy argmax == label] and of
         1[noisy argmax == clean argmax] (ties to the lowest index).
+
+    Raises
+    ------
+    ValueError
+        Bad logits, labels or sigmas, or ``realizations`` not a positive integer.
+
+    Notes
+    -----
+    Eq. logits-noise simulated directly: the tests' reference for Eq. top1-exact and the sweep.
     """
     z = as_logits(logits)
     y = as_labels(labels, n_samples=z.shape[0], n_classes=z.shape[1])

@@ -16,7 +16,18 @@ VOTE_TAG = 0x707E
 
 
 def vote_generator(seed: int) -> np.random.Generator:
-    """The tie-break stream of a simulation with this seed (independent of its noise stream)."""
+    """The tie-break stream of a simulation with this seed (independent of its noise stream).
+
+    Parameters
+    ----------
+    seed : int
+        The simulation's seed.
+
+    Returns
+    -------
+    numpy.random.Generator
+        SFC64 seeded from (seed, :data:`VOTE_TAG`).
+    """
     return np.random.Generator(np.random.SFC64(np.random.SeedSequence([int(seed), VOTE_TAG])))
 
 

@@ -64,7 +64,26 @@ def _loss(policy, served: dict, quantity: str, best: float | None):
 
 
 def audit_report(policy, fingerprint: str, state: AccountState, *, now: float) -> dict:
-    """The JSON-able appeal report for one account (named by its ledger fingerprint)."""
+    """The JSON-able appeal report for one account (named by its ledger fingerprint).
+
+    Parameters
+    ----------
+    policy : Policy
+        The policy the account was served under (its levels and config).
+    fingerprint : str
+        The account's ledger fingerprint (the report never holds the account id).
+    state : AccountState
+        The account's ledger record.
+    now : float
+        Unix time, to tell whether the flag has lapsed.
+
+    Returns
+    -------
+    dict
+        The flag, its history, the queries and uncounted rows per level, and the
+        accuracy, retention and agreement lost against clean service (with
+        intervals where the config has them).
+    """
     served = {}  # level actually applied -> rows
     for level, n in state.queries.items():
         clean = state.shadow.get(level, 0) if level > 0 else 0
@@ -124,7 +143,18 @@ def _fmt(entry, pct: bool = True) -> str:
 
 
 def format_audit(report: dict) -> str:
-    """The report as text for a person reading an appeal."""
+    """The report as text for a person reading an appeal.
+
+    Parameters
+    ----------
+    report : dict
+        :func:`audit_report`'s dict.
+
+    Returns
+    -------
+    str
+        Lines with times in UTC and percentages with their intervals.
+    """
     import datetime as dt
 
     def when(t):

@@ -56,7 +56,21 @@ class GrantError(ValueError):
 
 @dataclass(frozen=True)
 class Grant:
-    """A verified token: the level to serve and what it was bound to."""
+    """A verified token: the level to serve and what it was bound to.
+
+    Attributes
+    ----------
+    level : int
+        The level the engine serves the rows at.
+    policy : str
+        The policy digest (:func:`policy_digest`) the token was signed for.
+    expires : float
+        Unix time after which the token is refused.
+    nonce : str
+        The token's random nonce (tokens are distinct even for equal fields).
+    rows : int
+        The rows the gateway counted for this grant.
+    """
 
     level: int
     policy: str
@@ -109,7 +123,23 @@ def _unb64(text: str) -> bytes:
 
 
 def check_valid_minutes(minutes) -> float:
-    """A token validity in minutes: a number in (0, MAX_VALID_MINUTES] (None: the default), else ValueError."""
+    """A token validity in minutes.
+
+    Parameters
+    ----------
+    minutes : float or None
+        A number in (0, ``MAX_VALID_MINUTES``]; None gives ``DEFAULT_VALID_MINUTES``.
+
+    Returns
+    -------
+    float
+        The validity in minutes.
+
+    Raises
+    ------
+    ValueError
+        Not a finite real number in the range (the message shows it).
+    """
     if minutes is None:
         return DEFAULT_VALID_MINUTES
     if (isinstance(minutes, bool) or not isinstance(minutes, numbers.Real) or not math.isfinite(minutes)

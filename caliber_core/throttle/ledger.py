@@ -29,7 +29,16 @@ EVENTS = ("flagged", "unflagged", "escalated", "expired")
 def account_fingerprint(account) -> str:
     """The ledger's name for an account: 32 hex chars of a domain-separated sha256 of its id.
 
-    A str id is NFC-normalized and UTF-8 encoded first; bytes are taken as they are.
+    Parameters
+    ----------
+    account : str or bytes
+        The account id. A str is NFC-normalized and UTF-8 encoded first; bytes
+        are taken as they are.
+
+    Returns
+    -------
+    str
+        32 lowercase hex characters.
 
     Raises
     ------
@@ -49,7 +58,25 @@ def account_fingerprint(account) -> str:
 
 
 def check_reason(reason) -> str:
-    """A flag reason: one line of at most 500 characters."""
+    """A flag reason: one line of at most 500 characters.
+
+    Parameters
+    ----------
+    reason : str
+        The reason a provider gives for a flag or an unflag.
+
+    Returns
+    -------
+    str
+        ``reason`` unchanged.
+
+    Raises
+    ------
+    TypeError
+        Not a string.
+    ValueError
+        Longer than 500 characters or more than one line (the message gives its length).
+    """
     if not isinstance(reason, str):
         raise TypeError(f"reason must be a string, got {type(reason).__name__}")
     if len(reason) > MAX_REASON_CHARS or "\n" in reason or "\r" in reason:
@@ -59,6 +86,23 @@ def check_reason(reason) -> str:
 
 
 def check_rows(rows) -> int:
+    """The rows of one request.
+
+    Parameters
+    ----------
+    rows : int
+        Rows (queries) the request asks for.
+
+    Returns
+    -------
+    int
+        ``rows``, an integer in [1, 10**9].
+
+    Raises
+    ------
+    ValueError
+        Not an integer (a bool is refused), or out of range (the message shows it).
+    """
     if isinstance(rows, bool) or not isinstance(rows, numbers.Integral) or not 1 <= rows <= 10**9:
         raise ValueError(f"rows must be an integer in [1, 1e9], got {rows!r}")
     return int(rows)
@@ -66,7 +110,19 @@ def check_rows(rows) -> int:
 
 @dataclass(frozen=True)
 class Event:
-    """One history entry: ``event`` in :data:`EVENTS`, the level after it, when, and why."""
+    """One history entry of an account's flag.
+
+    Attributes
+    ----------
+    at : float
+        Unix time of the event.
+    event : str
+        One of :data:`EVENTS`.
+    level : int
+        The account's level after the event.
+    reason : str
+        The provider's reason (empty when none was given).
+    """
 
     at: float
     event: str
@@ -74,12 +130,39 @@ class Event:
     reason: str = ""
 
     def to_dict(self) -> dict:
+        """The event as a JSON-able dict (the audit report's ``history`` entries)."""
         return {"at": self.at, "event": self.event, "level": self.level, "reason": self.reason}
 
 
 @dataclass(frozen=True)
 class AccountState:
-    """An account's aggregates. ``queries[j]`` counts rows decided at level j; ``shadow[j]`` those served clean."""
+    """An account's aggregates, as the ledger stores them.
+
+    Attributes
+    ----------
+    flagged : bool
+        Whether the provider flagged the account (and the flag has not lapsed).
+    level : int
+        The level its rows are served at (0 when not flagged).
+    reason : str
+        The flag's reason.
+    flagged_at : float or None
+        Unix time the flag was set.
+    at_level : int
+        Rows counted at the current level (escalation compares it with the policy's threshold).
+    queries : dict of int to int
+        Rows decided at each level.
+    shadow : dict of int to int
+        Of those, rows served clean in shadow mode.
+    first_seen, last_seen : float or None
+        Unix times of the first and the latest request.
+    history : tuple of Event
+        The flag events, oldest first.
+    failed : dict of int to int
+        Rows counted, then rolled back because no answer was produced.
+    uncounted : tuple of dict
+        Rows served while the store was unreachable: process, first, last, queries per level.
+    """
 
     flagged: bool = False
     level: int = 0
@@ -95,6 +178,18 @@ class AccountState:
     uncounted: tuple = ()  # served while the store was unreachable: dicts of process, first, last, queries
 
     def to_dict(self, *, expire_after: float | None = None) -> dict:
+        """The state as a JSON-able dict (what ``throttle status`` prints).
+
+        Parameters
+        ----------
+        expire_after : float or None, optional
+            The policy's flag lifetime in seconds, to give the flag's ``expires_at``.
+
+        Returns
+        -------
+        dict
+            Every field, levels as string keys, plus ``expires_at``.
+        """
         expires = (None if not self.flagged or expire_after is None or self.flagged_at is None
                    else self.flagged_at + expire_after)
         return {
@@ -112,7 +207,20 @@ class AccountState:
 
 @dataclass(frozen=True)
 class Decision:
-    """What one request gets: ``segments`` is ((level, rows), ...) in row order; ``events`` what changed."""
+    """What one request gets.
+
+    Attributes
+    ----------
+    segments : tuple of (int, int)
+        ((level, rows), ...) in row order: a request that crosses the escalation
+        threshold is split between two levels.
+    events : tuple of Event
+        What changed (a lapsed flag, an escalation).
+    state : AccountState
+        The account after the request.
+    token : str or None
+        The Redis store's request token (what a void or a resolve names); None for SQLite.
+    """
 
     segments: tuple
     events: tuple
@@ -126,6 +234,22 @@ class Decision:
 
 
 def expired(state: AccountState, now: float, expire_after: float | None) -> bool:
+    """Whether an account's flag has lapsed at ``now``.
+
+    Parameters
+    ----------
+    state : AccountState
+        The account.
+    now : float
+        Unix time.
+    expire_after : float or None
+        The policy's flag lifetime in seconds; None: flags never lapse.
+
+    Returns
+    -------
+    bool
+        True for a flagged account whose flag is at least ``expire_after`` old.
+    """
     return (state.flagged and expire_after is not None and state.flagged_at is not None
             and now >= state.flagged_at + expire_after)
 
@@ -134,12 +258,35 @@ def advance(state: AccountState, *, rows: int, now: float, escalate_after: int, 
             expire_after: float | None, shadow: bool) -> Decision:
     """Apply one request of ``rows`` queries to ``state``.
 
+    Parameters
+    ----------
+    state : AccountState
+        The account before the request.
+    rows : int
+        Rows in the request (checked by the caller: :func:`check_rows`).
+    now : float
+        Unix time of the request.
+    escalate_after : int
+        Rows at a level after which a flagged account moves up one level.
+    top : int
+        The policy's highest level (final).
+    expire_after : float or None
+        The flag lifetime in seconds; None: never.
+    shadow : bool
+        Count the flagged rows in ``state.shadow`` too (decided, but served clean).
+
+    Returns
+    -------
+    Decision
+        The rows' levels in order, the events, and the new state.
+
+    Notes
+    -----
     An expired flag lapses first. An unflagged account's rows count at level
     0. A flagged account's rows count at its level; after the
     ``escalate_after``-th row at a level below ``top`` it moves up one level,
     so a batch that crosses the threshold is split: its first rows at the
-    old level, the rest at the next. ``shadow`` also counts the flagged rows
-    in ``state.shadow`` (decided, but served clean).
+    old level, the rest at the next.
     """
     events = []
     flagged, level, at_level, flagged_at = state.flagged, state.level, state.at_level, state.flagged_at
@@ -173,6 +320,23 @@ def advance(state: AccountState, *, rows: int, now: float, escalate_after: int, 
 
 
 def check_time(now) -> float:
+    """A time given to the ledger.
+
+    Parameters
+    ----------
+    now : float
+        Unix time in seconds.
+
+    Returns
+    -------
+    float
+        ``now`` as a float.
+
+    Raises
+    ------
+    ValueError
+        Not a finite real number >= 0 (the message shows it).
+    """
     if isinstance(now, bool) or not isinstance(now, numbers.Real) or not math.isfinite(now) or now < 0:
         raise ValueError(f"time must be a finite number of seconds >= 0, got {now!r}")
     return float(now)

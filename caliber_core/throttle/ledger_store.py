@@ -20,45 +20,177 @@ class StoreUnavailable(RuntimeError):
 
 
 class StoreURLError(ValueError):
-    """A store URL that names no supported store."""
+    """A store URL that names no supported store (the message shows the scheme, never a password)."""
 
 
 @runtime_checkable
 class LedgerStore(Protocol):
     """An account ledger shared by every serving process: counts, flags, history.
 
-    Every method raises :class:`StoreUnavailable` when the store cannot be
-    reached or written. Accounts are named by fingerprint only.
+    Every method but :meth:`close` raises :class:`StoreUnavailable` when the
+    store cannot be reached or written.
+    Accounts are named by fingerprint only
+    (:func:`~caliber_core.throttle.ledger.account_fingerprint`).
     """
 
     def ping(self) -> bool:
-        """True when the store answers."""
+        """Reach the store (one round trip).
+
+        Returns
+        -------
+        bool
+            True when the store answers.
+
+        Raises
+        ------
+        StoreUnavailable
+            The store cannot be reached.
+        """
 
     def close(self) -> None:
         """Release connections (the store may be used again: it reconnects)."""
 
     def get(self, account: str) -> AccountState | None:
-        """The account's state and history, or None for an account never seen."""
+        """The account's state and history.
+
+        Parameters
+        ----------
+        account : str
+            The account's fingerprint.
+
+        Returns
+        -------
+        AccountState or None
+            None for an account never seen.
+        Raises
+        ------
+        StoreUnavailable
+            The store cannot be reached or written.
+        """
 
     def accounts(self, *, flagged_only: bool = True) -> list[str]:
-        """Fingerprints of the (flagged) accounts."""
+        """Fingerprints of the accounts the ledger holds.
+
+        Parameters
+        ----------
+        flagged_only : bool, optional
+            Only the flagged ones (the default).
+
+        Returns
+        -------
+        list of str
+            Fingerprints, sorted.
+        Raises
+        ------
+        StoreUnavailable
+            The store cannot be reached or written.
+        """
 
     def record(self, account: str, *, rows: int, now: float, escalate_after: int, top: int,
                expire_after: float | None, shadow: bool) -> Decision:
-        """Count one request atomically and return its :class:`~caliber_core.throttle.ledger.Decision`."""
+        """Count one request atomically by :func:`~caliber_core.throttle.ledger.advance`.
+
+        Parameters
+        ----------
+        account : str
+            The account's fingerprint.
+        rows, now, escalate_after, top, expire_after, shadow :
+            As :func:`~caliber_core.throttle.ledger.advance` takes them.
+
+        Returns
+        -------
+        Decision
+            The levels of the request's rows, the events and the new state.
+        Raises
+        ------
+        StoreUnavailable
+            The store cannot be reached or written.
+        """
 
     def void(self, account: str, decision: Decision) -> None:
-        """A counted request whose answer was not produced: its rows move from ``queries`` to ``failed``."""
+        """A counted request whose answer was not produced: its rows move from ``queries`` to ``failed``.
+
+        Parameters
+        ----------
+        account : str
+            The account's fingerprint.
+        decision : Decision
+            What :meth:`record` returned for the request.
+        Raises
+        ------
+        StoreUnavailable
+            The store cannot be reached or written.
+        """
 
     def resolve(self, account: str, token: str, *, served: bool) -> bool:
-        """Settle a request left in doubt by a lost reply; True if it had been counted."""
+        """Settle a request left in doubt by a lost reply.
+
+        Parameters
+        ----------
+        account : str
+            The account's fingerprint.
+        token : str
+            The request's token (:attr:`Decision.token`, or the one the lost request carried).
+        served : bool
+            Whether the process served the request: if not, a count is voided.
+
+        Returns
+        -------
+        bool
+            True if the store had counted the request.
+        Raises
+        ------
+        StoreUnavailable
+            The store cannot be reached or written.
+        """
 
     def add_uncounted(self, account: str, *, process: str, first: float, last: float, queries: dict) -> None:
-        """Record rows a process served while the store was unreachable (kept apart from ``queries``)."""
+        """Record rows a process served while the store was unreachable (kept apart from ``queries``).
+
+        Parameters
+        ----------
+        account : str
+            The account's fingerprint.
+        process : str
+            The serving process (``host:pid``).
+        first, last : float
+            Unix times of the first and the last row served uncounted.
+        queries : dict of int to int
+            Rows served per level.
+        Raises
+        ------
+        StoreUnavailable
+            The store cannot be reached or written.
+        """
 
     def set_flag(self, account: str, *, flagged: bool, level: int, reason: str, now: float,
                  expire_after: float | None = None) -> AccountState:
-        """Flag an account at ``level`` (its counter restarts) or unflag it; the event is recorded."""
+        """Flag an account at ``level`` (its counter restarts) or unflag it; the event is recorded.
+
+        Parameters
+        ----------
+        account : str
+            The account's fingerprint.
+        flagged : bool
+            Flag (True) or unflag (False).
+        level : int
+            The level to serve a flagged account at (0 when unflagging).
+        reason : str
+            One line, kept in the history.
+        now : float
+            Unix time of the event.
+        expire_after : float or None, optional
+            The policy's flag lifetime, to lapse an old flag first.
+
+        Returns
+        -------
+        AccountState
+            The account after the event.
+        Raises
+        ------
+        StoreUnavailable
+            The store cannot be reached or written.
+        """
 
 
 @runtime_checkable
@@ -67,4 +199,20 @@ class PipelinedLedgerStore(LedgerStore, Protocol):
 
     def begin_record(self, account: str, *, rows: int, now: float, escalate_after: int, top: int,
                      expire_after: float | None, shadow: bool) -> Callable[[], Decision]:
-        """Send :meth:`record`'s request; the returned ``finish()`` reads its Decision."""
+        """Send :meth:`record`'s request now; read its answer later.
+
+        Parameters
+        ----------
+        account, rows, now, escalate_after, top, expire_after, shadow :
+            As :meth:`record` takes them.
+
+        Returns
+        -------
+        callable
+            ``finish()``, which reads the request's :class:`Decision` (and
+            raises :class:`StoreUnavailable` if the reply is lost).
+        Raises
+        ------
+        StoreUnavailable
+            The store cannot be reached or written.
+        """

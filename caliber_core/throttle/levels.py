@@ -36,7 +36,17 @@ from ..validation import check_key, is_torch
 
 @dataclass(frozen=True)
 class CheckedRequest:
-    """A request that passed every check a Perturber makes, before anything is counted."""
+    """A request that passed every check a Perturber makes, before anything is counted.
+
+    Attributes
+    ----------
+    logits : ndarray or torch.Tensor
+        The request's logits as received.
+    encoded : list or None
+        The canonical row ids (None: consistent seeding without ids).
+    n_rows, n_classes : int
+        The request's shape as rows of the config's classes.
+    """
 
     logits: object
     encoded: list | None  # the canonical row ids (None: consistent seeding without ids)
@@ -68,7 +78,26 @@ class PreparedRequest:
 
 
 class LevelNoise:
-    """The policy's levels over the config's ladder (level 0: served clean)."""
+    """The policy's levels over the config's ladder (level 0: served clean).
+
+    Every request draws the same noise whatever level it is decided at: the
+    ladder's draws up to the top are made, and level j adds the first k_j of
+    them to the logits (Eq. logits-noise at that level's sigma; a higher level
+    adds more draws to a lower one's), so timing and draw counts say nothing
+    about an account's level.
+
+    Parameters
+    ----------
+    policy : Policy
+        The levels and the config they serve.
+    key : bytes
+        The seeding key (at least 16 bytes).
+
+    Raises
+    ------
+    ValueError, TypeError
+        As ``Perturber.from_config`` raises for the policy's config, seeding and key.
+    """
 
     def __init__(self, policy, *, key):
         with warnings.catch_warnings():  # a saturated target is a policy choice, said when it was made
@@ -94,10 +123,24 @@ class LevelNoise:
                                       for p in self.positions[1:])
 
     def serve(self, logits, ids, segments, *, shadow: bool):
-        """``logits`` with each segment's rows at its level; ``segments`` is ((level, rows), ...) in row order.
+        """``logits`` with each segment's rows at its level.
 
-        Returns the input's type, dtype, device and shape; with ``shadow`` (or
-        only level-0 rows) an equal copy.
+        Parameters
+        ----------
+        logits : array_like or torch.Tensor
+            The request's logits, last axis the config's classes.
+        ids : sequence or None
+            One id per row (per-input seeding), as ``Perturber.perturb`` takes them.
+        segments : tuple of (int, int)
+            ((level, rows), ...) in row order, summing to the request's rows.
+        shadow : bool
+            Serve every row clean (the draws are made all the same).
+
+        Returns
+        -------
+        ndarray or torch.Tensor
+            The input's type, dtype, device and shape; with ``shadow`` (or
+            only level-0 rows) an equal copy.
 
         Raises
         ------
@@ -108,6 +151,18 @@ class LevelNoise:
 
     def check(self, logits, ids) -> CheckedRequest:
         """Validate a request as ``Perturber.perturb`` does.
+
+        Parameters
+        ----------
+        logits : array_like or torch.Tensor
+            The request's logits.
+        ids : sequence or None
+            One id per row, or None where the seeding needs none.
+
+        Returns
+        -------
+        CheckedRequest
+            The logits with their shape and canonical ids.
 
         Raises
         ------
@@ -120,7 +175,19 @@ class LevelNoise:
         return CheckedRequest(logits, encoded, n_rows, n_classes)
 
     def prepare(self, checked: CheckedRequest) -> PreparedRequest:
-        """What every level needs before the decision: the rows and each ladder level's row seeds (or draws)."""
+        """What every level needs before the decision: the rows and each ladder level's row seeds (or draws).
+
+        Parameters
+        ----------
+        checked : CheckedRequest
+            :meth:`check`'s result.
+
+        Returns
+        -------
+        PreparedRequest
+            The rows and, per ladder draw, the row seeds (per-input seeding) or
+            the unit draws (consistent seeding).
+        """
         logits, encoded, n_rows, n_classes = checked.logits, checked.encoded, checked.n_rows, checked.n_classes
         torch_in = is_torch(logits)
         values = logits.detach() if torch_in else np.asarray(logits)
@@ -139,6 +206,22 @@ class LevelNoise:
     def assemble(self, prepared: PreparedRequest, segments, *, shadow: bool):
         """The served logits for the decided ``segments``; the same draws whatever was decided.
 
+        Parameters
+        ----------
+        prepared : PreparedRequest
+            :meth:`prepare`'s result.
+        segments : tuple of (int, int)
+            ((level, rows), ...) in row order.
+        shadow : bool
+            Serve every row clean.
+
+        Returns
+        -------
+        ndarray or torch.Tensor
+            As :meth:`serve` returns.
+
+        Notes
+        -----
         Rows at level j are ``add_keyed_noise`` over the first k_j ladder draws,
         what the level's own Perturber computes; the remaining draws up to the
         top are made too, on the same rows, and discarded.

@@ -18,6 +18,15 @@ _BY_REGISTRY: dict = {}
 
 
 class ThrottleMetrics:
+    """The throttle's Prometheus counters: requests and rows per level, shadow decisions, flag changes,
+    store errors (labels are levels and actions only, never accounts).
+
+    Parameters
+    ----------
+    registry : prometheus_client.CollectorRegistry
+        Where the counters are registered (once: use :func:`throttle_metrics`).
+    """
+
     def __init__(self, registry):
         from prometheus_client import Counter
 
@@ -44,6 +53,17 @@ class ThrottleMetrics:
         return child
 
     def observe(self, segments, decision, *, shadow: bool) -> None:
+        """Count one served request.
+
+        Parameters
+        ----------
+        segments : tuple of (int, int)
+            The request's ((level, rows), ...).
+        decision : Decision or None
+            The store's decision (its flag events are counted); None when the store was down.
+        shadow : bool
+            Whether the policy serves clean (a flagged request is then a shadow decision).
+        """
         level = max(lv for lv, _ in segments)
         self._child(self.requests, "level", level).inc()
         for lv, n in segments:
@@ -56,7 +76,23 @@ class ThrottleMetrics:
 
 
 def throttle_metrics(registry=None) -> ThrottleMetrics:
-    """The counters on ``registry`` (default: the global one), created once per registry."""
+    """The throttle's counters on ``registry``, created once per registry.
+
+    Parameters
+    ----------
+    registry : prometheus_client.CollectorRegistry, optional
+        Default: prometheus_client's global registry.
+
+    Returns
+    -------
+    ThrottleMetrics
+        The same object for every call with the same registry.
+
+    Raises
+    ------
+    ImportError
+        prometheus_client is not installed (the ``metrics`` extra).
+    """
     if registry is None:
         from prometheus_client import REGISTRY as registry
     with _LOCK:

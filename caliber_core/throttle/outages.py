@@ -27,7 +27,13 @@ log = logging.getLogger("caliber_core.throttle")
 
 
 def process_name() -> str:
-    """This serving process, as the ledger's outage records name it (host and pid)."""
+    """This serving process, as the ledger's outage records name it.
+
+    Returns
+    -------
+    str
+        ``host:pid``.
+    """
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
@@ -49,9 +55,30 @@ class Outages:
         self.in_doubt = []  # (fingerprint, token, served, segments) the store may or may not have counted
 
     def decide(self, fp: str, rows: int, error: StoreUnavailable, last_known) -> tuple:
-        """Segments for a request the store could not count, by the policy's rule; raises ``error`` when it refuses.
+        """The segments of a request the store could not count, by the policy's outage rule.
 
-        ``last_known`` maps fingerprints to the level this process last saw.
+        Parameters
+        ----------
+        fp : str
+            The account's fingerprint.
+        rows : int
+            Rows in the request.
+        error : StoreUnavailable
+            The store's error (its ``in_doubt`` token, when set, marks a Redis
+            request that may have been counted).
+        last_known : Mapping of str to int
+            The level this process last saw for each fingerprint.
+
+        Returns
+        -------
+        tuple of (int, int)
+            ``((level, rows),)``: the whole request at one level, tallied as uncounted.
+
+        Raises
+        ------
+        StoreUnavailable
+            ``error`` itself, when the policy refuses: ``on_store_error.serve`` is
+            ``"refuse"``, or the account is unseen and ``unseen`` is ``"refuse"``.
         """
         policy = self.policy
         token = getattr(error, "in_doubt", None)
@@ -78,7 +105,22 @@ class Outages:
         return segments
 
     def tally(self, fp: str, segments, *, sign: int = 1) -> None:
-        """Add (or, with ``sign=-1``, take back) rows served uncounted."""
+        """Add (or, with ``sign=-1``, take back) rows served uncounted.
+
+        Parameters
+        ----------
+        fp : str
+            The account's fingerprint.
+        segments : iterable of (int, int)
+            (level, rows) pairs.
+        sign : int, optional
+            1 adds, -1 takes back (a request in doubt that was counted after all).
+
+        Notes
+        -----
+        At most ``TALLY_CAPACITY`` accounts are kept; beyond it the oldest tally
+        is dropped, with a warning.
+        """
         now = self._now()
         entry = self.uncounted.get(fp)
         if entry is None:
@@ -114,4 +156,5 @@ class Outages:
             del self.uncounted[fp]
 
     def pending(self) -> bool:
+        """Whether anything waits for :meth:`settle`: a request in doubt or a tally not yet written."""
         return bool(self.in_doubt or self.uncounted)

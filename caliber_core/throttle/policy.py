@@ -73,7 +73,17 @@ class PolicyError(ValueError):
 
 @dataclass(frozen=True)
 class Level:
-    """One rung: ``index`` 0 is clean (``target`` None, ``sigma`` 0)."""
+    """One rung of the escalation ladder: ``index`` 0 is clean (``target`` None, ``sigma`` 0).
+
+    Attributes
+    ----------
+    index : int
+        The level, 0 (clean) to the policy's top.
+    target : int or None
+        The index of the config target this level serves; None at level 0.
+    sigma : float
+        The noise the level adds (the target's sigma; 0 at level 0).
+    """
 
     index: int
     target: int | None
@@ -82,7 +92,35 @@ class Level:
 
 @dataclass(frozen=True)
 class Policy:
-    """A validated policy with its config loaded (``config`` is the parsed ``caliber.config/v2`` dict)."""
+    """A validated policy with its config loaded (``config`` is the parsed ``caliber.config/v2`` dict).
+
+    Made by :func:`load_policy` or :func:`parse_policy`, never by hand: the
+    fields have been checked against the schema and the config.
+
+    Attributes
+    ----------
+    levels : tuple of Level
+        Level 0 (clean) first, then one per flagged level.
+    escalate_after : int
+        Queries (rows) at its level after which a flagged account moves up one level.
+    expire_after : float or None
+        Seconds after it was set that a flag lapses; None: never.
+    shadow : bool
+        Count and decide, but serve every account clean.
+    seeding : str
+        ``"per-input"`` or ``"consistent"``: how each answer's noise is drawn.
+    on_store_error : str
+        While the ledger is unreachable: ``"last-known"`` (an account's last seen level,
+        uncounted) or ``"refuse"``.
+    config : dict
+        The config the levels serve.
+    config_path, config_sha256 : str
+        Where the config is, and the sha256 of its bytes the policy was written for.
+    unseen_level : int or None
+        The level served to an account this process has not seen during an outage; None: refused.
+    start_degraded : bool
+        Start without the ledger (serving as during an outage) instead of refusing to start.
+    """
 
     levels: tuple[Level, ...]
     escalate_after: int
@@ -102,12 +140,29 @@ class Policy:
         return len(self.levels) - 1
 
     def check_level(self, level) -> int:
-        """A flag level: an integer in 1..top, else PolicyError naming it."""
+        """A flag level of this policy.
+
+        Parameters
+        ----------
+        level : int
+            The level asked for.
+
+        Returns
+        -------
+        int
+            ``level``, an integer in 1..:attr:`top`.
+
+        Raises
+        ------
+        PolicyError
+            Not an integer, or outside 1..top (the message names both).
+        """
         if isinstance(level, bool) or not isinstance(level, numbers.Integral) or not 1 <= level <= self.top:
             raise PolicyError(f"level {level!r} is not a flagged level of this policy: use 1..{self.top}")
         return int(level)
 
     def to_dict(self) -> dict:
+        """The policy as the JSON-able dict :func:`policy_dict` writes (the file format)."""
         return policy_dict(
             config_path=self.config_path, config_sha256=self.config_sha256,
             n_classes=self.config["n_classes"], targets=[lv.target for lv in self.levels[1:]],
@@ -117,7 +172,23 @@ class Policy:
 
 
 def file_sha256(path) -> str:
-    """Hex sha256 of a file's bytes (what ``sha256sum`` prints)."""
+    """Hex sha256 of a file's bytes (what ``sha256sum`` prints).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file, read in 1 MiB blocks.
+
+    Returns
+    -------
+    str
+        64 lowercase hex characters.
+
+    Raises
+    ------
+    PolicyError
+        The file cannot be read (the message names the path and the reason).
+    """
     digest = hashlib.sha256()
     try:
         with open(path, "rb") as fh:
@@ -129,7 +200,18 @@ def file_sha256(path) -> str:
 
 
 def config_seeding(config: Mapping) -> str:
-    """The seeding a loaded config was calibrated for: its ``noise`` record's, else ``"per-input"``."""
+    """The seeding a loaded config was calibrated for: its ``noise`` record's, else ``"per-input"``.
+
+    Parameters
+    ----------
+    config : Mapping
+        A loaded config (``caliber.config/v2``).
+
+    Returns
+    -------
+    str
+        The seeding name.
+    """
     record = config.get("noise")
     if isinstance(record, Mapping) and record.get("seeding") is not None:
         return str(record["seeding"])
@@ -140,7 +222,38 @@ def policy_dict(*, config_path: str, config_sha256: str, n_classes: int, targets
                 expire_after=None, shadow: bool = False, seeding: str = "per-input",
                 on_store_error: str = "last-known", unseen_level: int | None = None,
                 start_degraded: bool = False) -> dict:
-    """The JSON-able policy (level 0 added in front of the given targets)."""
+    """The JSON-able policy (level 0 added in front of the given targets), not validated.
+
+    Parameters
+    ----------
+    config_path, config_sha256 : str
+        The config as the policy names it, and the sha256 of its bytes.
+    n_classes : int
+        The config's number of classes.
+    targets : sequence of int
+        The config target index of each flagged level, level 1 first.
+    sigmas : sequence of float
+        The sigma each of those levels serves.
+    escalate_after : int
+        Queries (rows) at its level after which a flagged account moves up one level.
+    expire_after : float or None, optional
+        Seconds after it was set that a flag lapses; None: never.
+    shadow : bool, optional
+        Count and decide, but serve clean.
+    seeding : str, optional
+        ``"per-input"`` or ``"consistent"``.
+    on_store_error : str, optional
+        What a seen account gets while the ledger is down.
+    unseen_level : int or None, optional
+        The level an unseen account gets while the ledger is down; None: refused.
+    start_degraded : bool, optional
+        Start without the ledger instead of refusing to start.
+
+    Returns
+    -------
+    dict
+        The ``caliber.policy/v1`` document; :func:`parse_policy` validates it.
+    """
     levels = [{"level": 0, "target": None, "sigma": 0.0}]
     levels += [{"level": j, "target": int(t), "sigma": float(s)}
                for j, (t, s) in enumerate(zip(targets, sigmas), start=1)]
@@ -173,9 +286,36 @@ def build_policy(config_path, *, targets, escalate_after: int, expire_after=None
                  start_degraded: bool = False, out_path=None) -> dict:
     """A validated policy dict whose level j >= 1 serves ``config["targets"][targets[j-1]]``.
 
-    The config path is written relative to ``out_path``'s folder when given
-    (so the pair can move together), else as given. ``seeding`` defaults to
-    the config's own (:func:`config_seeding`); another is refused.
+    Parameters
+    ----------
+    config_path : str or os.PathLike
+        The config file the levels serve.
+    targets : sequence of int
+        Config target indices, one per flagged level, level 1 first.
+    escalate_after : int
+        Queries (rows) at its level after which a flagged account moves up one level.
+    expire_after : float or None, optional
+        Seconds after it was set that a flag lapses; None: never.
+    shadow : bool, optional
+        Count and decide, but serve clean.
+    seeding : str or None, optional
+        Defaults to the config's own (:func:`config_seeding`); another is refused.
+    on_store_error, unseen_level, start_degraded : optional
+        The outage behaviour (see :func:`policy_dict`).
+    out_path : str or os.PathLike, optional
+        Where the policy will be saved: the config path is then written
+        relative to its folder, so the pair can move together.
+
+    Returns
+    -------
+    dict
+        The ``caliber.policy/v1`` document, already validated by :func:`parse_policy`.
+
+    Raises
+    ------
+    PolicyError
+        The config does not load, a target index is out of range, or any field
+        is invalid (the message names it).
     """
     config_path = os.fspath(config_path)
     _check_path(config_path, "config path")
@@ -192,10 +332,26 @@ def build_policy(config_path, *, targets, escalate_after: int, expire_after=None
 
 
 def policy_to_json(doc: Mapping) -> str:
+    """A policy dict as the file's text: indented JSON and a final newline.
+
+    Raises
+    ------
+    ValueError
+        The dict holds NaN or an infinity (JSON has neither).
+    """
     return json.dumps(doc, indent=2, allow_nan=False) + "\n"
 
 
 def save_policy(doc: Mapping, path) -> None:
+    """Write a policy dict to ``path`` (UTF-8, :func:`policy_to_json`'s text).
+
+    Raises
+    ------
+    ValueError
+        The dict holds NaN or an infinity.
+    OSError
+        The file cannot be written.
+    """
     text = policy_to_json(doc)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(text)
@@ -223,8 +379,23 @@ def _parse_int(text: str):
 def load_policy(source) -> Policy:
     """Read and validate a policy (path, JSON text or dict) and the config it names.
 
-    A relative config path is resolved against the policy file's folder (the
-    current folder for text or a dict).
+    Parameters
+    ----------
+    source : str, os.PathLike or Mapping
+        A policy file (at most 1 MiB), its JSON text (starting with ``{``) or the parsed dict.
+        A relative config path is resolved against the policy file's folder
+        (the current folder for text or a dict).
+
+    Returns
+    -------
+    Policy
+        The validated policy, its config loaded.
+
+    Raises
+    ------
+    PolicyError
+        The file cannot be read or is too large, the text is not JSON (or holds
+        NaN, an infinity or nesting too deep), or :func:`parse_policy` refuses it.
     """
     base_dir = None
     if isinstance(source, Mapping):
@@ -294,10 +465,29 @@ def _target_sigma(config: dict, target, where: str) -> float:
 
 def policy_for_config_text(config_text: str, *, config_name: str, targets, escalate_after: int,
                            expire_after=None, shadow: bool = False) -> tuple[dict, Policy]:
-    """A policy for a config held in memory as JSON text (the dashboard's): (policy dict, Policy).
+    """A policy for a config held in memory as JSON text (the dashboard's).
 
-    The policy names the config as ``config_name`` with the sha256 of
-    ``config_text``'s UTF-8 bytes: save that text under that name beside the policy.
+    Parameters
+    ----------
+    config_text : str
+        The config's JSON text.
+    config_name : str
+        The file name the policy gives the config: save ``config_text`` under
+        that name beside the policy (the policy holds the sha256 of its UTF-8 bytes).
+    targets : sequence of int
+        Config target indices, one per flagged level, level 1 first.
+    escalate_after, expire_after, shadow :
+        As in :func:`build_policy`.
+
+    Returns
+    -------
+    tuple of (dict, Policy)
+        The policy document and the validated policy.
+
+    Raises
+    ------
+    PolicyError
+        The config does not load, a target index is out of range, or a field is invalid.
     """
     config, sigmas = _config_and_sigmas(config_text, targets)
     doc = policy_dict(config_path=config_name, config_sha256=hashlib.sha256(config_text.encode()).hexdigest(),
@@ -308,10 +498,28 @@ def policy_for_config_text(config_text: str, *, config_name: str, targets, escal
 
 
 def parse_policy(doc, *, base_dir=None, config_text: str | None = None) -> Policy:
-    """Validate a parsed policy dict against the schema and its config; PolicyError on the first problem.
+    """Validate a parsed policy dict against the schema and its config.
 
-    The config is read from the path the policy names (relative to
-    ``base_dir``), or taken from ``config_text`` when given.
+    Parameters
+    ----------
+    doc : Mapping
+        The parsed ``caliber.policy/v1`` document.
+    base_dir : str, optional
+        The folder a relative config path is read from (default: the current folder).
+    config_text : str, optional
+        The config's JSON text, used instead of reading the path the policy names.
+
+    Returns
+    -------
+    Policy
+        The validated policy, its config loaded.
+
+    Raises
+    ------
+    PolicyError
+        On the first problem: an unknown or missing field at any depth, a value
+        out of its bounds, a config whose sha256 differs from the policy's, or a
+        config that does not load (the message names the field).
     """
     if not isinstance(doc, Mapping):
         raise PolicyError(f"policy must be a JSON object, got {type(doc).__name__}")

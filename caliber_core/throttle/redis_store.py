@@ -152,7 +152,27 @@ def _refused(exc) -> bool:
 
 
 class RedisStore:
-    """The ledger on a Redis server (see the module docstring for the guarantees and failure behaviour)."""
+    """The ledger on a Redis server (see the module docstring for the guarantees and failure behaviour).
+
+    Implements :class:`~caliber_core.throttle.ledger_store.PipelinedLedgerStore`;
+    its methods are documented there. Nothing is sent until the first call.
+
+    Parameters
+    ----------
+    host, port, db : optional
+        The server and database.
+    password, username : str, optional
+        Credentials (never shown in messages).
+    url_for_messages : str, optional
+        How messages name the store (default: ``redis://host:port/db``).
+    connect_timeout, timeout : float, optional
+        Seconds to connect, and to wait for a reply; a request is not retried by redis-py.
+
+    Raises
+    ------
+    ImportError
+        redis-py is not installed (the ``redis`` extra).
+    """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 6379, db: int = 0, password=None,
                  username=None, url_for_messages: str = "", connect_timeout: float = 0.5, timeout: float = 2.0,
@@ -177,7 +197,21 @@ class RedisStore:
 
     @classmethod
     def from_url(cls, url: str, *, url_for_messages: str = "", **options) -> "RedisStore":
-        """A store for ``url``, read by redis-py's ``Redis.from_url`` (see :func:`.stores.open_store`)."""
+        """A store for ``url``, read by redis-py's ``Redis.from_url`` (see :func:`.stores.open_store`).
+
+        Parameters
+        ----------
+        url : str
+            A ``redis://``, ``rediss://`` or ``unix://`` URL (percent-encoded user and password).
+        url_for_messages : str, optional
+            How messages name the store; default ``"redis store"`` (the URL may hold a password).
+        **options
+            ``connect_timeout`` and ``timeout``, as the class takes them.
+
+        Returns
+        -------
+        RedisStore
+        """
         return cls(url_for_messages=url_for_messages or "redis store", _url=url, **options)
 
     def __repr__(self) -> str:
@@ -194,9 +228,11 @@ class RedisStore:
         return keys if token is None else keys + [f"{PREFIX}r:{token}"]
 
     def close(self) -> None:
+        """See :meth:`LedgerStore.close <caliber_core.throttle.ledger_store.LedgerStore.close>`."""
         self._client.close()
 
     def ping(self) -> bool:
+        """See :meth:`LedgerStore.ping <caliber_core.throttle.ledger_store.LedgerStore.ping>`."""
         try:
             return bool(self._client.ping())
         except self._errors as exc:
@@ -323,6 +359,7 @@ class RedisStore:
         return self.get(account)
 
     def get(self, account: str) -> AccountState | None:
+        """See :meth:`LedgerStore.get <caliber_core.throttle.ledger_store.LedgerStore.get>`."""
         key, hist, _ = self._keys(account)
         try:
             pipe = self._client.pipeline(transaction=True)
@@ -349,6 +386,7 @@ class RedisStore:
             history=tuple(_event(e) for e in history))
 
     def accounts(self, *, flagged_only: bool = True) -> list[str]:
+        """See :meth:`LedgerStore.accounts <caliber_core.throttle.ledger_store.LedgerStore.accounts>`."""
         try:
             if flagged_only:
                 return sorted(m.decode() for m in self._client.smembers(f"{PREFIX}flagged"))

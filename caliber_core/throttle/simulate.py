@@ -50,7 +50,22 @@ class _Clock:
 
 
 def surrogate_at(report: dict, sigma: float) -> dict | None:
-    """Surrogate retention (mean, sd, n) at ``sigma`` from an extraction report's frontier, or None."""
+    """Surrogate retention at ``sigma`` from an extraction report's frontier.
+
+    Parameters
+    ----------
+    report : dict
+        A ``caliber.extraction/v1`` report (:func:`load_extraction_report`).
+    sigma : float
+        The noise of a level (0: clean, where the surrogate keeps everything).
+
+    Returns
+    -------
+    dict or None
+        ``{"mean", "sd", "n"}``: linear in log sigma between the two measured
+        sigmas around ``sigma`` (the larger sd, the smaller seed count); None
+        outside the measured range.
+    """
     if sigma == 0:
         return {"mean": 1.0, "sd": 0.0, "n": None}
     points = sorted((p["sigma"], p["surrogate_retention"]) for p in report.get("frontier", [])
@@ -65,7 +80,23 @@ def surrogate_at(report: dict, sigma: float) -> dict | None:
 
 
 def load_extraction_report(path) -> dict:
-    """A ``caliber.extraction/v1`` JSON report (from ``extract --json``); ValueError with one line if not."""
+    """Read a ``caliber.extraction/v1`` JSON report (from ``extract --json``).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The report file.
+
+    Returns
+    -------
+    dict
+        The parsed report.
+
+    Raises
+    ------
+    ValueError
+        The file cannot be read, is not JSON, or is not such a report (one line naming the path).
+    """
     try:
         with open(path, encoding="utf-8") as fh:
             report = json.load(fh)
@@ -171,7 +202,19 @@ def _account_summary(policy, name, report, trajectory, repeats) -> dict:
 
 
 def format_simulation(result: dict) -> str:
-    """The simulation as text tables."""
+    """The simulation as text tables.
+
+    Parameters
+    ----------
+    result : dict
+        :func:`simulate`'s report.
+
+    Returns
+    -------
+    str
+        The levels, then one line per account: its top level, queries per
+        level, the accuracy lost with its interval, and its flag events.
+    """
     lines = [f"{result['seeding']} seeding; "
              f"campaign {result['queries']:,} queries in requests of {result['batch']}; detector flags after "
              f"{result['detect_after']:,}; {result['sybils']} sybils; repeater sends each input "

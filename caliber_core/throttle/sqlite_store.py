@@ -72,7 +72,24 @@ class _Replaced(Exception):
 
 
 class SqliteStore:
-    """The ledger in one SQLite file (see the module docstring for the guarantees)."""
+    """The ledger in one SQLite file (see the module docstring for the guarantees).
+
+    Implements :class:`~caliber_core.throttle.ledger_store.LedgerStore`; its
+    methods are documented there.
+
+    Parameters
+    ----------
+    path : str
+        The database file, created when missing (later a missing file is an error,
+        not a new empty ledger).
+    timeout : float, optional
+        Seconds to wait for another process's write lock.
+
+    Raises
+    ------
+    StoreUnavailable
+        The path holds a NUL character, or the file cannot be opened or created.
+    """
 
     def __init__(self, path: str, *, timeout: float = 30.0):
         if "\x00" in path:
@@ -188,6 +205,7 @@ class SqliteStore:
         local.lock_fd = None
 
     def close(self) -> None:
+        """See :meth:`LedgerStore.close <caliber_core.throttle.ledger_store.LedgerStore.close>`."""
         local = self._local
         if getattr(local, "conn", None) is not None and local.pid == os.getpid():
             local.conn.close()
@@ -232,12 +250,14 @@ class SqliteStore:
                             last_seen=row[6], history=history, failed=failed, uncounted=uncounted)
 
     def get(self, account: str) -> AccountState | None:
+        """See :meth:`LedgerStore.get <caliber_core.throttle.ledger_store.LedgerStore.get>`."""
         try:
             return self._read(self._connect(), account, with_history=True)
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"sqlite store {self.path}: {exc}") from None
 
     def accounts(self, *, flagged_only: bool = True) -> list[str]:
+        """See :meth:`LedgerStore.accounts <caliber_core.throttle.ledger_store.LedgerStore.accounts>`."""
         where = " WHERE flagged=1" if flagged_only else ""
         try:
             return [r[0] for r in self._connect().execute(f"SELECT account FROM accounts{where} ORDER BY account")]

@@ -134,13 +134,39 @@ class Throttle:
 
     @classmethod
     def from_files(cls, policy, *, key=None, store, **options) -> "Throttle":
-        """A Throttle from a policy file (which names its config); see the class for the options."""
+        """A Throttle from a policy file (which names its config).
+
+        Parameters
+        ----------
+        policy : str, os.PathLike or Mapping
+            The policy file, its JSON text or its dict (:func:`~caliber_core.throttle.policy.load_policy`).
+        key : bytes, optional
+            The seeding key; see the class.
+        store : LedgerStore or str
+            The ledger store, or its URL (:func:`~caliber_core.throttle.stores.open_store`).
+        **options
+            The class's other keyword options.
+
+        Returns
+        -------
+        Throttle
+
+        Raises
+        ------
+        PolicyError
+            The policy or its config does not load.
+        StoreUnavailable
+            The store cannot be reached and the policy does not start degraded.
+        ValueError
+            A key the policy's config cannot be served with.
+        """
         return cls(load_policy(policy), key=key, store=store, **options)
 
     def __repr__(self) -> str:
         return f"Throttle(levels={len(self.policy.levels) - 1}, store={self.store!r})"  # never the key
 
     def close(self) -> None:
+        """Close the store's connections (the Throttle is also a context manager that does it)."""
         self.store.close()
 
     def __enter__(self):
@@ -167,7 +193,13 @@ class Throttle:
                 pass  # still down for these writes: kept for the next request
 
     def pending_uncounted(self) -> dict:
-        """Rows this process served uncounted that the ledger does not hold yet: {fingerprint: {level: rows}}."""
+        """Rows this process served uncounted that the ledger does not hold yet.
+
+        Returns
+        -------
+        dict
+            ``{fingerprint: {level: rows}}``; empty once the store has them.
+        """
         return {fp: dict(q) for fp, (_, _, q) in self._outages.uncounted.items()}
 
     def void(self, response: Response) -> None:
@@ -175,6 +207,16 @@ class Throttle:
 
         A response served uncounted is taken out of the outage tally instead.
         Voiding twice does nothing the second time.
+
+        Parameters
+        ----------
+        response : Response
+            What :meth:`respond` returned.
+
+        Notes
+        -----
+        Never raises for the store: a void the store cannot take is settled
+        later (a Redis request) or logged as a failed request left counted.
         """
         ticket = response._ticket
         if ticket is None or ticket.get("voided"):
@@ -194,7 +236,31 @@ class Throttle:
 
     # ------------------------------------------------------------------ flags
     def flag(self, account, *, level: int = 1, reason: str = "") -> dict:
-        """Flag ``account`` at ``level`` (1..top); a flagged account is moved there and its counter restarts."""
+        """Flag ``account`` at ``level``; a flagged account is moved there and its counter restarts.
+
+        Parameters
+        ----------
+        account : str or bytes
+            The account id (the ledger keeps its fingerprint only).
+        level : int, optional
+            1..the policy's top level.
+        reason : str, optional
+            One line of at most 500 characters, kept in the history.
+
+        Returns
+        -------
+        dict
+            The account's entry, as :meth:`status` gives it.
+
+        Raises
+        ------
+        PolicyError
+            ``level`` is not a flagged level of the policy.
+        TypeError, ValueError
+            A bad account id or reason.
+        StoreUnavailable
+            The store cannot be reached.
+        """
         level = self.policy.check_level(level)
         fp = account_fingerprint(account)
         state = self.store.set_flag(fp, flagged=True, level=level, reason=check_reason(reason), now=self._now(),
@@ -205,7 +271,27 @@ class Throttle:
         return self._describe(fp, state)
 
     def unflag(self, account, *, reason: str = "") -> dict:
-        """Clear the flag: the account is served clean again; its counts and history stay."""
+        """Clear the flag: the account is served clean again; its counts and history stay.
+
+        Parameters
+        ----------
+        account : str or bytes
+            The account id (the ledger keeps its fingerprint only).
+        reason : str, optional
+            One line of at most 500 characters, kept in the history.
+
+        Returns
+        -------
+        dict
+            The account's entry, as :meth:`status` gives it.
+
+        Raises
+        ------
+        TypeError, ValueError
+            A bad account id or reason.
+        StoreUnavailable
+            The store cannot be reached.
+        """
         fp = account_fingerprint(account)
         state = self.store.set_flag(fp, flagged=False, level=0, reason=check_reason(reason), now=self._now(),
                                     expire_after=self.policy.expire_after)
@@ -215,11 +301,44 @@ class Throttle:
         return self._describe(fp, state)
 
     def state(self, account) -> AccountState:
-        """The account's ledger entry (an unknown account: a fresh, unflagged one)."""
+        """The account's ledger entry.
+
+        Parameters
+        ----------
+        account : str or bytes
+            The account id (the ledger keeps its fingerprint only).
+
+        Returns
+        -------
+        AccountState
+            A fresh, unflagged one for an account never seen.
+
+        Raises
+        ------
+        StoreUnavailable
+            The store cannot be reached.
+        """
         return self.store.get(account_fingerprint(account)) or AccountState()
 
     def status(self, account=None) -> dict:
-        """One account's entry, or every flagged account's, JSON-able (accounts named by fingerprint)."""
+        """One account's entry, or every flagged account's, JSON-able (accounts named by fingerprint).
+
+        Parameters
+        ----------
+        account : str or bytes, optional
+            The account; None: every flagged account.
+
+        Returns
+        -------
+        dict
+            The entry (with its sigma and whether the flag has lapsed), or
+            ``{"flagged": [entry, ...]}``.
+
+        Raises
+        ------
+        StoreUnavailable
+            The store cannot be reached.
+        """
         if account is not None:
             fp = account_fingerprint(account)
             return self._describe(fp, self.store.get(fp) or AccountState())
@@ -237,7 +356,23 @@ class Throttle:
         return out
 
     def audit(self, account) -> dict:
-        """The appeal report: flag history, queries and what was received per level, the loss; JSON-able."""
+        """The appeal report: flag history, queries and what was received per level, the loss; JSON-able.
+
+        Parameters
+        ----------
+        account : str or bytes
+            The account id (the ledger keeps its fingerprint only).
+
+        Returns
+        -------
+        dict
+            :func:`~caliber_core.throttle.audit.audit_report`'s report.
+
+        Raises
+        ------
+        StoreUnavailable
+            The store cannot be reached.
+        """
         from .audit import audit_report
 
         fp = account_fingerprint(account)
@@ -264,6 +399,25 @@ class Throttle:
 
         What ``respond`` does before adding noise; simulations and gateways
         that apply the noise elsewhere call it directly.
+
+        Parameters
+        ----------
+        account : str or bytes
+            The account id (the ledger keeps its fingerprint only).
+        rows : int, optional
+            Rows (queries) in the request, 1..10**9.
+
+        Returns
+        -------
+        Decision
+            The level of each of the request's rows, the flag events and the new state.
+
+        Raises
+        ------
+        TypeError, ValueError
+            A bad account id or row count.
+        StoreUnavailable
+            The store cannot be reached (the outage rule does not apply here).
         """
         from .ledger import check_rows
 

@@ -4,11 +4,12 @@ import streamlit as st
 
 from caliber_core.calibration.cost import analytic_attack, query_bound
 from caliber_core.simulation.attack_estimate import DEFAULT_MAX_DRAWS
-from caliber_dashboard import cache, figures, navigation, readouts, state, ui
-from caliber_dashboard.rounding import plus_minus
-from caliber_dashboard.curves import m_grid, powers_of_two
-from caliber_dashboard.targets import percent_to_fraction
-from caliber_dashboard.ui import fmt
+from caliber_dashboard import navigation
+from caliber_dashboard.common import cache, figures, readouts, state, ui
+from caliber_dashboard.common.curves import m_grid, powers_of_two
+from caliber_dashboard.common.rounding import plus_minus
+from caliber_dashboard.common.targets import percent_to_fraction
+from caliber_dashboard.common.ui import fmt
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 

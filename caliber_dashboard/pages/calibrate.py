@@ -4,10 +4,14 @@ import streamlit as st
 
 from caliber_core.calibration.margins import MARGIN_STATISTICS
 from caliber_core.config import SIDES
-from caliber_dashboard import background, cache, calibrate_plots, figures, navigation, readouts, state, tables, thief, ui
-from caliber_dashboard.targets import percent_to_fraction, slider_range
-from caliber_dashboard.ui import fmt
-from caliber_dashboard.verification import verify_realizations, verify_sigma
+from caliber_dashboard import navigation
+from caliber_dashboard.calibrate import plots as calibrate_plots
+from caliber_dashboard.calibrate import thief
+from caliber_dashboard.calibrate.verification import check_verification, verify_realizations, verify_sigma
+from caliber_dashboard.common import background, cache, figures, readouts, state, tables, ui
+from caliber_dashboard.common.targets import percent_to_fraction, slider_range
+from caliber_dashboard.common.ui import fmt
+from caliber_dashboard.data import logprob_log
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 
@@ -31,6 +35,11 @@ st.caption(
     "Normalize noise by the median top-two margin S (v = σ²/S²) and accuracy by its range "
     "(Ã = (A − 1/K)/(A0 − 1/K)); a logistic law Ã(v) fits the sweep; a target in, σ* out."
 )
+
+log_config, _ = st.session_state.get(logprob_log.LOG_RESULT, (None, None))
+if log_config:  # calibrated on the Data page: a log is no model (no logits to sweep), its band shows here
+    with st.expander(f"Top-k logprob log {log_config['model']}: certified agreement band", expanded=True):
+        logprob_log.band_panel(log_config, key="calibrate_logprob_log_band")
 
 c1, c2 = st.columns([3, 1])
 with c1:
@@ -155,17 +164,18 @@ def _verification(record, intervals, kind, side, key):
         wanted, wanted_label = getattr(record, what), f"target {what}"
     else:  # off the point: compare with what the sample predicts at the sigma served
         wanted, wanted_label = intervals.get(what).estimate, f"predicted {what}"
-    rel = (measured - wanted) / wanted * 100.0
+    check = check_verification(measured, se, wanted)
+    band = f"± {check.half_width:.4f}"
+    level = f"{check.confidence:.0%}"
     v = st.columns(4)
-    v[0].metric(f"measured {what}", fmt(measured, ".4f"), help=f"± {1.96 * se:.4f} (95%, binomial)")
+    v[0].metric(f"measured {what}", fmt(measured, ".4f"), help=f"{band} ({level}, binomial)")
     v[1].metric(wanted_label, fmt(wanted, ".4f"))
-    v[2].metric("relative error", f"{rel:+.2f}%")
+    v[2].metric("relative error", f"{check.relative_error:+.2%}")
     v[3].metric("draws", f"{ver.realizations} × {cal.n_samples}", help=f"seed {ver.seed}")
-    ok = abs(measured - wanted) <= 1.96 * se + 1e-12
-    (st.success if ok else st.warning)(
-        f"Measured {what} {measured:.4f} ± {1.96 * se:.4f} at σ = {ver.sigma:.5g}; {wanted_label} "
-        f"{wanted:.4f}: {'within' if ok else 'outside'} the 95% Monte-Carlo band "
-        f"(relative error {rel:+.2f}%).")
+    (st.success if check.within else st.warning)(
+        f"Measured {what} {measured:.4f} {band} at σ = {ver.sigma:.5g}; {wanted_label} "
+        f"{wanted:.4f}: {'within' if check.within else 'outside'} the {level} Monte-Carlo band "
+        f"(relative error {check.relative_error:+.2%}).")
 
 
 # Only the slider, the readout and the plot are in the fragment: a step re-sends and

@@ -6,7 +6,9 @@ import streamlit as st
 from caliber_core.calibration import margins
 from caliber_core.loading import DEFAULT_MAX_ELEMENTS, LABELS_EXTENSIONS, SUPPORTED_EXTENSIONS
 from caliber_core.config import config_to_json
-from caliber_dashboard import cache, figures, logprob_log_view, navigation, state, tables, ui, uploads
+from caliber_dashboard import navigation
+from caliber_dashboard.common import cache, figures, state, tables, ui
+from caliber_dashboard.data import logprob_log, uploads
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 
@@ -164,17 +166,14 @@ with st.expander("Calibrate an API log of top-k logprobs", expanded=False):
                                  default=[0.9, 0.8], key="logprob_log_targets")
     if log_upload is not None and log_targets and st.button("Calibrate log", key="logprob_log_btn"):
         with st.spinner("Solving the certified bounds"):
-            st.session_state["caliber_logprob_log"] = logprob_log_view.calibrate_log(
+            st.session_state[logprob_log.LOG_RESULT] = logprob_log.calibrate_log(
                 log_upload.getvalue(), log_upload.name, vocab_size=int(log_vocab),
                 targets=sorted(log_targets, reverse=True), side=log_side)
-    log_config, log_error = st.session_state.get("caliber_logprob_log", (None, None))
+    log_config, log_error = st.session_state.get(logprob_log.LOG_RESULT, (None, None))
     if log_error:
         st.error(ui.plain(log_error), icon=_ICONS["error"])
     elif log_config:
-        st.plotly_chart(logprob_log_view.bounds_figure(log_config), width="stretch",
-                        config=figures.chart_config("caliber_logprob_log"), key="logprob_log_band")
-        st.caption("Band: the agreement lies between the bounds for every tail the log allows. "
-                   "Bound width at each target: "
-                   + ", ".join(f"{w:.4f}" for w in log_config["bounds"]["widths"]) + ".")
+        logprob_log.band_panel(log_config, key="logprob_log_band")
+        st.caption("The Calibrate page shows this band too, for as long as this session keeps it.")
         st.download_button("Config (JSON)", config_to_json(log_config), file_name="logprob_log.caliber.json",
                            mime="application/json", key="logprob_log_download")

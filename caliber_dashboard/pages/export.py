@@ -9,13 +9,17 @@ from caliber_core.calibration.intervals import DEFAULT_CONFIDENCE
 from caliber_core.config import SIDES, ConfigError, config_to_json, load_config
 from caliber_core.calibration.margins import MARGIN_STATISTICS
 from caliber_core.extraction.experiment import plan_runs
-from caliber_dashboard import cache, export_config, export_inputs, export_review, navigation, state, ui
-from caliber_dashboard import extraction_runs as runs
-from caliber_dashboard import extraction_view as view
-from caliber_dashboard.extraction_codec import run_key
-from caliber_dashboard.readouts import SIDE_HELP, SIDE_LABELS
-from caliber_dashboard.targets import target_list
-from caliber_dashboard.ui import fmt
+from caliber_dashboard import navigation
+from caliber_dashboard.common import cache, state, ui
+from caliber_dashboard.common.readouts import SIDE_HELP, SIDE_LABELS
+from caliber_dashboard.common.targets import target_list
+from caliber_dashboard.common.ui import fmt
+from caliber_dashboard.export import config as export_config
+from caliber_dashboard.export import inputs as export_inputs
+from caliber_dashboard.export import review as export_review
+from caliber_dashboard.extraction import runs
+from caliber_dashboard.extraction import view
+from caliber_dashboard.extraction.codec import run_key
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 

@@ -6,10 +6,11 @@ import streamlit as st
 
 from caliber_core.extraction.experiment import ExtractionSettings
 from caliber_core.loading import LogitsFileError
-from caliber_dashboard import extraction_runs as runs
-from caliber_dashboard import extraction_seedings as seedings
-from caliber_dashboard import extraction_view as view
-from caliber_dashboard import navigation, ui
+from caliber_dashboard import navigation
+from caliber_dashboard.common import ui
+from caliber_dashboard.extraction import runs
+from caliber_dashboard.extraction import seedings
+from caliber_dashboard.extraction import view
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 

@@ -5,9 +5,11 @@ import streamlit as st
 
 from caliber_core.calibration import fleet
 from caliber_core.calibration.margins import MARGIN_STATISTICS, normalized_utility
-from caliber_dashboard import cache, figures, fleet_view, navigation, state, tables, ui
-from caliber_dashboard.targets import percent_to_fraction
-from caliber_dashboard.ui import fmt
+from caliber_dashboard import navigation
+from caliber_dashboard.common import cache, figures, state, tables, ui
+from caliber_dashboard.common.targets import percent_to_fraction
+from caliber_dashboard.common.ui import fmt
+from caliber_dashboard.fleet import view as fleet_view
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 

@@ -5,10 +5,11 @@ import streamlit as st
 from caliber_core.config import config_to_json
 from caliber_core.throttle.policy import PolicyError, policy_for_config_text, policy_to_json
 from caliber_core.throttle.simulate import simulate
-from caliber_dashboard import cache, navigation, state, ui
-from caliber_dashboard import extraction_runs as runs
-from caliber_dashboard import policy_view as view
-from caliber_dashboard.targets import target_list
+from caliber_dashboard import navigation
+from caliber_dashboard.common import cache, state, ui
+from caliber_dashboard.common.targets import target_list
+from caliber_dashboard.extraction import runs
+from caliber_dashboard.policy import view
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 

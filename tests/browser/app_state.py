@@ -102,7 +102,7 @@ def settle_run(page, action=None, *, ready: str | None = None, timeout: float = 
 def sigma_readout(cal, sigma: float, kind: str = "retention") -> str:
     """What the page shows for a served sigma: the same readout function and bootstrap as the app."""
     from caliber_core.calibration.target_intervals import interval_estimator
-    from caliber_dashboard import readouts
+    from caliber_dashboard.common import readouts
 
     interval = interval_estimator(cal).at(sigma).get(kind)
     return readouts.sigma_text(sigma, readouts.sigma_range(cal, sigma, interval, kind))

@@ -27,7 +27,7 @@ from caliber_core.calibration import fleet
 from caliber_core.calibration.calibrate import Calibration, sigma_for_target
 from caliber_core.loading import LogitsData
 
-from .rounding import with_range
+from caliber_dashboard.common.rounding import with_range
 
 #: Leave-one-out error (mean |relative error| of accuracy, %) above which the pool is flagged.
 MAX_HELD_OUT_ERROR = 10.0

@@ -22,7 +22,7 @@ from caliber_core.calibration.drift import DriftReport
 from caliber_core.calibration.review import review_config
 from caliber_core.loading import LogitsData
 
-from .readouts import SIDE_LABELS
+from caliber_dashboard.common.readouts import SIDE_LABELS
 
 #: What a finding compares, as a person reads it.
 QUANTITY_NAMES = {"accuracy": "accuracy", "retention": "retention", "agreement": "agreement",

@@ -1,20 +1,26 @@
 """A top-k logprob log on the dashboard: an agreement-only calibration and its certified band.
 
-A log holds no labels and no full rows, so it is not a workspace model: the
-Data page calibrates it on its own (the same call as ``calibrate LOG
---vocab-size V``, the same one-line errors) and shows the certified bounds of
-the agreement curve as a band, with the config to download. Nothing in the
-workspace changes, whatever the file holds.
+A log holds no labels and no full rows, so it is not a workspace model (no
+logits matrix to sweep): the Data page calibrates it on its own (the same call
+as ``calibrate LOG --vocab-size V``, the same one-line errors) and keeps the
+result in the session under :data:`LOG_RESULT`; the Data and Calibrate pages
+both show the certified bounds of the agreement curve as a band
+(:func:`band_panel`), the Data page with the config to download. Nothing in
+the workspace changes, whatever the file holds.
 """
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
+import streamlit as st
 
 from caliber_core.calibration.llm_inputs import config_for_llm_file
 from caliber_core.loading import LogitsFileError
 
-from .figures import INTERVAL_FILL, LIGHT_LAYOUT, PALETTE, SIGMA_AXIS
+from caliber_dashboard.common.figures import INTERVAL_FILL, LIGHT_LAYOUT, PALETTE, SIGMA_AXIS, chart_config
+
+#: Session key of the last log calibration: (config, None) or (None, error line).
+LOG_RESULT = "caliber_logprob_log"
 
 
 def calibrate_log(content: bytes, filename: str, *, vocab_size: int, targets, side: str = "at-least"):
@@ -61,3 +67,19 @@ def bounds_figure(config: dict) -> go.Figure:
     fig.update_xaxes(title_text=SIGMA_AXIS, type="log")
     fig.update_yaxes(title_text="agreement with the clean top token", range=[0, 1.02])
     return fig
+
+
+def band_panel(config: dict, *, key: str) -> None:
+    """Draw the certified band of a calibrated log and the bound's width at each target.
+
+    Parameters
+    ----------
+    config : dict
+        A logprob-log config (:func:`calibrate_log`).
+    key : str
+        The chart's widget key (one per page).
+    """
+    st.plotly_chart(bounds_figure(config), width="stretch", config=chart_config("caliber_logprob_log"), key=key)
+    st.caption("Band: the agreement lies between the bounds for every tail the log allows. "
+               "Bound width at each target: "
+               + ", ".join(f"{w:.4f}" for w in config["bounds"]["widths"]) + ".")

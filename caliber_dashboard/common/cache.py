@@ -2,17 +2,17 @@
 
 The dashboard's one cache registry: every page and helper that keeps a
 computed result asks this module (the extraction runs keep theirs in
-``extraction_view``, beside the training code).
+``extraction.view``, beside the training code).
 
 A Streamlit cache replays the ``st.*`` calls made inside a cached function,
 and a progress bar created outside it cannot be replayed
 (``CacheReplayClosureError``). So the cached functions here hold no numerics
-and call no ``st.*``: each ``_*_slot`` is an ``st.cache_resource`` keyed by the
-content digest (sha256 of the file and labels) plus the options, bounded with
-``max_entries``, and returns a slot that the first caller fills *outside* the
-cache, drawing ``st.progress`` from the core's ``progress`` callback. Later
-reruns, pages and sessions with the same content find the slot filled and
-draw nothing. Uploaded data never enters a cache key other than by digest.
+and call no ``st.*``: each ``_*_slot`` is an ``st.cache_resource`` table (made by
+:func:`_slots`, one per kind of result) keyed by the content digest (sha256 of
+the file and labels) plus the options, bounded with ``max_entries``; it returns
+a slot that the first caller fills *outside* the cache, drawing ``st.progress``
+from the core's ``progress`` callback. Later reruns, pages and sessions with
+the same content find the slot filled and draw nothing. Uploaded data never enters a cache key other than by digest.
 
 The server's warm-up thread (``warmup``) fills the same slots for the demo
 set before anyone asks; it runs inside :func:`quietly`, so a miss there draws
@@ -25,7 +25,7 @@ import concurrent.futures
 import contextlib
 import hashlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,8 +46,9 @@ from caliber_core.config import TargetRecord
 from caliber_core.loading import LogitsData
 from caliber_core.loading.checks import margins_in_chunks
 
-from . import calibrate_plots, readouts, tables
-from .curves import sigma_grid
+from caliber_dashboard.calibrate import plots as calibrate_plots
+from caliber_dashboard.common import readouts, tables
+from caliber_dashboard.common.curves import sigma_grid
 
 _EMPTY = object()
 _thread = threading.local()  # marks the warm-up thread: fill without drawing
@@ -85,75 +86,55 @@ class _Slot:
         self.value: Any = _EMPTY
 
 
-# One cache per kind of result, so a flood of cheap entries cannot evict the
-# expensive ones; sizes bound memory (a Calibration holds its logits).
-@st.cache_resource(max_entries=24, show_spinner=False)
-def _calibration_slot(key: tuple) -> _Slot:
-    return _Slot()
+def _slots(kind: str, *, max_entries: int, make: Callable[[], Any] = _Slot) -> Callable[[Hashable], Any]:
+    """The table of one kind of result: ``table(key)`` is that key's slot, the same object
+    for every rerun, page and session of this server until the table evicts it.
+
+    Parameters
+    ----------
+    kind : str
+        The result's name; it names the Streamlit cache, so two tables never share entries.
+    max_entries : int
+        How many keys the table keeps (least recently used goes first): bounds memory.
+    make : callable, optional
+        Makes a key's empty entry: a :class:`_Slot` (filled by :func:`_fill`), or a lock.
+
+    Returns
+    -------
+    callable
+        ``key -> entry``; the key is hashed by value (tuples of the content digest and options).
+
+    Notes
+    -----
+    A Streamlit cache is identified by its function's module and qualified
+    name, so each table's function is given its own name before it is cached.
+    One table per kind of result: a flood of cheap entries cannot evict the
+    expensive ones.
+    """
+    def entry(key: Hashable) -> Any:
+        return make()
+
+    entry.__name__ = entry.__qualname__ = f"_{kind}_slot"
+    return st.cache_resource(max_entries=max_entries, show_spinner=False)(entry)
 
 
-@st.cache_resource(max_entries=24, show_spinner=False)
-def _curves_slot(key: tuple) -> _Slot:
-    return _Slot()
-
-
-@st.cache_resource(max_entries=512, show_spinner=False)
-def _target_slot(key: tuple) -> _Slot:
-    return _Slot()
-
-
-@st.cache_resource(max_entries=24, show_spinner=False)
-def _estimator_slot(key: tuple) -> _Slot:
-    return _Slot()
-
-
-@st.cache_resource(max_entries=512, show_spinner=False)
-def _served_slot(key: tuple) -> _Slot:
-    return _Slot()
-
-
-@st.cache_resource(max_entries=24, show_spinner=False)
-def _model_lock(key: tuple) -> threading.Lock:
-    return threading.Lock()
-
+# Sizes bound memory: a Calibration holds its logits, a target or readout is small.
+_calibration_slot = _slots("calibration", max_entries=24)
+_curves_slot = _slots("curves", max_entries=24)
+_target_slot = _slots("target", max_entries=512)
+_estimator_slot = _slots("estimator", max_entries=24)
+_served_slot = _slots("served", max_entries=512)
+_model_lock = _slots("model_lock", max_entries=24, make=threading.Lock)  # one computation per model at a time
+_bands_slot = _slots("bands", max_entries=24)
+_figure_slot = _slots("figure", max_entries=72)
+_config_slot = _slots("config", max_entries=32)
+_margins_slot = _slots("margins", max_entries=64)
+_model_row_slot = _slots("model_row", max_entries=64)
+_attack_slot = _slots("attack", max_entries=32)
+_fleet_slot = _slots("fleet", max_entries=32)
 
 # Neighbouring slider targets are computed here while the page is drawn (see served()).
 _prefetcher = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-prefetch")
-
-
-@st.cache_resource(max_entries=24, show_spinner=False)
-def _bands_slot(key: tuple) -> _Slot:
-    return _Slot()
-
-
-@st.cache_resource(max_entries=72, show_spinner=False)
-def _figure_slot(key: tuple) -> _Slot:
-    return _Slot()
-
-
-@st.cache_resource(max_entries=32, show_spinner=False)
-def _config_slot(key: tuple) -> _Slot:
-    return _Slot()
-
-
-@st.cache_resource(max_entries=64, show_spinner=False)
-def _margins_slot(key: str) -> _Slot:
-    return _Slot()
-
-
-@st.cache_resource(max_entries=64, show_spinner=False)
-def _model_row_slot(key: tuple) -> _Slot:
-    return _Slot()
-
-
-@st.cache_resource(max_entries=32, show_spinner=False)
-def _attack_slot(key: tuple) -> _Slot:
-    return _Slot()
-
-
-@st.cache_resource(max_entries=32, show_spinner=False)
-def _fleet_slot(key: tuple) -> _Slot:
-    return _Slot()
 
 
 def _fill(slot: _Slot, compute: Callable[[Callable[[float], None] | None], Any], *,
@@ -197,7 +178,7 @@ def _realizations(realizations: int | None) -> int | None:
 def calibration(data: LogitsData, *, statistic: str = "median", seed: int = 0,
                 realizations: int | None = None) -> Calibration:
     """``pipeline.calibrate_data`` with the CLI's defaults, cached by content digest."""
-    from . import calibration_store  # not in this process: the workspace's copy, else compute and keep
+    from caliber_dashboard.common import calibration_store  # not in this process: the workspace's copy, else compute and keep
 
     key = (data_digest(data), statistic, seed, _realizations(realizations))
     return _fill(
@@ -208,13 +189,6 @@ def calibration(data: LogitsData, *, statistic: str = "median", seed: int = 0,
                                                     realizations=realizations, progress=progress)),
         progress_text=f"Calibrating {data.name}: noise sweep over {data.n_samples} inputs…",
     )
-
-
-def is_calibrated(data: LogitsData, *, statistic: str = "median", seed: int = 0,
-                  realizations: int | None = None) -> bool:
-    """Whether :func:`calibration` would answer from the cache."""
-    key = (data_digest(data), statistic, seed, _realizations(realizations))
-    return _calibration_slot(key).value is not _EMPTY
 
 
 def _model_key(data: LogitsData, cal: Calibration) -> tuple:
@@ -438,7 +412,7 @@ def fleet_report(datas: Sequence[LogitsData], cals: Sequence[Calibration], *,
 def fleet_sigma_spread(datas: Sequence[LogitsData], cals: Sequence[Calibration], *, statistic: str,
                        value: float) -> np.ndarray:
     """``fleet_view.sigma_spread`` (each pooled model's held-out σ against its own), cached."""
-    from .fleet_view import sigma_spread
+    from caliber_dashboard.fleet.view import sigma_spread
 
     key = ("spread", tuple(data_digest(d) for d in datas), tuple(c.statistic for c in cals), statistic,
            float(value))

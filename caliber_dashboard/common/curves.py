@@ -8,13 +8,10 @@ this module picks the grid and normalizes values the way the paper does
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from caliber_core.calibration import margins
 from caliber_core.calibration.calibrate import Calibration
-from caliber_core.config import TargetRecord
 
 
 def sigma_grid(cal: Calibration, n_points: int = 60) -> np.ndarray:
@@ -47,19 +44,6 @@ def residuals(cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
     """(v, point - logistic) on the fitted points."""
     v, u, _ = fitted_points(cal)
     return v, u - cal.fit.predict(v)
-
-
-def target_point(cal: Calibration, result: TargetRecord) -> tuple[float, float] | None:
-    """Where a TargetRecord sits on the normalized axes, or None (infinite sigma).
-
-    Accuracy-type targets sit on the A~ scale, agreement targets on the
-    normalized agreement scale (the exact agreement curve of the same plot).
-    """
-    if not math.isfinite(result.sigma):
-        return None
-    if result.kind == "agreement":
-        return result.v, float(normalized_agreement(result.agreement, cal.n_classes))
-    return result.v, float(normalized_accuracy(result.accuracy, cal))
 
 
 # ----------------------------------------------------------------- attack-cost grids

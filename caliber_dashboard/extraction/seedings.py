@@ -21,7 +21,7 @@ from caliber_core.extraction.seedings import SeedingComparison
 
 #: Numbers: the served field at that length scale; None: the class cycle (version 2), for comparison.
 LENGTH_SCALES = (None, 1.0, 2.0, 4.0, 8.0)
-FRONTIER_JSON = Path(__file__).resolve().parent.parent / "docs" / "figures" / "frontier.json"
+FRONTIER_JSON = Path(__file__).resolve().parents[2] / "docs" / "figures" / "frontier.json"
 
 
 def design_label(length_scale) -> str:

@@ -78,7 +78,7 @@ def describe(found: SurrogateAt) -> str:
 
 def readout_line(sha256: str, sigma: float) -> str:
     """The Calibrate page's thief line for one model at the sigma it serves (Markdown-safe text)."""
-    from . import extraction_runs as runs
+    from caliber_dashboard.extraction import runs
 
     archive = runs.archives().get(sha256)
     if archive is None:

@@ -12,7 +12,7 @@ restores it, so a reload, a reconnect or a server restart loses nothing.
   does not re-add a removed model on every rerun;
 * ``UPLOAD_STATUS``: uploaded file id -> the messages about that file (loaded,
   refused, already loaded), shown while that file stays in its uploader
-  (:mod:`caliber_dashboard.uploads`);
+  (:mod:`caliber_dashboard.data.uploads`);
 * ``SELECTED``: sha256 of the model the pages last worked on;
 * ``TARGETS``: the last target chosen per kind (percent), shared by the pages;
 * ``OPTIONS``: sha256 -> that model's chosen options (margin statistic, target
@@ -35,8 +35,8 @@ from caliber_core.calibration.margins import MARGIN_STATISTICS
 from caliber_core.config import SIDES
 from caliber_core.loading import LogitsData, load_logits
 
-from .workspace import CapExceeded
-from .workspace import session as workspace
+from caliber_dashboard.workspace import CapExceeded
+from caliber_dashboard.workspace import session as workspace
 
 MODELS = "caliber_models"
 PROCESSED = "caliber_processed_uploads"
@@ -49,7 +49,7 @@ VERIFY_COUNTER = "caliber_verify_counter"
 _SAVED = "caliber_saved_choices"  # what the workspace holds now, to write only changes
 _SEEDED = "caliber_seeded_widgets"  # widget key -> the model its value was set for
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 DEMO_GLOB = "digits_*.npz"
 
 SETTINGS_KIND, OPTIONS_KIND = "settings", "options"

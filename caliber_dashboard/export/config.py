@@ -3,7 +3,7 @@
 * :func:`config` -- ``pipeline.config_from_calibration(side=, confidence=)``,
   the step behind ``calibrate --side --confidence --out``, on the calibration
   the Calibrate page holds (no second sweep), checked here and cached in
-  :func:`caliber_dashboard.cache.config` per file digest and options;
+  :func:`caliber_dashboard.common.cache.config` per file digest and options;
 * :func:`surrogate_records` / :func:`with_surrogate` -- a ``surrogate-retention``
   target from a finished extraction run, made by
   :func:`caliber_core.extraction.targets.surrogate_records` (what ``extract
@@ -33,9 +33,9 @@ from caliber_core.extraction import targets as extraction_targets
 from caliber_core.loading import LogitsData
 from caliber_core.target_record import DEFAULT_CONFIDENCE, check_confidence, check_side
 
-from . import cache
-from . import readouts
-from .readouts import SIDE_LABELS
+from caliber_dashboard.common import cache
+from caliber_dashboard.common import readouts
+from caliber_dashboard.common.readouts import SIDE_LABELS
 
 QUANTITIES = ("accuracy", "retention", "agreement")
 

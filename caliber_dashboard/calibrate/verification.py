@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
 from caliber_core.simulation.reference import argmax_monte_carlo
+from caliber_core.target_record import DEFAULT_CONFIDENCE, check_confidence
 
 
 #: Noise values one Verify click draws at most (about half a second of numpy on an idle core).
@@ -28,6 +30,8 @@ def verify_realizations(n_samples: int, n_classes: int = 10) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class Verification:
+    """Fresh-noise accuracy and agreement at one sigma, each with its binomial standard error."""
+
     sigma: float
     realizations: int
     seed: int
@@ -76,3 +80,59 @@ def verify_sigma(
                         accuracy=acc if labels is not None else None,
                         accuracy_se=se(acc) if labels is not None else None,
                         agreement=agr, agreement_se=se(agr))
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerificationCheck:
+    """A measured value set against the value wanted, with its Monte-Carlo band."""
+
+    measured: float
+    wanted: float
+    half_width: float  #: the band's half width: the normal quantile of ``confidence`` times the standard error
+    confidence: float
+    relative_error: float  #: (measured - wanted) / wanted, a fraction
+    within: bool  #: ``wanted`` lies within ``measured`` +- ``half_width``
+
+
+def check_verification(measured: float, standard_error: float, wanted: float, *,
+                       confidence: float = DEFAULT_CONFIDENCE) -> VerificationCheck:
+    """Whether a fresh-noise measurement agrees with the value wanted, at a confidence level.
+
+    Parameters
+    ----------
+    measured : float
+        The fresh-noise accuracy or agreement (a fraction).
+    standard_error : float
+        Its binomial standard error (:func:`verify_sigma`), >= 0.
+    wanted : float
+        The value the served sigma should deliver (the target, or the prediction off the point).
+    confidence : float, optional
+        The two-sided level of the Monte-Carlo band, in [0.5, 1);
+        ``DEFAULT_CONFIDENCE`` (0.95) gives the normal quantile 1.96.
+
+    Returns
+    -------
+    VerificationCheck
+        The band's half width, the relative error and whether ``wanted`` is within the band.
+
+    Raises
+    ------
+    ValueError
+        For a confidence level outside [0.5, 1), a negative or non-finite
+        standard error, or a ``wanted`` of zero (no relative error).
+
+    Notes
+    -----
+    The band is the normal approximation to the binomial: measured +- z se,
+    with z the (1 + confidence) / 2 quantile of the standard normal. A tolerance
+    of 1e-12 keeps a value exactly on the band's edge inside.
+    """
+    level = check_confidence(confidence)
+    if not (math.isfinite(standard_error) and standard_error >= 0):
+        raise ValueError(f"standard_error must be finite and >= 0, got {standard_error!r}")
+    if wanted == 0 or not math.isfinite(wanted):
+        raise ValueError(f"wanted must be finite and non-zero (a relative error divides by it), got {wanted!r}")
+    half_width = NormalDist().inv_cdf(0.5 + level / 2) * standard_error
+    return VerificationCheck(measured=float(measured), wanted=float(wanted), half_width=half_width,
+                             confidence=level, relative_error=(measured - wanted) / wanted,
+                             within=abs(measured - wanted) <= half_width + 1e-12)

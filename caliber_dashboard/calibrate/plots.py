@@ -28,8 +28,8 @@ from caliber_core.calibration.intervals import IntervalBands, IntervalSet
 from caliber_core.calibration.margins import normalized_noise
 from caliber_core.config import TargetRecord
 
-from . import figures
-from .curves import fitted_points, normalized_accuracy, normalized_agreement, residuals
+from caliber_dashboard.common import figures
+from caliber_dashboard.common.curves import fitted_points, normalized_accuracy, normalized_agreement, residuals
 
 VIEWS = ("normalized", "raw", "residuals")
 VIEW_LABELS = {"normalized": "Normalized (v, Ã)", "raw": "Raw (σ, accuracy)",

@@ -7,7 +7,7 @@ A run took minutes of training; once it exists it is kept twice:
 * in the workspace (:func:`~caliber_dashboard.workspace.session.save_result`,
   JSON through :mod:`.extraction_codec`, never pickle) under kind
   ``"extraction-run:<file sha256>"`` and the run key of
-  :func:`~caliber_dashboard.extraction_codec.run_key` (file, sigma grid,
+  :func:`~caliber_dashboard.extraction.codec.run_key` (file, sigma grid,
   recipes, seeds, settings). A reload or a server restart reads the runs of a
   file back the first time the session asks for that file; an entry that
   cannot be read is skipped with a warning and the others stay.
@@ -30,9 +30,9 @@ from caliber_core.extraction.archive import ExtractionArchive
 from caliber_core.extraction.experiment import Condition, ExtractionResult, ExtractionSettings
 from caliber_core.loading import LogitsFileError
 
-from . import extraction_codec as codec
-from . import extraction_view as view
-from .workspace import session as workspace
+from caliber_dashboard.extraction import codec
+from caliber_dashboard.extraction import view
+from caliber_dashboard.workspace import session as workspace
 
 RUNS = "caliber_extraction_runs"  # run key -> (saved_at, ExtractionResult)
 READ = "caliber_extraction_read"  # file digests whose stored runs were read this session

@@ -41,9 +41,9 @@ from caliber_core.calibration.calibration_arrays import (FORMAT, CalibrationArra
 from caliber_core.calibration.calibrate import draws_per_input
 from caliber_core.loading import LogitsData
 
-from . import state, ui
-from .workspace import CapExceeded
-from .workspace import session as workspace
+from caliber_dashboard.common import state, ui
+from caliber_dashboard.workspace import CapExceeded
+from caliber_dashboard.workspace import session as workspace
 
 KIND = "calibration:"
 _ABSENT = object()

@@ -13,7 +13,7 @@ import math
 from caliber_core.calibration.calibrate import Calibration, sigma_for_target
 from caliber_core.calibration.intervals import WIDE_HALF_WIDTH, Interval, IntervalSet, sample_size_advice
 
-from .rounding import decimals_for, with_range
+from caliber_dashboard.common.rounding import decimals_for, with_range
 
 QUANTITY_ORDER = ("retention", "accuracy", "agreement")
 SIDE_LABELS = {"point": "point", "at-least": "at least", "at-most": "at most"}

@@ -31,10 +31,10 @@ import streamlit as st
 from caliber_core.loading import DEFAULT_MAX_ELEMENTS, LogitsData, LogitsFileError, describe, load_logits_bytes
 from caliber_core.loading.labels_file import read_labels_file
 
-from . import state
-from .workspace import CapExceeded
-from .workspace import session as workspace
-from .workspace.store import blob_digest
+from caliber_dashboard.common import state
+from caliber_dashboard.workspace import CapExceeded
+from caliber_dashboard.workspace import session as workspace
+from caliber_dashboard.workspace.store import blob_digest
 
 Message = tuple[str, str]  # (level: "success" | "info" | "warning" | "error", text)
 _OUT_OF_RANGE = re.compile(r"labels index \d+ is (-?\d+), outside \[0, (\d+)\)")

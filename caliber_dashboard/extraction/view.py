@@ -12,7 +12,7 @@ layers, both ``st.cache_resource`` keyed by content digest:
 
 The progress bar is drawn outside the cache from the core's ``progress``
 callback, so a cached rerun draws nothing (STREAMLIT.md). Both layers live
-in this process only; :mod:`caliber_dashboard.extraction_runs` keeps finished
+in this process only; :mod:`caliber_dashboard.extraction.runs` keeps finished
 runs in the session's workspace, so a reload or a restart needs neither.
 """
 
@@ -30,7 +30,7 @@ import streamlit as st
 from caliber_core.extraction.archive import ExtractionArchive, load_archive, load_archive_bytes
 from caliber_core.extraction.experiment import ExtractionResult, ExtractionSettings, Spread
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 COLORS = {"fresh": "#d62728", "per-input": "#1f77b4", "hard": "#ff7f0e", "clean": "#2ca02c"}
 
 

@@ -12,8 +12,8 @@ from caliber_core.loading import LogitsData
 
 from caliber_core.config import CALIBRATED_KINDS
 
-from . import state
-from .targets import KIND_LABELS, percent_to_fraction, slider_range
+from caliber_dashboard.common import state
+from caliber_dashboard.common.targets import KIND_LABELS, percent_to_fraction, slider_range
 
 _KIND_KEY = "_kind"
 

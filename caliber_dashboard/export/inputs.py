@@ -2,7 +2,7 @@
 
 For the model shown, Export starts from the target last chosen on Calibrate
 (kind, percent and side: the model's ``"calibrate"`` option, see
-:func:`caliber_dashboard.state.remember_target`). Whatever is then typed on
+:func:`caliber_dashboard.common.state.remember_target`). Whatever is then typed on
 Export is stored as the model's ``"export"`` option together with the
 Calibrate choice it started from, so a reload or a page switch brings it back.
 A new choice on Calibrate (a different kind, percent or side) starts Export
@@ -18,7 +18,7 @@ import streamlit as st
 from caliber_core.calibration.intervals import DEFAULT_CONFIDENCE
 from caliber_core.config import CALIBRATED_KINDS, SIDES
 
-from . import state
+from caliber_dashboard.common import state
 
 FIELDS = {kind: f"export_{kind}" for kind in CALIBRATED_KINDS}  # one percent list per kind
 SIDE, CONFIDENCE = "export_side", "export_confidence"
