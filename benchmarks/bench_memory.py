@@ -16,7 +16,7 @@ K, so the figure is what the data themselves cost. The commands:
   calibrated on the baseline file;
 * ``dashboard``: what the Calibrate page runs for an uploaded file: the
   upload's bytes through ``load_logits_bytes``, then
-  ``caliber_dashboard.cache.calibration`` (outside a Streamlit session);
+  ``caliber_dashboard.common.cache.calibration`` (outside a Streamlit session);
 * ``extract``: ``python -m caliber_core extract ARCHIVE`` with one seed, one
   query per input, the fixed attacks, a linear student and one process, on an
   archive of its own shape (``--extract-shape``, default 20,000 x 100, with
@@ -111,7 +111,7 @@ _LAUNCHER = ("import os, subprocess, sys; p = subprocess.Popen(sys.argv[1:], std
 
 # The Calibrate page's path for an uploaded file: its bytes, the upload loader, the cached calibration.
 _DASHBOARD = ("import sys; from pathlib import Path; from caliber_core.loading import load_logits_bytes; "
-              "from caliber_dashboard import cache; p = Path(sys.argv[1]); "
+              "from caliber_dashboard.common import cache; p = Path(sys.argv[1]); "
               "cache.calibration(load_logits_bytes(p.read_bytes(), p.name))")
 _EXTRACT_OPTIONS = ["--seeds", "1", "--m", "1", "--attack", "fixed", "--student", "linear",
                     "--retention", "0.9", "--processes", "1", "--quiet"]
@@ -196,7 +196,7 @@ def write_figure(rows, argv) -> None:
         f"{os.cpu_count()} cores, Python {platform.python_version()}, with `{cmd}`. "
         f"Float32 `.npz` input with labels; peak RSS from `wait4`; bytes per element = (peak - peak "
         f"on the baseline rows B x K) / (N x K). `dashboard` is the Calibrate page's calibration of an "
-        f"uploaded file (`load_logits_bytes`, then `caliber_dashboard.cache.calibration`); `extract` runs "
+        f"uploaded file (`load_logits_bytes`, then `caliber_dashboard.common.cache.calibration`); `extract` runs "
         f"on an archive with {EXTRACT_FEATURES} input features per row and a {EXTRACT_EVAL_ROWS:,}-row "
         f"evaluation split (`{' '.join(_EXTRACT_OPTIONS)}`).",
         "",
