@@ -215,10 +215,6 @@ class BootstrapIntervals:
             units[:, j] = column if self._order is None else np.add.reduceat(column[self._order], self._starts)
         return (self._weights @ units) / self._rows_per_replicate[:, None]
 
-    def replicates(self, sigma) -> dict:
-        """Bootstrap replicates per quantity: arrays (B, n_sigma); None without labels."""
-        return self._replicates(sigma)[0]
-
     def _replicates(self, sigma) -> tuple[dict, RowValues]:
         rv = self.rows.at(sigma)
         g = rv.sigma.size
