@@ -221,10 +221,7 @@ def check_drift(config, logits, labels=None, *, confidence: float = 0.95,
     findings = []
     if plans:
         # One sigma's rows at a time: all of them at once would hold 16 bytes a row per sigma.
-        at_sigma = {}
-        for s in sorted({float(t["sigma"]) for _, t, *_ in plans}):
-            rv = rows.at(s)
-            at_sigma[s] = (sample_estimates(rv), row_spread(rv)[0])
+        at_sigma = {s: _estimates_at(rows, s) for s in sorted({float(t["sigma"]) for _, t, *_ in plans})}
         for i, t, q, expected, sd_cal in plans:
             est, sds = at_sigma[float(t["sigma"])]
             observed, sd_new = float(est[q][0]), sds[q]
@@ -242,6 +239,12 @@ def check_drift(config, logits, labels=None, *, confidence: float = 0.95,
     if s_cal is not None:
         findings.append(_scale_finding(float(s_cal), sample.margins, zq, n_cal, n_new))
     return DriftReport(tuple(findings), n_new, n_cal, conf, rows.method)
+
+
+def _estimates_at(rows: CurveEngine, sigma: float) -> tuple[dict, dict]:
+    """Sample estimates and per-row spreads at one sigma (its rows are let go on return)."""
+    rv = rows.at(sigma)
+    return sample_estimates(rv), row_spread(rv)[0]
 
 
 def _target_finding(i, t, q, expected, observed, half, n_new) -> Finding:
