@@ -1,11 +1,13 @@
 """The throttle: serve a calibrated config to flagged accounts, escalate with volume, audit for appeals.
 
-* :mod:`.policy`        ``caliber.policy/v1``: levels, escalation, expiry, shadow mode
+* :mod:`.policy`        ``caliber.policy/v1``: levels, escalation, expiry, shadow mode (read, check, write)
+* :mod:`.policy_schema` the policy's types, its JSON form and each field's rule
 * :mod:`.ledger`        an account's aggregates and the rule that moves them
 * :mod:`.stores`        the store chosen by URL (``sqlite:///PATH``, ``redis://HOST:PORT/DB``)
 * :mod:`.sqlite_store`, :mod:`.redis_store`  the two stores
 * :mod:`.levels`        serving a level with the same work at every level
-* :mod:`.throttle`      :class:`Throttle`, the Python API
+* :mod:`.throttle`      :class:`Throttle`, the Python API (serving)
+* :mod:`.accounts`      flag, unflag, status and audit, part of :class:`Throttle`
 * :mod:`.outages`       the fail-closed rule applied, and what a process owes the ledger after an outage
 * :mod:`.audit`         the appeal report
 * :mod:`.simulate`      synthetic accounts replayed through a policy
