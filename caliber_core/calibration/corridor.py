@@ -63,6 +63,7 @@ class ModelCurves:
 
     @property
     def estimated(self) -> bool:
+        """True when the curves are Monte-Carlo estimates (they carry standard errors)."""
         return self.method != "exact"
 
     def max_error(self) -> float:
@@ -74,7 +75,26 @@ class ModelCurves:
 
 
 def misclassified_deficits(logits, labels) -> np.ndarray:
-    """h = z_pred - z_label > 0 for every misclassified row (Corollary 1)."""
+    """h = z_pred - z_label > 0 for every misclassified row (Corollary 1).
+
+    Parameters
+    ----------
+    logits : array_like of shape (n_samples, n_classes)
+    labels : array_like of int, shape (n_samples,)
+
+    Returns
+    -------
+    ndarray of shape (n_misclassified,)
+
+    Raises
+    ------
+    ValueError
+        Logits or labels that fail validation.
+
+    Notes
+    -----
+    The deficits h of Eq. ``corridor``.
+    """
     return LogitSample(logits, labels).deficits
 
 
@@ -92,9 +112,19 @@ def curves_of(engine: CurveEngine, sigma, *, chunk: int = 6,
     progress : callable, optional
         Called with the fraction done in [0, 1].
 
+    Returns
+    -------
+    ModelCurves
+        Accuracy and envelopes only with labels; standard errors only when estimated.
+
+    Raises
+    ------
+    ValueError
+        ``sigma`` missing or invalid, or ``chunk`` not an int >= 1.
+
     Notes
     -----
-    Corollary 1, Eq. corridor; the exact route is Eq. top1-exact per row.
+    Corollary 1, Eq. ``corridor``; the exact route is Eq. ``top1-exact`` per row.
     """
     if sigma is None:
         raise ValueError("sigma (the grid) is required")
@@ -133,6 +163,30 @@ def model_curves(
     ``draws`` (the calibration sweep's, ``Calibration.intervals``) or runs the
     sweep itself. A calibrated model already has its engine: prefer
     ``curves_of(cal.engine, sigma)``.
+
+    Parameters
+    ----------
+    logits : array_like of shape (n_samples, n_classes)
+    labels : array_like of int, optional
+    sigma : 1-D array of floats >= 0
+        The grid (required).
+    draws : SurvivalIntervals, optional
+    method : {"auto", "exact", "monte-carlo"}, default "auto"
+    chunk : int, default 6
+    progress : callable, optional
+
+    Returns
+    -------
+    ModelCurves
+
+    Raises
+    ------
+    ValueError
+        Invalid logits, labels, sigma or method, or draws that do not match the rows.
+
+    Notes
+    -----
+    Eq. ``corridor`` and Eq. ``top1-exact``.
     """
     engine = CurveEngine(logits, labels, method=method, draws=draws)
     return curves_of(engine, sigma, chunk=chunk, progress=progress)

@@ -26,7 +26,32 @@ from .margins import accuracy_from_normalized, normalized_noise, normalized_util
 
 
 def effective_intensity(v, m, *, seeding: str = "fresh"):
-    """Normalized intensity left after averaging ``m`` answers: v / m, or v per-input."""
+    """Normalized intensity left after averaging ``m`` answers to one input.
+
+    Parameters
+    ----------
+    v : float or array_like of float
+        The served normalized intensity.
+    m : int or array_like of int
+        Answers averaged per input, each >= 1.
+    seeding : {"fresh", "per-input"}, default "fresh"
+        "fresh": independent noise per answer, leaving v / m; "per-input": the
+        answers coincide, leaving v.
+
+    Returns
+    -------
+    ndarray
+        The effective intensity, broadcast over ``v`` and ``m``.
+
+    Raises
+    ------
+    ValueError
+        If any m < 1 or ``seeding`` is unknown.
+
+    Notes
+    -----
+    Proposition 2 (``prop:cost``), parts (i) and (ii).
+    """
     m = np.asarray(m, dtype=np.float64)
     if np.any(m < 1):
         raise ValueError(f"m must be >= 1, got {m.min()}")
@@ -38,9 +63,28 @@ def effective_intensity(v, m, *, seeding: str = "fresh"):
 
 
 def queries_needed(v: float, v_use: float) -> int:
-    """Smallest integer M with v / M <= v_use (Proposition 2(i): M >= v / v_use).
+    """Smallest integer M with v / M <= v_use.
 
-    Raises ValueError unless 0 < v_use; returns 1 when v <= v_use already.
+    Parameters
+    ----------
+    v : float
+        The served normalized intensity (>= 0).
+    v_use : float
+        The intensity the attacker can use (> 0).
+
+    Returns
+    -------
+    int
+        M >= 1; a ratio within round-off of an integer counts as that integer.
+
+    Raises
+    ------
+    ValueError
+        If ``v_use`` is not positive or ``v`` is negative.
+
+    Notes
+    -----
+    Proposition 2(i): M >= v / v_use.
     """
     if not v_use > 0:
         raise ValueError(f"v_use must be positive, got {v_use}")
@@ -55,12 +99,60 @@ def queries_needed(v: float, v_use: float) -> int:
 
 
 def recovered_utility(fit: LogisticFit, v: float, m, *, seeding: str = "fresh") -> np.ndarray:
-    """Normalized utility the attacker recovers with m queries: the law at v / m."""
+    """Normalized utility the attacker recovers with m answers: the law at v / m.
+
+    Parameters
+    ----------
+    fit : LogisticFit
+        The fitted law.
+    v : float
+        The served normalized intensity.
+    m : int or array_like of int
+        Answers averaged per input, each >= 1.
+    seeding : {"fresh", "per-input"}, default "fresh"
+
+    Returns
+    -------
+    ndarray
+        A~ at the effective intensity.
+
+    Raises
+    ------
+    ValueError
+        As :func:`effective_intensity`.
+
+    Notes
+    -----
+    Eq. ``logistic-decay`` evaluated at Proposition 2's effective intensity.
+    """
     return fit.predict(effective_intensity(v, m, seeding=seeding))
 
 
 def sigma_after_averaging(sigma: float, m, *, seeding: str = "fresh") -> np.ndarray:
-    """Noise scale left after averaging: sigma / sqrt(m) (fresh) or sigma (per-input)."""
+    """Noise scale left after averaging: sigma / sqrt(m) (fresh) or sigma (per-input).
+
+    Parameters
+    ----------
+    sigma : float
+        The served noise scale.
+    m : int or array_like of int
+        Answers averaged per input, each >= 1.
+    seeding : {"fresh", "per-input"}, default "fresh"
+
+    Returns
+    -------
+    ndarray
+        The remaining standard deviation, shaped like ``m``.
+
+    Raises
+    ------
+    ValueError
+        As :func:`effective_intensity`.
+
+    Notes
+    -----
+    Proposition 2 (``prop:cost``).
+    """
     return np.sqrt(effective_intensity(float(sigma) ** 2, m, seeding=seeding))
 
 

@@ -44,7 +44,12 @@ EXACT_BUDGET = 1.7e7
 
 
 def exact_cost(n_samples: int, n_classes: int) -> float:
-    """Normal-CDF evaluations of one sigma's exact rows (one per row at K = 2: the closed form)."""
+    """Normal-CDF evaluations of one sigma's exact rows (one per row at K = 2: the closed form).
+
+    Returns
+    -------
+    float
+    """
     if n_classes == 2:
         return float(n_samples)
     nodes = 2 * U_MAX / (QUAD_STEP_FEW if n_classes <= FEW_CLASSES else QUAD_STEP) + 1
@@ -55,6 +60,10 @@ def choose_method(n_samples: int, n_classes: int) -> str:
     """"exact" when one sigma's quadrature costs at most ``EXACT_BUDGET`` CDFs, else "monte-carlo".
 
     At K = 2 the rows are closed form (one CDF per row, no draws needed): always "exact".
+
+    Returns
+    -------
+    {"exact", "monte-carlo"}
     """
     if n_classes == 2:
         return "exact"
@@ -83,7 +92,13 @@ class RowValues:
 
 
 def sample_estimates(rv: RowValues) -> dict:
-    """Sample accuracy, retention and agreement at each sigma of ``rv`` (arrays; None without labels)."""
+    """Sample accuracy, retention and agreement at each sigma of ``rv``.
+
+    Returns
+    -------
+    dict
+        "agreement", "accuracy", "retention" arrays (n_sigma,); the last two None without labels.
+    """
     est = {"agreement": rv.agreement.mean(axis=1), "accuracy": None, "retention": None}
     if rv.accuracy is not None:
         est["accuracy"] = rv.accuracy.mean(axis=1)
@@ -96,7 +111,12 @@ def row_spread(rv: RowValues) -> list[dict]:
 
     The standard error of the estimate is sd / sqrt(N). Accuracy and agreement
     are means (influence a_i, g_i); retention A / A0 linearizes as
-    (a_i - R c_i) / A0. Values are None without labels (accuracy, retention).
+    (a_i - R c_i) / A0.
+
+    Returns
+    -------
+    list of dict
+        "agreement", "accuracy", "retention" floats (NaN below 2 rows; the last two None without labels).
     """
     out = []
     for j in range(rv.sigma.size):
@@ -159,6 +179,10 @@ def deficit_term(deficits, sigma, *, n_samples: int) -> np.ndarray:
 class CurveEngine:
     """Per-row survival and the curves that are its means, for one sample.
 
+    Methods taking ``sigma`` accept a float or a 1-D array of floats >= 0 and
+    raise ValueError otherwise; the accuracy, corridor and floor methods raise
+    ValueError when the sample has no labels.
+
     Parameters
     ----------
     sample : LogitSample, or array_like logits of shape (n_samples, n_classes)
@@ -172,6 +196,11 @@ class CurveEngine:
         Curves with no draws (``realizations`` 0: the closed form at K = 2)
         are taken as none.
     seed : int or None, default 0
+
+    Raises
+    ------
+    ValueError
+        Unknown ``method``; ``draws`` for another row count, or without labels for a labelled sample.
     """
 
     def __init__(self, sample, labels=None, *, method: str = "auto",
@@ -195,14 +224,17 @@ class CurveEngine:
     # -- the sample ---------------------------------------------------------------------
     @property
     def n_samples(self) -> int:
+        """N, the sample's row count."""
         return self.sample.n_samples
 
     @property
     def n_classes(self) -> int:
+        """K, the number of classes."""
         return self.sample.n_classes
 
     @property
     def has_labels(self) -> bool:
+        """Whether the sample carries labels."""
         return self.sample.has_labels
 
     @property
@@ -212,6 +244,7 @@ class CurveEngine:
 
     @property
     def estimated(self) -> bool:
+        """True when the rows come from Monte-Carlo draws rather than quadrature."""
         return self.method != "exact"
 
     @property
@@ -225,10 +258,14 @@ class CurveEngine:
 
     # -- rows ---------------------------------------------------------------------------
     def at(self, sigma) -> RowValues:
-        """Per-row probabilities at each sigma (a scalar or a 1-D grid).
+        """Per-row probabilities at each sigma, Eq. ``top1-exact`` per row (or its draws' estimate).
 
         The last grid asked for is kept, so a bootstrap over the rows a plot
         was drawn from does not evaluate them again.
+
+        Returns
+        -------
+        RowValues
         """
         sig = as_sigmas(sigma)
         kept = self._kept
@@ -267,7 +304,12 @@ class CurveEngine:
 
     # -- curves -------------------------------------------------------------------------
     def agreement(self, sigma) -> np.ndarray:
-        """Mean pi(sigma) over all inputs, for each sigma."""
+        """Mean pi(sigma) of Eq. ``top1-exact`` over all inputs, for each sigma (1 at sigma = 0).
+
+        Returns
+        -------
+        ndarray of shape (n_sigma,)
+        """
         sig = as_sigmas(sigma)
         if self.method == "monte-carlo":
             return np.where(sig == 0.0, 1.0, self.draws.agreement(sig))
@@ -275,7 +317,12 @@ class CurveEngine:
                          for s in sig])
 
     def accuracy(self, sigma) -> np.ndarray:
-        """Expected accuracy E[A(sigma)] over the noise, for each sigma (A0 at sigma = 0)."""
+        """Expected accuracy E[A(sigma)] over the noise, for each sigma (A0 at sigma = 0).
+
+        Returns
+        -------
+        ndarray of shape (n_sigma,)
+        """
         self.sample.need_labels()
         sig = as_sigmas(sigma)
         if self.method == "monte-carlo":
@@ -297,38 +344,94 @@ class CurveEngine:
         return out
 
     def agreement_stderr(self, sigma) -> np.ndarray | None:
-        """Monte-Carlo standard error of :meth:`agreement` (None when exact)."""
+        """Monte-Carlo standard error of :meth:`agreement`.
+
+        Returns
+        -------
+        ndarray of shape (n_sigma,) or None
+            None when the rows are exact.
+        """
         return None if self.method == "exact" else self.draws.agreement_stderr(sigma)
 
     def accuracy_stderr(self, sigma) -> np.ndarray | None:
-        """Monte-Carlo standard error of :meth:`accuracy` (None when exact)."""
+        """Monte-Carlo standard error of :meth:`accuracy`.
+
+        Returns
+        -------
+        ndarray of shape (n_sigma,) or None
+            None when the rows are exact.
+        """
         return None if self.method == "exact" else self.draws.accuracy_stderr(sigma)
 
     def corridor_width(self, sigma) -> np.ndarray:
-        """(1 - A0) beta(sigma) at each sigma (:func:`deficit_term` of the misclassified rows)."""
+        """(1 - A0) beta(sigma), the width of Eq. ``corridor``, at each sigma (:func:`deficit_term`).
+
+        Returns
+        -------
+        ndarray of shape (n_sigma,)
+        """
         self.sample.need_labels()
         return deficit_term(self.sample.deficits, sigma, n_samples=self.n_samples)
 
     def corridor(self, sigma) -> tuple[np.ndarray, np.ndarray]:
-        """Lower and upper accuracy envelopes of Corollary 1 (Eq. corridor)."""
+        """Lower and upper accuracy envelopes of Corollary 1 (Eq. ``corridor``).
+
+        Returns
+        -------
+        lower, upper : ndarray of shape (n_sigma,)
+        """
         rv = self.at(sigma)
         lower = self.floor(rv)
         return lower, lower + self.corridor_width(rv.sigma)
 
     def floor(self, rv: RowValues) -> np.ndarray:
-        """A0 * mean_correct(pi) = sum over the correct rows of g_i / N, at each sigma of ``rv``."""
+        """A0 * mean_correct(pi) = sum over the correct rows of g_i / N: the floor of Eq. ``corridor``.
+
+        Parameters
+        ----------
+        rv : RowValues
+            Rows from :meth:`at` on this engine.
+
+        Returns
+        -------
+        ndarray of shape (n_sigma,)
+        """
         correct = self.sample.correct
         return rv.agreement[:, correct].sum(axis=1) / self.n_samples
 
     def floor_stderr(self, sigma) -> np.ndarray | None:
-        """Monte-Carlo standard error of the corridor's floor (None when exact)."""
+        """Monte-Carlo standard error of the corridor's floor (:meth:`floor`).
+
+        Returns
+        -------
+        ndarray of shape (n_sigma,) or None
+            None when the rows are exact.
+        """
         if self.method == "exact":
             return None
         return self.draws.agreement_stderr(sigma, rows=self.sample.correct)
 
     def progress_rows(self, grid: np.ndarray, *, chunk: int,
                       progress: Callable[[float], None] | None) -> RowValues:
-        """:meth:`at` over a grid, ``chunk`` sigmas at a time, reporting the fraction done."""
+        """:meth:`at` over a grid, ``chunk`` sigmas at a time, reporting the fraction done.
+
+        Parameters
+        ----------
+        grid : 1-D array_like of float >= 0
+        chunk : int
+            Sigmas per step (>= 1).
+        progress : callable or None
+            Called with the fraction done in [0, 1] after each step.
+
+        Returns
+        -------
+        RowValues
+
+        Raises
+        ------
+        ValueError
+            ``chunk`` is not an int >= 1.
+        """
         if not (isinstance(chunk, (int, np.integer)) and chunk >= 1):
             raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
         grid = as_sigmas(grid)

@@ -30,11 +30,40 @@ _XTOL = 1e-10  # relative step below which it has converged
 
 
 class FitError(ValueError):
-    """The least-squares fit stopped without converging."""
+    """The least-squares fit stopped without converging.
+
+    A ``ValueError`` subclass, so callers that catch bad input catch it too.
+    """
 
 
 def logistic_decay(v, *, v50: float, p: float, c: float) -> np.ndarray:
-    """A~(v) of Eq. logistic-decay; equals 1 at v = 0 and tends to c."""
+    """Normalized utility A~(v) under the logistic law.
+
+    Parameters
+    ----------
+    v : float or array_like of float
+        Normalized intensities, each >= 0.
+    v50 : float
+        Half-degradation scale (> 0).
+    p : float
+        Steepness (> 0).
+    c : float
+        Residual floor in [0, 1).
+
+    Returns
+    -------
+    ndarray
+        A~ at each v: 1 at v = 0, decreasing towards c.
+
+    Raises
+    ------
+    ValueError
+        If any v is negative.
+
+    Notes
+    -----
+    Eq. ``logistic-decay``.
+    """
     v = np.asarray(v, dtype=np.float64)
     if np.any(v < 0):
         raise ValueError(f"v must be >= 0, got min {v.min()}")
@@ -44,7 +73,23 @@ def logistic_decay(v, *, v50: float, p: float, c: float) -> np.ndarray:
 
 @dataclass(frozen=True, kw_only=True)
 class LogisticFit:
-    """Fitted (v50, p, c) with its goodness of fit on the points it was fit to."""
+    """Fitted (v50, p, c) with its goodness of fit on the points it was fit to.
+
+    Attributes
+    ----------
+    v50, p, c : float
+        The law's half-degradation scale, steepness and floor.
+    r2 : float
+        Coefficient of determination on the fitted points (NaN if they are constant).
+    rmse : float
+        Root-mean-square residual in A~.
+    n_points : int
+        Points the fit used (finite, v > 0).
+
+    Notes
+    -----
+    Eq. ``logistic-decay``; its inverse is Eq. ``inverse-v``.
+    """
 
     v50: float
     p: float
@@ -54,12 +99,48 @@ class LogisticFit:
     n_points: int
 
     def predict(self, v) -> np.ndarray:
+        """A~ at ``v`` under this fit (Eq. ``logistic-decay``).
+
+        Parameters
+        ----------
+        v : float or array_like of float
+            Normalized intensities, each >= 0.
+
+        Returns
+        -------
+        ndarray
+
+        Raises
+        ------
+        ValueError
+            If any v is negative.
+        """
         return logistic_decay(v, v50=self.v50, p=self.p, c=self.c)
 
     def inverse(self, utility, *, saturate: bool = False):
+        """v* reaching normalized utility ``utility`` under this fit (Eq. ``inverse-v``).
+
+        Parameters
+        ----------
+        utility : float or array_like of float
+            Target A~*.
+        saturate : bool, default False
+            Return inf instead of raising for targets at or below the floor c.
+
+        Returns
+        -------
+        float or ndarray
+            v* (0 where A~* >= 1).
+
+        Raises
+        ------
+        ValueError
+            A NaN target, or A~* <= c without ``saturate``.
+        """
         return invert_logistic(utility, v50=self.v50, p=self.p, c=self.c, saturate=saturate)
 
     def to_dict(self) -> dict:
+        """The fields as a plain dict (JSON-ready)."""
         return asdict(self)
 
 

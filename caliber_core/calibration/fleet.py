@@ -21,7 +21,28 @@ DEFAULT_RETENTIONS = (0.9, 0.8, 0.7, 0.6)
 
 
 def normalized_points(cal: Calibration, statistic: str = "median") -> tuple[np.ndarray, np.ndarray]:
-    """(v, A~) sweep points of one model with S under ``statistic``."""
+    """(v, A~) sweep points of one model with S under ``statistic``.
+
+    Parameters
+    ----------
+    cal : Calibration
+        A labelled calibration.
+    statistic : {"median", "mean", "trimmed"}, default "median"
+        Which margin scale S normalizes the sweep's sigma grid.
+
+    Returns
+    -------
+    v, utility : ndarray of shape (n_sigma,)
+
+    Raises
+    ------
+    ValueError
+        The calibration has no labels, or no positive S under ``statistic``.
+
+    Notes
+    -----
+    Eq. ``normalized-noise`` and Eq. ``util-norm``.
+    """
     if cal.clean_accuracy is None:
         raise ValueError(f"model {cal.name!r} has no labels: shared accuracy fits need them")
     scale = cal.scales[statistic]
@@ -32,7 +53,29 @@ def normalized_points(cal: Calibration, statistic: str = "median") -> tuple[np.n
 
 
 def shared_fit(calibrations: Sequence[Calibration], *, statistic: str = "median") -> LogisticFit:
-    """One logistic law fit to the pooled normalized points of several models."""
+    """One logistic law fit to the pooled normalized points of several models.
+
+    Parameters
+    ----------
+    calibrations : sequence of Calibration
+        At least one, each labelled.
+    statistic : {"median", "mean", "trimmed"}, default "median"
+
+    Returns
+    -------
+    LogisticFit
+
+    Raises
+    ------
+    ValueError
+        No models, a model without labels or positive S, too few points.
+    FitError
+        The least-squares fit did not converge.
+
+    Notes
+    -----
+    Eq. ``logistic-decay``, shared per task.
+    """
     if len(calibrations) < 1:
         raise ValueError("a shared fit needs at least one model")
     pts = [normalized_points(c, statistic) for c in calibrations]
@@ -93,7 +136,33 @@ def calibrate_from_scale(
 def transfer_error(
     cal: Calibration, fit: LogisticFit, *, statistic: str, retentions=DEFAULT_RETENTIONS
 ) -> float:
-    """Mean |relative error| (%) of a model's accuracy at the sigma* a shared law gives it."""
+    """Mean |relative error| (%) of a model's accuracy at the sigma* a shared law gives it.
+
+    Parameters
+    ----------
+    cal : Calibration
+        The model, labelled; its measured curve is the reference.
+    fit : LogisticFit
+        The shared law.
+    statistic : {"median", "mean", "trimmed"}
+        Which S of the model the law is applied with.
+    retentions : sequence of float, default (0.9, 0.8, 0.7, 0.6)
+        Targets, as fractions of A0; a saturated one is read at the sweep's end.
+
+    Returns
+    -------
+    float
+        The mean error in percent.
+
+    Raises
+    ------
+    ValueError
+        The model has no labels or its A0 is not above chance.
+
+    Notes
+    -----
+    Eq. ``inverse-v`` through the shared law.
+    """
     errs = []
     for r in retentions:
         t = calibrate_from_scale(fit, scale=cal.scales[statistic], clean_accuracy=cal.clean_accuracy,
@@ -109,7 +178,25 @@ def leave_one_out(
 ) -> list[dict]:
     """Per model: error of the in-sample shared fit vs the fit without that model.
 
-    Returns a list of rows {model, scale, in_sample_error, held_out_error} (errors in %).
+    Parameters
+    ----------
+    calibrations : sequence of Calibration
+        At least two, each labelled.
+    statistic : {"median", "mean", "trimmed"}, default "median"
+    retentions : sequence of float, default (0.9, 0.8, 0.7, 0.6)
+
+    Returns
+    -------
+    list of dict
+        One row per model: ``model``, ``scale``, ``in_sample_error``,
+        ``held_out_error`` (errors in %, as :func:`transfer_error`).
+
+    Raises
+    ------
+    ValueError
+        Fewer than two models, or a model :func:`shared_fit` rejects.
+    FitError
+        A shared fit did not converge.
     """
     if len(calibrations) < 2:
         raise ValueError(f"leave-one-out needs at least 2 models, got {len(calibrations)}")
@@ -133,9 +220,26 @@ def margin_ablation(
 ) -> list[dict]:
     """Mean in-sample and held-out shared-fit error (%) for each margin statistic.
 
-    ``known`` maps a statistic to a :func:`leave_one_out` table already
-    computed for these calibrations and ``retentions``; it is used instead of
-    computing that table again.
+    Parameters
+    ----------
+    calibrations : sequence of Calibration
+    retentions : sequence of float, default (0.9, 0.8, 0.7, 0.6)
+    known : mapping of str to list of dict, optional
+        A statistic to a :func:`leave_one_out` table already computed for these
+        calibrations and ``retentions``, used instead of computing it again.
+
+    Returns
+    -------
+    list of dict
+        One row per statistic: ``statistic``, ``r2`` (of the shared fit),
+        ``in_sample_error``, ``held_out_error``.
+
+    Raises
+    ------
+    ValueError
+        ``known`` keyed by an unknown statistic, or as :func:`leave_one_out`.
+    FitError
+        A shared fit did not converge.
     """
     known = {} if known is None else dict(known)
     unknown = set(known) - set(MARGIN_STATISTICS)

@@ -38,7 +38,28 @@ Curve = Callable[[np.ndarray], np.ndarray]
 
 
 def as_curve(curve) -> Curve:
-    """A vectorized callable from a callable or a tabulated ``(sigma, values)`` pair."""
+    """A vectorized callable from a callable or a tabulated ``(sigma, values)`` pair.
+
+    Parameters
+    ----------
+    curve : callable or (array_like, array_like)
+        A callable is returned as is; a pair (sigma increasing and > 0, finite
+        values, equal 1-D lengths >= 2) is interpolated linearly in log sigma,
+        clamped at its ends.
+
+    Returns
+    -------
+    callable
+        Array of sigma in, array of values out.
+
+    Raises
+    ------
+    TypeError
+        ``curve`` is neither a callable nor a pair of arrays.
+    ValueError
+        The pair has mismatched or too short arrays, non-increasing or
+        non-positive sigma, or non-finite values.
+    """
     if callable(curve):
         return curve
     try:
@@ -64,10 +85,27 @@ def first_crossing(curve, target: float, *, lo: float, hi: float, n_grid: int = 
 
     A log grid finds the first bracket; bisection then pins the crossing.
 
+    Parameters
+    ----------
+    curve : callable or (array_like, array_like)
+        A decreasing curve, as accepted by :func:`as_curve`.
+    target : float
+    lo, hi : float
+        The search range, 0 < lo < hi < inf.
+    n_grid : int, default 2000
+    side : {"point", "at-most", "at-least"}, default "point"
+
+    Returns
+    -------
+    float
+        The crossing; 0.0 for "at-least" (else ``lo``) when the curve is already
+        at or below the target at ``lo``.
+
     Raises
     ------
     ValueError
-        The curve stays above the target on the whole range.
+        Unknown ``side``, a bad range, or a curve that stays above the target on
+        the whole range.
     """
     check_side(side)
     func = as_curve(curve)
@@ -106,10 +144,26 @@ def invert_decreasing(
     Expands [lo, hi] geometrically until it brackets the target, then Brent;
     ``side`` then moves to the bracket end that satisfies the target.
 
+    Parameters
+    ----------
+    func : callable, float -> float, decreasing in sigma
+    target : float
+    lo, hi : float
+        The initial bracket (> 0); halved and doubled as needed.
+    rtol : float, default 1e-6
+    max_expand : int, default 60
+    side : {"point", "at-most", "at-least"}, default "point"
+
+    Returns
+    -------
+    float
+        The root, moved to the requested side.
+
     Raises
     ------
     ValueError
-        No bracket is found (the target is out of reach).
+        Unknown ``side``, or no bracket found (the target is out of reach), or
+        :func:`settle` finds no sigma on the requested side.
     """
     check_side(side)
     f_lo, f_hi = func(lo) - target, func(hi) - target
@@ -155,6 +209,29 @@ def solve_near(
     error left is of the order of that step times the one before (~1e-6 relative
     here), in two or three evaluations of an expensive exact curve. If the steps
     wander, a bracketing search takes over (:func:`invert_decreasing`).
+
+    Parameters
+    ----------
+    func : callable, float -> float, decreasing in sigma
+    target : float
+    guess : float
+        Starting sigma (> 0).
+    slope : float, optional
+        d func / d sigma at ``guess`` (used when negative).
+    rtol : float, default 1e-4
+        Relative step size at which the secant stops.
+    max_iter : int, default 8
+    side : {"point", "at-most", "at-least"}, default "point"
+
+    Returns
+    -------
+    float
+        The root, moved to the requested side.
+
+    Raises
+    ------
+    ValueError
+        Unknown ``side``, or the fallback finds no bracket.
     """
     check_side(side)
     x0 = float(guess)
@@ -185,6 +262,27 @@ def settle(func: Callable[[float], float], target: float, sigma: float, *, side:
     steps rtol, 2 rtol, 4 rtol, ...) until func(sigma) <= target; "at-least"
     steps down until func(sigma) >= target (sigma = 0, the clean model, if
     needed).
+
+    Parameters
+    ----------
+    func : callable, float -> float, decreasing in sigma
+    target : float
+        The value to satisfy.
+    sigma : float
+        The estimated crossing.
+    side : {"point", "at-most", "at-least"}
+    rtol : float, default 1e-4
+        The first relative step.
+    max_steps : int, default 60
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    ValueError
+        Unknown ``side``, or no sigma within ``max_steps`` steps satisfies it.
     """
     check_side(side)
     if side == "point":
@@ -203,7 +301,24 @@ def settle(func: Callable[[float], float], target: float, sigma: float, *, side:
 
 
 def check_law(*, v50, p, c) -> None:
-    """The logistic law's parameters: v50 > 0 and p > 0 finite, c in [0, 1) (Eq. logistic-decay)."""
+    """Check the logistic law's parameters before they are used.
+
+    Parameters
+    ----------
+    v50, p : float
+        Must be finite real numbers > 0.
+    c : float
+        Must be a finite real number in [0, 1).
+
+    Raises
+    ------
+    ValueError
+        Naming the first parameter out of its domain and its value.
+
+    Notes
+    -----
+    The domain of Eq. ``logistic-decay``.
+    """
     for name, value in (("v50", v50), ("p", p)):
         if not (isinstance(value, (int, float, np.floating, np.integer)) and np.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
@@ -254,21 +369,68 @@ def invert_logistic(utility, *, v50: float, p: float, c: float, saturate: bool =
 
 
 def logistic_sigma(fit, utility: float, *, scale: float, saturate: bool = False) -> float:
-    """sigma* = S sqrt(v*) with v* the fitted law's closed-form inverse (Eq. inverse-v).
+    """sigma* = S sqrt(v*) with v* the fitted law's closed-form inverse.
 
-    ``fit`` is a :class:`~caliber_core.calibration.fit.LogisticFit`; with
-    ``saturate`` a target at or below its floor gives inf.
+    Parameters
+    ----------
+    fit : LogisticFit
+        The fitted law.
+    utility : float
+        Target normalized utility A~*.
+    scale : float
+        The margin scale S (> 0).
+    saturate : bool, default False
+        A target at or below the law's floor gives inf instead of raising.
+
+    Returns
+    -------
+    float
+        sigma* (0 for A~* >= 1).
+
+    Raises
+    ------
+    ValueError
+        A NaN target, a target at or below the floor without ``saturate``, or a
+        non-positive scale.
+
+    Notes
+    -----
+    Eq. ``inverse-v``.
     """
     return float(sigma_from_v(fit.inverse(utility, saturate=saturate), scale))
 
 
 def sigma_for_agreement(curves, target: float, *, guess: float, slope: float | None = None,
                         side: str = "point") -> float:
-    """sigma at which the exact mean agreement equals ``target`` (in (1/K, 1)).
+    """sigma at which the exact mean agreement equals ``target``.
 
-    ``curves`` has ``agreement(sigma)`` and ``n_classes`` (a
-    :class:`~caliber_core.calibration.engine.CurveEngine`).
-    pi is strictly decreasing (Proposition 1), so the root is unique.
+    Parameters
+    ----------
+    curves : CurveEngine
+        Anything with ``agreement(sigma)`` and ``n_classes``.
+    target : float
+        Agreement target, strictly between 1/K and 1.
+    guess : float
+        Starting sigma for the search.
+    slope : float, optional
+        d agreement / d sigma at ``guess``, if known.
+    side : {"point", "at-least", "at-most"}, default "point"
+        Which side of the target the returned sigma must lie on (see :func:`solve_near`).
+
+    Returns
+    -------
+    float
+        The sigma found.
+
+    Raises
+    ------
+    ValueError
+        Target outside (1/K, 1), or no sigma satisfying ``side`` near the guess.
+
+    Notes
+    -----
+    Eq. ``top1-exact`` inverted numerically; pi is strictly decreasing
+    (Proposition 1), so the root is unique.
     """
     chance = 1.0 / curves.n_classes
     if not chance < target < 1.0:

@@ -35,7 +35,29 @@ def margin_scale(logits, *, statistic: str = "median") -> float:
 
 
 def scale_from_margins(margins, *, statistic: str = "median") -> float:
-    """S from precomputed margins; see :func:`margin_scale`."""
+    """S from precomputed top-two margins; see :func:`margin_scale`.
+
+    Parameters
+    ----------
+    margins : array_like of float, shape (n_samples,)
+        Top-two margins z_(1) - z_(2), one per row.
+    statistic : {"median", "mean", "trimmed"}, default "median"
+        "trimmed" cuts int(0.1 N) margins from each end before averaging.
+
+    Returns
+    -------
+    float
+        The margin scale S (> 0).
+
+    Raises
+    ------
+    ValueError
+        Unknown statistic, or S <= 0 (most rows tie at the top logit).
+
+    Notes
+    -----
+    S is the denominator of Eq. ``normalized-noise``.
+    """
     m = np.asarray(margins, dtype=np.float64)
     if statistic == "median":
         s = float(np.median(m))
@@ -57,7 +79,22 @@ def scale_from_margins(margins, *, statistic: str = "median") -> float:
 
 
 def all_scales(logits) -> dict[str, float]:
-    """S under every supported statistic (the paper's ablation), NaN where S <= 0."""
+    """S under every supported statistic (the paper's margin ablation).
+
+    Parameters
+    ----------
+    logits : array_like of shape (n_samples, n_classes)
+
+    Returns
+    -------
+    dict of str to float
+        One entry per name in ``MARGIN_STATISTICS``; NaN where that S is not positive.
+
+    Raises
+    ------
+    ValueError
+        If ``logits`` is not a valid 2-D logit array (from the validation).
+    """
     m = top_two_margins(logits)
     out = {}
     for stat in MARGIN_STATISTICS:
@@ -69,21 +106,79 @@ def all_scales(logits) -> dict[str, float]:
 
 
 def clean_accuracy(logits, labels) -> float:
-    """A0: top-1 accuracy of the noise-free logits (ties go to the lowest index)."""
+    """A0: top-1 accuracy of the noise-free logits (ties go to the lowest index).
+
+    Parameters
+    ----------
+    logits : array_like of shape (n_samples, n_classes)
+    labels : array_like of int, shape (n_samples,)
+        True classes in [0, n_classes).
+
+    Returns
+    -------
+    float
+        Fraction of rows whose argmax equals the label.
+
+    Raises
+    ------
+    ValueError
+        Malformed logits, or labels of the wrong length or out of range.
+    """
     z = as_logits(logits)
     y = as_labels(labels, n_samples=z.shape[0], n_classes=z.shape[1])
     return float(np.mean(np.argmax(z, axis=1) == y))
 
 
 def chance_level(n_classes: int) -> float:
-    """A_rand = 1/K."""
+    """A_rand = 1/K, the accuracy of a uniform guess.
+
+    Parameters
+    ----------
+    n_classes : int
+        K, at least 2.
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    ValueError
+        If ``n_classes < 2``.
+
+    Notes
+    -----
+    The chance term of Eq. ``util-norm``.
+    """
     if n_classes < 2:
         raise ValueError(f"n_classes must be >= 2, got {n_classes}")
     return 1.0 / n_classes
 
 
 def normalized_noise(sigma, scale: float):
-    """v = sigma^2 / S^2 (Eq. normalized-noise)."""
+    """Normalized noise intensity v = sigma^2 / S^2.
+
+    Parameters
+    ----------
+    sigma : float or array_like of float
+        Noise standard deviations, each >= 0.
+    scale : float
+        The margin scale S (> 0).
+
+    Returns
+    -------
+    float or ndarray
+        v, shaped like ``sigma``.
+
+    Raises
+    ------
+    ValueError
+        If ``scale`` is not positive or any sigma is negative.
+
+    Notes
+    -----
+    Eq. ``normalized-noise``.
+    """
     if not scale > 0:
         raise ValueError(f"scale S must be positive, got {scale}")
     s = np.asarray(sigma, dtype=np.float64)
@@ -93,7 +188,29 @@ def normalized_noise(sigma, scale: float):
 
 
 def sigma_from_v(v, scale: float):
-    """sigma = S * sqrt(v), the inverse of :func:`normalized_noise`."""
+    """sigma = S sqrt(v), the inverse of :func:`normalized_noise`.
+
+    Parameters
+    ----------
+    v : float or array_like of float
+        Normalized intensities, each >= 0.
+    scale : float
+        The margin scale S (> 0).
+
+    Returns
+    -------
+    float or ndarray
+        sigma, shaped like ``v``.
+
+    Raises
+    ------
+    ValueError
+        If ``scale`` is not positive or any v is negative.
+
+    Notes
+    -----
+    Eq. ``normalized-noise`` solved for sigma (the right half of Eq. ``inverse-v``).
+    """
     if not scale > 0:
         raise ValueError(f"scale S must be positive, got {scale}")
     v = np.asarray(v, dtype=np.float64)
@@ -103,10 +220,30 @@ def sigma_from_v(v, scale: float):
 
 
 def normalized_utility(accuracy, *, clean: float, n_classes: int):
-    """A~ = (A - 1/K) / (A0 - 1/K) (Eq. util-norm).
+    """Normalized utility A~ = (A - 1/K) / (A0 - 1/K).
 
-    Raises ValueError when A0 <= 1/K: the model is no better than chance and
-    there is no operating range to normalize by.
+    Parameters
+    ----------
+    accuracy : float or array_like of float
+        Accuracies A under noise.
+    clean : float
+        The clean accuracy A0.
+    n_classes : int
+        K, at least 2.
+
+    Returns
+    -------
+    float or ndarray
+        A~, shaped like ``accuracy`` (1 at A0, 0 at chance; not clipped).
+
+    Raises
+    ------
+    ValueError
+        If ``n_classes < 2`` or A0 <= 1/K (no operating range to normalize by).
+
+    Notes
+    -----
+    Eq. ``util-norm``.
     """
     chance = chance_level(n_classes)
     if not clean > chance:
@@ -118,6 +255,30 @@ def normalized_utility(accuracy, *, clean: float, n_classes: int):
 
 
 def accuracy_from_normalized(utility, *, clean: float, n_classes: int):
-    """A = 1/K + A~ (A0 - 1/K), the inverse of :func:`normalized_utility`."""
+    """A = 1/K + A~ (A0 - 1/K), the inverse of :func:`normalized_utility`.
+
+    Parameters
+    ----------
+    utility : float or array_like of float
+        Normalized utilities A~.
+    clean : float
+        The clean accuracy A0.
+    n_classes : int
+        K, at least 2.
+
+    Returns
+    -------
+    ndarray
+        Accuracies, shaped like ``utility``.
+
+    Raises
+    ------
+    ValueError
+        If ``n_classes < 2``.
+
+    Notes
+    -----
+    Eq. ``util-norm`` solved for A.
+    """
     chance = chance_level(n_classes)
     return chance + np.asarray(utility, dtype=np.float64) * (clean - chance)

@@ -74,12 +74,32 @@ def resolve_targets(
 ) -> list[TargetRecord]:
     """sigma* for each (kind, value), in the order given.
 
+    Parameters
+    ----------
+    cal : Calibration
+        The calibration of ``data``.
+    data : LogitsData
+        The calibrated file (its labels are checked for accuracy targets).
+    targets : sequence of (kind, value)
+        kind in {"accuracy", "retention", "agreement"}.
+    inversion : {"curve", "logistic"}, default "curve"
+    saturate : bool, default False
+        An unreachable target serves the largest sigma swept instead of failing.
+
+    Returns
+    -------
+    list of TargetRecord
+
     Raises
     ------
     LogitsFileError
         An accuracy or retention target on a file without labels.
     ValueError
         An unreachable target (without ``saturate``).
+
+    Notes
+    -----
+    Eq. ``inverse-v`` for the logistic inversion.
     """
     out = []
     for kind, value in targets:
@@ -160,7 +180,28 @@ def config_for(
 ) -> tuple[Calibration, list[TargetRecord], dict]:
     """:func:`calibrate_data` then :func:`config_from_calibration`: (calibration, results, config).
 
-    Parameters and raised errors are those of the two steps.
+    Parameters
+    ----------
+    data : LogitsData
+    targets : sequence of (kind, value), default ``DEFAULT_TARGETS``
+    statistic, seed, realizations, progress
+        As :func:`calibrate_data`.
+    inversion, saturate, side, confidence
+        As :func:`config_from_calibration`; ``side`` and ``confidence`` are
+        checked before the sweep.
+
+    Returns
+    -------
+    calibration : Calibration
+    results : list of TargetRecord
+    config : dict
+
+    Raises
+    ------
+    LogitsFileError
+        An accuracy or retention target on a file without labels.
+    ValueError
+        A bad ``side`` or ``confidence``, or as the two steps.
     """
     check_side(side)  # a library call's options, checked before the sweep rather than after it
     check_confidence(confidence)

@@ -70,6 +70,20 @@ def review_target(cal: Calibration, target: Mapping, *,
 
 
 def review_config(cal: Calibration, config: Mapping) -> list[dict]:
-    """:func:`review_target` for every target of a config, the bootstraps shared."""
+    """:func:`review_target` for every target of a config, the bootstraps shared.
+
+    Parameters
+    ----------
+    cal : Calibration
+        The loaded model, calibrated with the config's statistic, seed and draws.
+    config : mapping
+        The config (its ``targets`` list; none gives an empty review).
+
+    Returns
+    -------
+    list of dict
+        One :func:`review_target` row per target; a target that cannot be
+        recomputed carries its reason in ``note`` rather than raising.
+    """
     estimators: dict[float, BootstrapIntervals] = {}
     return [review_target(cal, t, estimators=estimators) for t in config.get("targets", [])]
