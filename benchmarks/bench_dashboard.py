@@ -146,7 +146,7 @@ def large_corridor(browser, app_url: str, path: Path, *, quiet: float, limit_s: 
     v = Visitor(browser, quiet_ms=quiet, timeout_s=max(limit_s, 120.0) + 60.0)
     try:
         v.open(app_url, "Data")
-        v.page.locator("[data-testid='stFileUploader'] input[type=file]").first.set_input_files(str(path))
+        file_input(v.page).set_input_files(str(path))
         v.page.wait_for_selector("text=Loaded", timeout=120_000)
         v.wait_visit("Data")
         v.page.locator("[data-testid='stSidebarNavLink']", has_text="Calibrate").first.click()
@@ -171,7 +171,7 @@ def large_corridor(browser, app_url: str, path: Path, *, quiet: float, limit_s: 
 
 # The app's own run state, as the browser tests wait on it (never a timer).
 sys.path.insert(0, str(ROOT / "tests" / "browser"))
-from app_state import IDLE, settle_run  # noqa: E402
+from app_state import IDLE, file_input, settle_run  # noqa: E402
 
 
 def _timed(page, action, *, ready: str, timeout_s: float = 600.0) -> float:
@@ -208,11 +208,10 @@ def actions_at_scale(browser, app_url: str, folder: Path, *, n: int, k: int) -> 
     try:
         page.goto(app_url)
         settle_run(page, ready="h1:has-text('Data')", timeout=600_000)
-        uploaders = page.locator("[data-testid='stFileUploader'] input[type=file]")
         out.append(("upload the labels file (.npy)", _timed(
-            page, lambda: uploaders.nth(1).set_input_files(str(labels_path)), ready="text=labels")))
+            page, lambda: file_input(page, "Labels file").set_input_files(str(labels_path)), ready="text=labels")))
         out.append((f"upload the logits file ({n:,} x {k:,} .npy), labels attached", _timed(
-            page, lambda: uploaders.nth(0).set_input_files(str(logits_path)),
+            page, lambda: file_input(page).set_input_files(str(logits_path)),
             ready=f"text=Loaded bench_{n}x{k}")))
         goto("Calibrate", "[data-testid='stMetricLabel']:has-text('σ* (logit units)')")
         thumb = page.locator("[data-testid='stSlider'] input[type=range]").first

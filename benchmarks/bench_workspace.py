@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "browser"))
 
+from app_state import file_input  # noqa: E402
 from conftest import CHROMIUM, CHROMIUM_ARGS, IDLE, streamlit_server  # noqa: E402
 
 from caliber_core.loading import load_logits_bytes  # noqa: E402
@@ -88,7 +89,7 @@ async def one_session(browser, url: str, path: Path, name: str, others: list[str
         await page.goto(url)
         await page.wait_for_selector("h1:has-text('Data')")
         await _idle(page)
-        await page.locator("[data-testid='stFileUploader'] input[type=file]").first.set_input_files(str(path))
+        await file_input(page).set_input_files(str(path))
         await page.wait_for_selector(f"text=Loaded {name}")
         await _idle(page)
         times["upload_s"] = time.perf_counter() - t0
@@ -212,7 +213,7 @@ async def large_in_browser(path: Path, work: Path) -> None:
             await page.wait_for_selector("h1:has-text('Data')")
             await _idle(page)
             t0 = time.perf_counter()
-            await page.locator("[data-testid='stFileUploader'] input[type=file]").first.set_input_files(str(path))
+            await file_input(page).set_input_files(str(path))
             await page.wait_for_selector(f"text=Loaded {path.stem}")
             await _idle(page)
             upload = time.perf_counter() - t0

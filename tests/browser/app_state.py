@@ -56,10 +56,13 @@ def upload(page, path, *, ready: str, label: str = "Logits files", timeout: floa
     8 s here even on an idle server, and longer under load, hence the generous
     ``timeout``.
     """
+    settle_run(page, lambda: file_input(page, label).set_input_files(str(path)), ready=ready, timeout=timeout)
+
+
+def file_input(page, label: str = "Logits files"):
+    """The ``<input type=file>`` of the uploader whose label starts ``label`` (sync or async page)."""
     name = page.locator("[data-testid='stWidgetLabel']", has_text=label)
-    uploader = page.locator("[data-testid='stFileUploader']", has=name).first
-    settle_run(page, lambda: uploader.locator("input[type=file]").set_input_files(str(path)),
-               ready=ready, timeout=timeout)
+    return page.locator("[data-testid='stFileUploader']", has=name).first.locator("input[type=file]")
 
 
 def settle_run(page, action=None, *, ready: str | None = None, timeout: float = 120_000) -> None:
