@@ -48,6 +48,32 @@ class Calibration:
     """Everything one model's calibration knows (the sweep is done once).
 
     Build with :func:`calibrate_model`; ask for targets with :func:`sigma_for_target`.
+
+    Attributes
+    ----------
+    name : str
+    n_samples, n_classes : int
+        N and K of the calibration sample.
+    statistic : {"median", "mean", "trimmed"}
+        The margin statistic S is taken with.
+    scale : float
+        The margin scale S (Eq. ``normalized-noise``).
+    scales : dict of str to float
+        S under every statistic (NaN where not positive).
+    clean_accuracy : float or None
+        A0; None without labels.
+    intervals : SurvivalIntervals or TwoClassCurves
+        The sweep's per-draw survival intervals (closed-form curves at K = 2).
+    sweep : NoiseSweep
+        The measured curves on the sigma grid.
+    fit : LogisticFit
+        Eq. ``logistic-decay`` fit to the sweep.
+    fit_quantity : {"accuracy", "agreement"}
+        What the law was fit to (agreement without labels).
+    curve_method : {"exact", "monte-carlo"}
+        Which rows every measured curve reads.
+    seed : int or None
+    sample : LogitSample
     """
 
     name: str
@@ -68,10 +94,12 @@ class Calibration:
 
     @property
     def chance(self) -> float:
+        """1/K, the chance level."""
         return 1.0 / self.n_classes
 
     @property
     def has_labels(self) -> bool:
+        """Whether the calibration sample carries labels."""
         return self.sample.has_labels
 
     @property
@@ -94,6 +122,12 @@ class Calibration:
         return self._engine
 
     def sigma_range(self) -> tuple[float, float]:
+        """The first and last sigma of the sweep's grid.
+
+        Returns
+        -------
+        (float, float)
+        """
         return float(self.sweep.sigma[0]), float(self.sweep.sigma[-1])
 
 
@@ -208,7 +242,16 @@ def _search_range(cal: Calibration) -> tuple[float, float]:
 
 
 def saturated_sigma(cal: Calibration) -> float:
-    """What a saturated target serves: the largest sigma the sweep measured."""
+    """What a saturated target serves: the largest sigma the sweep measured.
+
+    Parameters
+    ----------
+    cal : Calibration
+
+    Returns
+    -------
+    float
+    """
     return float(cal.sweep.sigma[-1])
 
 
@@ -346,10 +389,44 @@ def _slope(curve: Callable, sigma: float, rel: float = 0.05) -> float:
 
 
 def measured_accuracy(cal: Calibration, sigma) -> np.ndarray:
-    """The accuracy the calibration's curve predicts at sigma (exact or Monte-Carlo, by its policy)."""
+    """The accuracy the calibration's curve predicts at sigma (exact or Monte-Carlo, by its policy).
+
+    Parameters
+    ----------
+    cal : Calibration
+    sigma : float or 1-D array_like of float >= 0
+
+    Returns
+    -------
+    ndarray of shape (n_sigma,)
+
+    Raises
+    ------
+    ValueError
+        The calibration has no labels, or an invalid sigma.
+    """
     return cal.engine.accuracy(sigma)
 
 
 def measured_agreement(cal: Calibration, sigma) -> np.ndarray:
-    """The agreement the calibration's curve predicts at sigma (exact or Monte-Carlo, by its policy)."""
+    """The agreement the calibration's curve predicts at sigma (exact or Monte-Carlo, by its policy).
+
+    Parameters
+    ----------
+    cal : Calibration
+    sigma : float or 1-D array_like of float >= 0
+
+    Returns
+    -------
+    ndarray of shape (n_sigma,)
+
+    Raises
+    ------
+    ValueError
+        An invalid sigma.
+
+    Notes
+    -----
+    The mean of Eq. ``top1-exact`` over the rows.
+    """
     return cal.engine.agreement(sigma)

@@ -58,7 +58,23 @@ class LogitSample:
 
     @classmethod
     def of(cls, logits, labels=None) -> LogitSample:
-        """``logits`` itself when it is a sample already (labels must then be None), else a new one."""
+        """``logits`` itself when it is a sample already (labels must then be None), else a new one.
+
+        Parameters
+        ----------
+        logits : LogitSample, or array_like of shape (n_samples, n_classes)
+        labels : array_like of int, shape (n_samples,), optional
+            Only with raw logits.
+
+        Returns
+        -------
+        LogitSample
+
+        Raises
+        ------
+        ValueError
+            Labels passed with a sample, or logits or labels that fail validation.
+        """
         if isinstance(logits, cls):
             if labels is not None:
                 raise ValueError("labels come with the LogitSample; pass them when building it")
@@ -73,6 +89,19 @@ class LogitSample:
         (a test holds the two to the same verdicts) and took the margins while
         checking S > 0: a ``LogitsData`` that carries its margins is taken as it
         is, not checked again. One built by hand without margins is checked here.
+
+        Parameters
+        ----------
+        data : LogitsData
+
+        Returns
+        -------
+        LogitSample
+
+        Raises
+        ------
+        ValueError
+            Data without margins whose logits or labels fail validation.
         """
         if data.margins is None:
             return cls(data.logits, data.labels)
@@ -85,19 +114,38 @@ class LogitSample:
 
     @property
     def has_labels(self) -> bool:
+        """Whether labels were given."""
         return self.labels is not None
 
     def need_labels(self, what: str = "accuracy and the corridor") -> np.ndarray:
+        """The labels, or an error naming what needed them.
+
+        Parameters
+        ----------
+        what : str, default "accuracy and the corridor"
+            Named in the message.
+
+        Returns
+        -------
+        ndarray of int64, shape (n_samples,)
+
+        Raises
+        ------
+        ValueError
+            The sample has no labels.
+        """
         if self.labels is None:
             raise ValueError(f"labels are required for {what}; this sample has none")
         return self.labels
 
     @cached_property
     def margins(self) -> np.ndarray:
+        """Top-two margins z_(1) - z_(2), shape (n_samples,)."""
         return top_two_margins(self.logits, validated=True)
 
     @cached_property
     def pred(self) -> np.ndarray:
+        """The clean argmax per row (ties to the lowest index), shape (n_samples,)."""
         return np.argmax(self.logits, axis=1)
 
     @cached_property
@@ -107,6 +155,7 @@ class LogitSample:
 
     @cached_property
     def clean_accuracy(self) -> float:
+        """A0, the fraction of correct rows (raises ValueError without labels)."""
         return float(np.mean(self.correct))
 
     @cached_property
@@ -128,6 +177,7 @@ class LogitSample:
 
     @cached_property
     def wrong_rows(self) -> np.ndarray:
+        """Indices of the misclassified rows (raises ValueError without labels)."""
         return np.nonzero(~self.correct)[0]
 
     @cached_property

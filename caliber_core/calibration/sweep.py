@@ -1,33 +1,26 @@
 """Monte-Carlo noise sweep: accuracy and agreement under N(0, sigma^2) logit noise.
 
-One pass for every sigma at once. For one input and one draw xi ~ N(0, I_K),
-the noisy argmax is class c iff sigma * (xi_j - xi_c) < z_c - z_j = g_j for all
-j, so the set of sigma at which c wins is an interval (lo, hi):
+One pass for every sigma at once. For one input and one draw xi ~ N(0, I_K), the noisy argmax is
+class c iff sigma * (xi_j - xi_c) < z_c - z_j = g_j for all j, so the set of sigma at which c wins
+is an interval (lo, hi):
 
 * j with g_j > 0 and xi_j > xi_c bound sigma from above by g_j / (xi_j - xi_c);
 * j with g_j < 0 (c trails j) need xi_j < xi_c and bound sigma from below.
 
-Computing (lo, hi) per (input, draw) takes one pass over the K classes; then
-A(sigma) = mean 1[lo < sigma < hi] for any sigma, with common random numbers
-across the whole grid (a smooth, monotone-in-expectation curve). Agreement is
-the same with c = clean argmax (lo = 0).
+Computing (lo, hi) per (input, draw) takes one pass over the K classes; then A(sigma) = mean
+1[lo < sigma < hi] for any sigma, with common random numbers across the whole grid (a smooth,
+monotone-in-expectation curve). Agreement is the same with c = clean argmax (lo = 0).
 
-Draws for large K come from a pool of standard-normal rows
-(:class:`.draws.DrawSource`), each input's rows read at one random cyclic
-offset: every vector is still i.i.d. N(0, 1) (a permutation of i.i.d.
-normals), each input's draws use distinct pool rows, and generating normals
-is what dominates the cost otherwise. The pool is filled, and the inputs'
-chunks are run, on threads, with the same numbers for any number of them. Different inputs do share pool rows
-(up to ``POOL_MAX_REUSE`` times), and draws that share a row are correlated
-(a shifted vector has the same largest value, for one). The standard errors
-therefore treat each pool row as one independent block: given which rows and
-shifts were drawn, the estimate is a sum of independent per-pool-row terms,
-so its variance is the sum of their variances, estimated from each row's
-residuals about its inputs' own means (:func:`block_stderr`).
-tests/test_sweep.py checks the result against the straightforward argmax
-Monte Carlo (:mod:`caliber_core.simulation.reference`) within its standard
-error; tests/test_mc_stderr.py checks the standard error against the spread
-over seeds at 2,000 x 1,000.
+Draws for large K come from a pool of standard-normal rows (:class:`.draws.DrawSource`), each
+input's rows read at one random cyclic offset: each vector is still i.i.d. N(0, 1), each input uses
+distinct pool rows, and far fewer normals are generated (otherwise the dominant cost). The pool is
+filled and the inputs' chunks run on threads, with the same numbers for any thread count. Inputs do
+share pool rows (up to ``POOL_MAX_REUSE`` times), and draws sharing a row are correlated, so the
+standard errors treat each pool row as one independent block: given the rows and shifts drawn, the
+estimate is a sum of independent per-row terms, whose variances are estimated from each row's
+residuals about its inputs' own means (:func:`block_stderr`). tests/test_sweep.py checks the curves
+against a plain argmax Monte Carlo (:mod:`caliber_core.simulation.reference`),
+tests/test_mc_stderr.py the standard error against the spread over seeds.
 """
 
 from __future__ import annotations
@@ -76,14 +69,17 @@ class SurvivalIntervals:
 
     @property
     def n_samples(self) -> int:
+        """N, the inputs swept."""
         return self.agree_hi.shape[0]
 
     @property
     def realizations(self) -> int:
+        """R, the draws per input."""
         return self.agree_hi.shape[1]
 
     @property
     def has_labels(self) -> bool:
+        """Whether the accuracy intervals were computed (labels were given)."""
         return self.acc_hi is not None
 
     # Sorted endpoints, computed once: every curve evaluation is then a binary search.
@@ -144,13 +140,16 @@ def _positive(sigma) -> np.ndarray:
 def block_stderr(inside: np.ndarray, pool_rows: np.ndarray | None = None) -> float:
     """Noise-only standard error of the mean of an (N, R) indicator of antithetic draws.
 
-    Column r and column r + R/2 are the pair (xi, -xi), read from one vector.
-    Given which vectors were drawn, the mean is a sum of independent terms,
-    one per vector: one per pair with fresh draws (``pool_rows`` None), one per
-    pool row when pairs share rows (``pool_rows[i, r]`` names the row of pair
-    r of input i). Each term's variance is estimated by its squared residual
-    about the inputs' own means, times half / (half - 1) for the mean being
-    estimated from the same R/2 pairs.
+    Column r and column r + R/2 are the pair (xi, -xi), read from one vector. Given which vectors
+    were drawn, the mean is a sum of independent terms, one per vector: one per pair with fresh
+    draws (``pool_rows`` None), one per pool row when pairs share rows (``pool_rows[i, r]`` names
+    the row of pair r of input i). Each term's variance is estimated by its squared residual about
+    the inputs' own means, times half / (half - 1) for the mean being estimated from the same R/2
+    pairs.
+
+    Returns
+    -------
+    float
     """
     n, r = inside.shape
     half = r // 2
@@ -175,10 +174,7 @@ def block_stderr(inside: np.ndarray, pool_rows: np.ndarray | None = None) -> flo
 
 
 def _fraction_inside(lo_sorted, hi_sorted, sigma) -> np.ndarray:
-    """Fraction of intervals (lo, hi) containing each sigma, from sorted endpoints.
-
-    ``lo_sorted`` None means every interval starts at 0.
-    """
+    """Fraction of intervals (lo, hi) containing each sigma, from sorted endpoints (lo None: all 0)."""
     s = _positive(sigma)
     n = hi_sorted.size
     above_lo = n if lo_sorted is None else _count_below(lo_sorted, s)
@@ -228,14 +224,22 @@ def default_realizations(
 ) -> int:
     """Draws per input: enough for a noise standard error of ``target_stderr``, more when cheap.
 
-    The worst case per input is p(1-p) = 1/4, so R = 1 / (4 N se^2): a
-    2,000-row file needs 87 draws, a 50,000-row file 8 (a floor). Antithetic
-    pairs only lower the error further. When N x R x K stays
-    under ``CHEAP_ELEMENTS`` the draws are raised to that budget (at most 256),
-    so small files get a finer curve at no noticeable cost, as long as the
-    sweep's arrays (:data:`BYTES_PER_DRAW` per input and draw) stay within
-    ``max(DRAWS_MEMORY_FLOOR, DRAWS_BYTES_PER_ELEMENT x N x K)``: at K = 2
-    the extra draws would otherwise cost hundreds of bytes per logit.
+    The worst case per input is p(1-p) = 1/4, so R = 1 / (4 N se^2): a 2,000-row file needs 87
+    draws, a 50,000-row file 8 (a floor). Antithetic pairs only lower the error further. When N x R
+    x K stays under ``CHEAP_ELEMENTS`` the draws are raised to that budget (at most 256), so small
+    files get a finer curve at no noticeable cost, as long as the sweep's arrays
+    (:data:`BYTES_PER_DRAW` per input and draw) stay within ``max(DRAWS_MEMORY_FLOOR,
+    DRAWS_BYTES_PER_ELEMENT x N x K)``: at K = 2 the extra draws would otherwise cost hundreds of
+    bytes per logit.
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    ValueError
+        If ``n_samples < 1``.
     """
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
@@ -381,7 +385,17 @@ def sweep_from_intervals(
     clean_accuracy: float | None,
     v_grid=None,
 ) -> NoiseSweep:
-    """Evaluate the intervals on a v grid (default :func:`default_v_grid`)."""
+    """Evaluate the intervals on a v grid (default :func:`default_v_grid`); A~ is Eq. ``util-norm``.
+
+    Returns
+    -------
+    NoiseSweep
+
+    Raises
+    ------
+    ValueError
+        A non-positive scale, a negative v, or A0 not above chance.
+    """
     if v_grid is None:
         v_grid = default_v_grid(intervals, scale=scale, clean_accuracy=clean_accuracy)
     v = np.asarray(v_grid, dtype=np.float64)
@@ -410,9 +424,12 @@ def default_v_grid(
 ) -> np.ndarray:
     """A log-spaced v grid spanning the whole transition.
 
-    Starts where the curve is still at its head (A~ > 0.99, or v = 1e-3) and
-    extends until the normalized utility (agreement when there are no labels)
-    has fallen to ``floor`` of its range.
+    Starts where the curve is still at its head (A~ > 0.99, or v = 1e-3) and extends until the
+    normalized utility (agreement when there are no labels) has fallen to ``floor`` of its range.
+
+    Returns
+    -------
+    ndarray of shape (n_points,)
     """
     chance = chance_level(intervals.n_classes)
 
