@@ -171,7 +171,7 @@ def large_corridor(browser, app_url: str, path: Path, *, quiet: float, limit_s: 
 
 # The app's own run state, as the browser tests wait on it (never a timer).
 sys.path.insert(0, str(ROOT / "tests" / "browser"))
-from app_state import IDLE, file_input, settle_run  # noqa: E402
+from app_state import IDLE, file_input, settle_run, watch_socket  # noqa: E402
 
 
 def _timed(page, action, *, ready: str, timeout_s: float = 600.0) -> float:
@@ -199,6 +199,7 @@ def actions_at_scale(browser, app_url: str, folder: Path, *, n: int, k: int) -> 
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     context.set_default_timeout(600_000)
     page = context.new_page()
+    watch_socket(page)
     out = []
 
     def goto(title: str, ready: str | None = None) -> None:

@@ -12,10 +12,16 @@ final "notRunning" (seen on a cached page reached from the sidebar: the page
 was drawn, the attribute never moved). So an action given a ``ready``
 element that was not on the page before it also counts as done once that
 element is there and the app is idle: only the run the action started can
-have drawn it.
+have drawn it. Without such an element, a page registered with
+:func:`watch_socket` is waited on through the server's own messages: the
+action's run is over when the websocket brings its ``script_finished``
+(a run cut short for a rerun does not count). The attribute watch remains
+the fallback, and says what the app did when a wait fails.
 """
 
 from __future__ import annotations
+
+_SOCKETS: dict = {}  # page -> its app websocket (the last one opened)
 
 
 IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
@@ -85,11 +91,16 @@ def settle_run(page, action=None, *, ready: str | None = None, timeout: float = 
         page.evaluate(_WATCH_RUNS)
         # A ready element already on the page proves nothing about this action's run.
         drawn_by_run = ready if ready is not None and not _on_page(page, ready) else None
-        action()
+        socket = _SOCKETS.get(page)
         try:
             if drawn_by_run is not None:  # drawn only by the run the action started; idle below ends it
+                action()
                 page.wait_for_selector(drawn_by_run, timeout=timeout)
+            elif socket is not None and not socket.is_closed():
+                with socket.expect_event("framereceived", predicate=_run_finished, timeout=timeout):
+                    action()
             else:
+                action()
                 page.wait_for_function(_RUN_DONE, timeout=timeout)
         except Exception as exc:  # say what the app did instead
             states = page.evaluate("() => window.__caliberStates")
@@ -99,7 +110,27 @@ def settle_run(page, action=None, *, ready: str | None = None, timeout: float = 
                                  f"files in the uploaders: {files}; headings: {headings}; url: {page.url}") from exc
     if ready is not None:
         page.wait_for_selector(ready, timeout=timeout)
-        page.wait_for_selector(IDLE, timeout=timeout)
+    page.wait_for_selector(IDLE, timeout=timeout)
+
+
+def watch_socket(page) -> None:
+    """Keep the page's app websocket (call before the first ``goto``): :func:`settle_run` then waits on it."""
+    page.on("websocket", lambda ws: _SOCKETS.__setitem__(page, ws))
+
+
+def _run_finished(payload) -> bool:
+    """A ``script_finished`` message of a run that was not cut short for a rerun."""
+    if isinstance(payload, str):
+        return False
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+    msg = ForwardMsg()
+    try:
+        msg.ParseFromString(payload)
+    except Exception:  # not a ForwardMsg: not the end of a run
+        return False
+    return (msg.WhichOneof("type") == "script_finished"
+            and msg.script_finished != ForwardMsg.ScriptFinishedStatus.FINISHED_EARLY_FOR_RERUN)
 
 
 def sigma_readout(cal, sigma: float, kind: str = "retention") -> str:

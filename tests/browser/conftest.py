@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from app_state import IDLE  # noqa: F401, E402  (re-exported: benchmarks/bench_workspace.py imports it from here)
+from app_state import IDLE, watch_socket  # noqa: F401, E402  (re-exported: benchmarks/bench_workspace.py imports it from here)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("CALIBER_CHROMIUM", "/usr/bin/chromium")
@@ -165,5 +165,6 @@ def page(browser, server):
     context = browser.new_context(accept_downloads=True, viewport={"width": 1400, "height": 1000})
     context.set_default_timeout(60_000)
     pg = context.new_page()
+    watch_socket(pg)
     yield pg
     context.close()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from app_state import settle_run  # this folder is on sys.path (pytest's prepend import mode)
+from app_state import settle_run, watch_socket  # this folder is on sys.path (pytest's prepend import mode)
 
 pytestmark = pytest.mark.browser
 RESULTS = "text=Table 3 analogue"  # drawn once a run's results are on the page
@@ -65,6 +65,7 @@ def test_a_finished_run_survives_a_reload_and_a_server_restart(browser, restarta
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     context.set_default_timeout(60_000)
     page = context.new_page()
+    watch_socket(page)
     try:
         _open_extraction(page, restartable_server.url)
         _run_with_one_seed(page)

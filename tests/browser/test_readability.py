@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from app_state import settle_run  # this folder is on sys.path (pytest's prepend import mode)
+from app_state import settle_run, watch_socket  # this folder is on sys.path (pytest's prepend import mode)
 
 PAGES = ("Data", "Calibrate", "Fleet", "Attack cost", "Extraction", "Export", "Policy")
 SIZES = ((1400, 900), (1920, 1080))
@@ -75,6 +75,7 @@ def test_every_page_readable_and_unclipped(browser, fresh_server, size):
     context = browser.new_context(viewport={"width": size[0], "height": size[1]})
     context.set_default_timeout(300_000)
     page = context.new_page()
+    watch_socket(page)
     try:
         page.goto(fresh_server)
         settle_run(page, ready="h1:has-text('Data')", timeout=300_000)

@@ -16,7 +16,7 @@ from caliber_core.calibration.calibrate import sigma_for_target
 from caliber_core.loading import load_logits
 from caliber_dashboard.workspace import SQLiteStore
 
-from app_state import IDLE, settle_run, sigma_readout, upload  # this folder is on sys.path (pytest's prepend import mode)
+from app_state import IDLE, settle_run, sigma_readout, upload, watch_socket  # this folder is on sys.path (pytest's prepend import mode)
 
 ROOT = Path(__file__).resolve().parents[2]
 N_DEMO = len(list((ROOT / "data").glob("digits_*.npz")))
@@ -101,7 +101,9 @@ def context_factory(browser):
         ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
         ctx.set_default_timeout(60_000)
         contexts.append(ctx)
-        return ctx.new_page()
+        page = ctx.new_page()
+        watch_socket(page)
+        return page
 
     yield make
     for ctx in contexts:
