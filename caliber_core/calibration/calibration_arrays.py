@@ -53,7 +53,10 @@ _MAX_HEADER = 1 << 16  # bytes of header JSON
 
 
 class CalibrationArraysError(ValueError):
-    """Stored calibration bytes that cannot be read back (damaged, or written by other code)."""
+    """Stored calibration bytes that cannot be read back (damaged, or written by other code).
+
+    A ``ValueError`` subclass; its message names what is wrong, never the bytes.
+    """
 
 
 # ------------------------------------------------------------------------------ write
@@ -110,6 +113,19 @@ def calibration_to_bytes(cal: Calibration) -> bytes:
 
     Compressed at level 1: about half the bytes of a plain ``numpy.savez``
     (most ``acc_lo`` ends are 0) for ~0.3 s per 10 MB of arrays.
+
+    Parameters
+    ----------
+    cal : Calibration
+
+    Returns
+    -------
+    bytes
+
+    Raises
+    ------
+    ValueError
+        A scalar of the calibration that is infinite (NaN is stored as null).
     """
     header, arrays = calibration_to_arrays(cal)
     text = json.dumps(header, allow_nan=False, sort_keys=True, separators=(",", ":"))
@@ -230,7 +246,27 @@ def _expected_shapes(h: dict) -> dict[str, tuple]:
 
 def calibration_from_arrays(header: dict, arrays: dict[str, np.ndarray], *, logits,
                             labels=None) -> Calibration:
-    """Build the calibration from a checked header and arrays (see :func:`calibration_from_bytes`)."""
+    """Build the calibration from a checked header and arrays (see :func:`calibration_from_bytes`).
+
+    Parameters
+    ----------
+    header : dict
+        A header checked by :func:`calibration_from_bytes`.
+    arrays : dict of str to ndarray
+        Its arrays, checked against the header's shapes.
+    logits : LogitSample, or array_like of shape (n_samples, n_classes)
+    labels : array_like of int, optional
+        Only with raw logits.
+
+    Returns
+    -------
+    Calibration
+
+    Raises
+    ------
+    CalibrationArraysError
+        Logits of another shape, labels missing or refused, or invalid logits or labels.
+    """
     if isinstance(logits, LogitSample):
         sample = logits
         if labels is not None:

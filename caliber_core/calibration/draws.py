@@ -34,7 +34,19 @@ POOL_BLOCKS = 8
 
 
 def fill_normals(out: np.ndarray, rng: np.random.Generator, *, workers: int | None = None) -> None:
-    """Fill a 2-D float32 array with standard normals from ``POOL_BLOCKS`` children of ``rng``."""
+    """Fill a 2-D float32 array with standard normals from ``POOL_BLOCKS`` children of ``rng``.
+
+    The same numbers for any number of threads: block i always comes from child i.
+
+    Parameters
+    ----------
+    out : ndarray of float32, shape (rows, K)
+        Filled in place.
+    rng : numpy.random.Generator
+        Spawns the children (advancing its spawn counter).
+    workers : int, optional
+        Threads; default :func:`available_cores`.
+    """
     children = rng.spawn(POOL_BLOCKS)
     bounds = np.linspace(0, out.shape[0], POOL_BLOCKS + 1).astype(int)
 
@@ -74,6 +86,16 @@ class DrawSource:
     returned unshifted (a plain copy of whole rows), with the offsets: the
     caller rolls the input's logits by s_i instead, which pairs every class
     with the same normal and costs K numbers per input instead of r K.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+    n : int
+        Inputs to draw for.
+    k : int
+        Classes K; from ``POOL_MIN_CLASSES`` on, draws come from a pool.
+    r : int
+        Vectors per input.
     """
 
     def __init__(self, rng: np.random.Generator, n: int, k: int, r: int):
@@ -89,10 +111,22 @@ class DrawSource:
 
     @property
     def pooled(self) -> bool:
+        """Whether draws come from the shared pool (K >= ``POOL_MIN_CLASSES``)."""
         return self.pool is not None
 
     def take(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """Draws (rows, r, K) for inputs [start, stop) and each input's offset (None: fresh draws)."""
+        """Draws (rows, r, K) for inputs [start, stop) and each input's offset (None: fresh draws).
+
+        Parameters
+        ----------
+        start, stop : int
+            The input range; pooled rows used are recorded in ``pool_rows_used``.
+
+        Returns
+        -------
+        xi : ndarray of float32, shape (stop - start, r, K)
+        shifts : ndarray of int, shape (stop - start,), or None
+        """
         rows = stop - start
         if self.pool is None:
             return self.rng.standard_normal((rows, self.r, self.k), dtype=np.float32), None
@@ -114,7 +148,19 @@ def _next_prime(n: int) -> int:
 
 
 def roll_classes(z: np.ndarray, classes: np.ndarray, shifts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Logits and class indices with class j moved to column (j + s) mod K, per row."""
+    """Logits and class indices with class j moved to column (j + s) mod K, per row.
+
+    Parameters
+    ----------
+    z : ndarray of shape (rows, K)
+    classes : ndarray of int, shape (rows,)
+    shifts : ndarray of int, shape (rows,)
+
+    Returns
+    -------
+    z_rolled : ndarray of shape (rows, K)
+    classes_rolled : ndarray of int, shape (rows,)
+    """
     k = z.shape[1]
     cols = (np.arange(k)[None, :] - shifts[:, None]) % k
     return np.take_along_axis(z, cols, axis=1), (classes + shifts) % k
@@ -130,10 +176,22 @@ def survival_bounds(xi: np.ndarray, z: np.ndarray, ref: np.ndarray, *,
     hi = 1 / max_{g>0} w and lo = 1 / min_{g<0} w. The antithetic draw -xi
     flips w, so its interval comes from the same array (max <-> -min).
 
-    Returns (lo, hi) of shape (rows, 2 r): the r draws of ``xi``, then their
-    r antithetic twins. Empty intervals are (0, 0). With ``overwrite`` the
-    float32 ``xi`` is used as the work array (no 4 MB allocation per chunk)
-    and left holding w.
+    Parameters
+    ----------
+    xi : ndarray of float32, shape (rows, r, K)
+        Standard-normal draws.
+    z : ndarray of shape (rows, K)
+        Logits.
+    ref : ndarray of int, shape (rows,)
+        The reference class per row (clean argmax or label).
+    overwrite : bool, default False
+        Use the float32 ``xi`` as the work array (no 4 MB allocation per
+        chunk), leaving it holding w.
+
+    Returns
+    -------
+    lo, hi : ndarray of float64, shape (rows, 2 r)
+        The r draws of ``xi``, then their r antithetic twins; empty intervals are (0, 0).
     """
     rows = np.arange(z.shape[0])
     gaps = z[rows, ref][:, None] - z

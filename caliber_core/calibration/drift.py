@@ -84,12 +84,25 @@ class Finding:
     message: str
 
     def to_dict(self) -> dict:
+        """The fields as a plain dict (JSON-ready)."""
         return asdict(self)
 
 
 @dataclass(frozen=True)
 class DriftReport:
-    """All findings of one check, and the verdict."""
+    """All findings of one check, and the verdict.
+
+    Attributes
+    ----------
+    findings : tuple of Finding
+        One per compared quantity (S, A0, and each target's quantities).
+    n_samples, n_calibration : int
+        Rows of the new sample and of the calibration sample.
+    level : float
+        The confidence level of every range.
+    row_method : str
+        How the per-row values were computed ("exact" or "monte-carlo").
+    """
 
     findings: tuple[Finding, ...]
     n_samples: int
@@ -99,13 +112,23 @@ class DriftReport:
 
     @property
     def consistent(self) -> bool:
+        """True when every finding lies in its expected range."""
         return all(f.consistent for f in self.findings)
 
     @property
     def problems(self) -> list[Finding]:
+        """The findings outside their expected range."""
         return [f for f in self.findings if not f.consistent]
 
     def to_dict(self) -> dict:
+        """The report as a JSON-ready dict, tagged with ``REPORT_SCHEMA``.
+
+        Returns
+        -------
+        dict
+            ``schema``, ``consistent``, ``level``, ``comparisons``, ``n_samples``,
+            ``n_calibration``, ``rows`` and ``findings`` (each :meth:`Finding.to_dict`).
+        """
         return {"schema": REPORT_SCHEMA, "consistent": self.consistent, "level": self.level,
                 "comparisons": len(self.findings), "n_samples": self.n_samples,
                 "n_calibration": self.n_calibration, "rows": self.row_method,
@@ -115,8 +138,25 @@ class DriftReport:
 def target_reference(rows: CurveEngine, sigma: float) -> dict:
     """What a sigma delivers on the calibration sample, with the spreads :func:`check_drift` needs.
 
-    Returns ``{"accuracy": q, "retention": q, "agreement": q, "row_sd": {...same keys...}}``,
-    accuracy and retention None without labels. Stored per target in a config.
+    Stored per target in a config.
+
+    Parameters
+    ----------
+    rows : CurveEngine
+        The calibration sample's per-row source.
+    sigma : float
+        The target's sigma (>= 0).
+
+    Returns
+    -------
+    dict
+        ``{"accuracy": q, "retention": q, "agreement": q, "row_sd": {...same keys...}}``;
+        accuracy and retention None without labels.
+
+    Raises
+    ------
+    ValueError
+        An invalid sigma.
     """
     rv = rows.at(float(sigma))
     est = sample_estimates(rv)

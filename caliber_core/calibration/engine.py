@@ -180,8 +180,8 @@ class CurveEngine:
     """Per-row survival and the curves that are its means, for one sample.
 
     Methods taking ``sigma`` accept a float or a 1-D array of floats >= 0 and
-    raise ValueError otherwise; the accuracy, corridor and floor methods raise
-    ValueError when the sample has no labels.
+    raise ValueError otherwise; ``accuracy``, ``corridor``, ``corridor_width`` and ``floor``
+    raise ValueError when the sample has no labels.
 
     Parameters
     ----------

@@ -130,7 +130,18 @@ SUBSET_ROWS = 400
 
 
 def subset(reduced: ReducedRows, rows: int = SUBSET_ROWS) -> ReducedRows:
-    """Evenly spaced rows of a reduction (a first bracket for sigma, and the display fit)."""
+    """Evenly spaced rows of a reduction (a first bracket for sigma, and the display fit).
+
+    Parameters
+    ----------
+    reduced : ReducedRows
+    rows : int, default ``SUBSET_ROWS``
+        Rows kept; a reduction with no more rows is returned as is.
+
+    Returns
+    -------
+    ReducedRows
+    """
     if reduced.n_rows <= rows:
         return reduced
     pick = np.linspace(0, reduced.n_rows - 1, rows).round().astype(np.int64)
@@ -138,7 +149,27 @@ def subset(reduced: ReducedRows, rows: int = SUBSET_ROWS) -> ReducedRows:
 
 
 def mean_bounds(reduced: ReducedRows, sigma: float) -> tuple[float, float]:
-    """Lower and upper bound of the mean agreement at sigma."""
+    """Lower and upper bound of the mean agreement at sigma.
+
+    Parameters
+    ----------
+    reduced : ReducedRows
+    sigma : float
+        >= 0.
+
+    Returns
+    -------
+    lower, upper : float
+
+    Raises
+    ------
+    ValueError
+        An invalid sigma.
+
+    Notes
+    -----
+    Means of the per-row bounds on Eq. ``top1-exact`` (:func:`agreement_bounds`).
+    """
     lo, hi = agreement_bounds(reduced, sigma)
     return float(lo.mean()), float(hi.mean())
 
@@ -148,7 +179,27 @@ def _side_value(lo: float, hi: float, side: str) -> float:
 
 
 def guess_sigma(grid, lower, upper, target: float, *, side: str = "point") -> float | None:
-    """sigma where a curve measured on a grid crosses ``target`` (log-linear), or None outside it."""
+    """sigma where a curve measured on a grid crosses ``target`` (log-linear), or None outside it.
+
+    Parameters
+    ----------
+    grid : ndarray of float > 0, increasing
+    lower, upper : sequence of float
+        The curve's bounds at each grid point.
+    target : float
+    side : {"point", "at-least", "at-most"}, default "point"
+        Which curve: the bounds' midpoint, the lower bound or the upper bound.
+
+    Returns
+    -------
+    float or None
+        None when the curve is already below ``target`` at the first point or never falls below it.
+
+    Raises
+    ------
+    KeyError
+        An unknown ``side``.
+    """
     values = np.array([_side_value(a, b, side) for a, b in zip(lower, upper)])
     below = np.flatnonzero(values < target)
     if below.size == 0 or below[0] == 0:
@@ -165,10 +216,30 @@ def sigma_for_agreement(reduced: ReducedRows, target: float, *, side: str = "poi
     ``guess`` (from :func:`guess_sigma` on evenly spaced rows) starts a 3% bracket,
     so the full rows are evaluated a few times only.
 
+    Parameters
+    ----------
+    reduced : ReducedRows
+    target : float
+        In (0, 1).
+    side : {"point", "at-least", "at-most"}, default "point"
+        The bounds' midpoint, or the bound that keeps the target.
+    rel_tol : float, default 1e-6
+        Brent's relative tolerance, and the step by which the root is moved to the side.
+    guess : float, optional
+        Without it, a large reduction is first solved on :func:`subset` rows.
+
+    Returns
+    -------
+    float
+
     Raises
     ------
     ValueError
         A target outside (0, 1), or one above the agreement at sigma -> 0 (ties at the top).
+
+    Notes
+    -----
+    Eq. ``top1-exact`` inverted through its per-row bounds.
     """
     from scipy.optimize import brentq
 
@@ -221,10 +292,30 @@ def config_for_full_vocab(
 ) -> tuple[list[TargetRecord], dict]:
     """Agreement targets on a streamed full vocabulary, as a caliber.config/v2 dict.
 
+    Parameters
+    ----------
+    reduced : ReducedRows
+        The whole file, reduced.
+    targets : sequence of (kind, value)
+        Agreement targets only.
+    name : str
+        The model's name in the config.
+    side : {"point", "at-least", "at-most"}, default "point"
+    sha256, source : str, optional
+        The file's digest and path, recorded in the config.
+
+    Returns
+    -------
+    records : list of TargetRecord
+        One per target, with its bounds as ``interval``.
+    config : dict
+        The config; its logistic fit (Eq. ``logistic-decay``) is for display only.
+
     Raises
     ------
     ValueError
-        A non-agreement target (a dump holds no labels), an unknown side, an unreachable target.
+        A non-agreement target (a dump holds no labels), an unknown side, an unreachable target,
+        or a margin scale that is not positive.
     """
     if side not in SIDES:
         raise ValueError(f"side must be one of {SIDES}, got {side!r}")
@@ -282,6 +373,22 @@ def config_for_vocab_file(path, targets: Sequence[tuple[str, float]], *, side: s
                           max_elements: int = DEFAULT_MAX_ELEMENTS,
                           progress: Callable[[float], None] | None = None) -> tuple[list[TargetRecord], dict]:
     """Stream a full-vocabulary file and calibrate its agreement targets (the CLI's path for V >= 8,192).
+
+    Parameters
+    ----------
+    path : str or path-like
+    targets : sequence of (kind, value)
+        Agreement targets only.
+    side : {"point", "at-least", "at-most"}, default "point"
+    max_elements : int, default ``DEFAULT_MAX_ELEMENTS``
+        The most numbers the reduction may hold.
+    progress : callable, optional
+        Called with the fraction read in [0, 1].
+
+    Returns
+    -------
+    records : list of TargetRecord
+    config : dict
 
     Raises
     ------

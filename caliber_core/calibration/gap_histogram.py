@@ -77,6 +77,7 @@ class ReducedRows:
 
     @property
     def n_rows(self) -> int:
+        """Rows (inputs) held."""
         return int(self.top_gaps.shape[0])
 
     @property

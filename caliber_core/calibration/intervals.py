@@ -1,52 +1,38 @@
 """What a sigma delivers on the population: intervals, one-sided bounds, sample-size advice.
 
-A calibration file is a sample of rows from the traffic a model serves. The
-accuracy, retention and agreement it reports at a sigma are sample means, and
-the population values they estimate (population: every input drawn from the
-distribution the file samples) differ from them by sampling error. The rows'
-survival probabilities a_i, g_i and correctness c_i come from
-:mod:`.engine` (exact quadrature, or the sweep's Monte-Carlo draws,
-whose noise the row bootstrap then carries: each resampled row brings its own
-Monte-Carlo error with it). Population accuracy is A = E[a], agreement
+A calibration file is a sample of rows from the traffic a model serves. The accuracy, retention and
+agreement it reports at a sigma are sample means, and the population values they estimate
+(population: every input drawn from the distribution the file samples) differ from them by sampling
+error. The rows' survival probabilities a_i, g_i and correctness c_i come from :mod:`.engine` (exact
+quadrature, or the sweep's Monte-Carlo draws, whose noise the row bootstrap then carries: each
+resampled row brings its own Monte-Carlo error with it). Population accuracy is A = E[a], agreement
 G = E[g], retention R = E[a] / E[c].
 
 Method
 ------
-Percentile bootstrap over rows. ``resamples`` multinomial count vectors ``w_b``
-(each summing to N) are fixed once by ``seed``. A replicate is
-``A*_b = w_b . a / N``, ``A0*_b = w_b . c / N``, ``R*_b = A*_b / A0*_b`` and
-``G*_b = w_b . g / N``, so A0, the denominator of retention, is resampled with
-its numerator. Above ``MAX_UNITS`` rows the resampled units are random groups
-of rows (see ``MAX_UNITS``), so the cost of a sigma no longer grows with
-B x N. The same weights serve every sigma (common random numbers), so
-bands and one-sided bounds are smooth in sigma. Two-sided intervals are the
-``(1 - level) / 2`` and ``(1 + level) / 2`` percentiles; the one-sided bounds
-used by ``side="at-least"`` / ``"at-most"`` are the ``1 - level`` and ``level``
-percentiles. :meth:`BootstrapIntervals.delta_at` gives the delta-method
-(normal) interval from the same rows for comparison.
+Percentile bootstrap over rows. ``resamples`` multinomial count vectors ``w_b`` (each summing to N)
+are fixed once by ``seed``. A replicate is ``A*_b = w_b . a / N``, ``A0*_b = w_b . c / N``, ``R*_b =
+A*_b / A0*_b`` and ``G*_b = w_b . g / N``, so A0, the denominator of retention, is resampled with
+its numerator. Above ``MAX_UNITS`` rows the resampled units are random groups of rows (see
+``MAX_UNITS``), so the cost of a sigma no longer grows with B x N. The same weights serve every
+sigma (common random numbers), so bands and one-sided bounds are smooth in sigma. Two-sided
+intervals are the ``(1 - level) / 2`` and ``(1 + level) / 2`` percentiles; the one-sided bounds used
+by ``side="at-least"`` / ``"at-most"`` are the ``1 - level`` and ``level`` percentiles.
+:meth:`BootstrapIntervals.delta_at` gives the delta-method (normal) interval from the same rows for
+comparison.
 
 API (build once per model; everything after is cheap)
 -----------------------------------------------------
-``target_intervals.interval_estimator(cal, *, confidence=0.95, resamples=2000, seed=0)``
-    the estimator of a :class:`.Calibration`, with the rows its sigma* was
-    solved on (exact or Monte-Carlo); build it once per (model, level) and keep it.
-``CurveEngine(sample, *, method="auto"|"exact"|"monte-carlo", draws=None)`` (:mod:`.engine`)
-    per-row a, g at any sigma: ``.at(sigma) -> RowValues``.
-``BootstrapIntervals(rows, *, confidence=0.95, resamples=2000, seed=0)``
-    ``.at(sigma) -> IntervalSet`` (one sigma, cached per sigma; measured here
-    ~10 ms at 500 exact rows, ~100 ms at 4,000 (the quadrature), ~25 ms at
-    50,000 Monte-Carlo rows);
-    ``.bands(sigma_grid) -> IntervalBands`` (one pass for a whole grid: arrays
-    ``bands[q]["estimate" | "low" | "high" | "lower" | "upper"]`` for plots, and
-    ``IntervalBands.at(sigma)`` interpolates them in ~0.1 ms);
-    ``.bound(sigma, kind=, side=)``; ``.sigma_for_bound(target, kind=, side=, guess=)``;
-    ``.delta_at(sigma)``; ``.row_spread(sigma)``.
-``IntervalSet``: ``.accuracy`` / ``.retention`` / ``.agreement`` are
-    ``Interval(estimate, low, high)`` with ``.half_width`` (None without labels);
-    ``.to_config()`` is a config target's ``interval`` record.
-``half_width_rows(half_width, n_samples, goal)`` and ``sample_size_advice(half_width, n_samples)``
-    the 1/sqrt(N) law: rows needed for a goal half-width, and the one-line advice.
-``WIDE_HALF_WIDTH``: the half-width (2 points) past which users are warned.
+``target_intervals.interval_estimator(cal, *, confidence=0.95, resamples=2000, seed=0)`` builds the
+estimator of a :class:`.Calibration` on the rows its sigma* was solved on (a
+:class:`.engine.CurveEngine`, exact or Monte-Carlo); build it once per (model, level) and keep it.
+:meth:`BootstrapIntervals.at` gives one sigma's :class:`IntervalSet` (cached per sigma; measured
+here ~10 ms at 500 exact rows, ~100 ms at 4,000 (the quadrature), ~25 ms at 50,000 Monte-Carlo
+rows), :meth:`BootstrapIntervals.bands` a whole grid in one pass (:meth:`IntervalBands.at`
+interpolates it in ~0.1 ms); ``bound``, ``sigma_for_bound``, ``delta_at`` and ``row_spread`` read
+the same weights. ``IntervalSet.to_config()`` is a config target's ``interval`` record.
+:func:`half_width_rows` and :func:`sample_size_advice` apply the 1/sqrt(N) law; past
+``WIDE_HALF_WIDTH`` (2 points) users are warned.
 """
 
 from __future__ import annotations
@@ -77,7 +63,12 @@ _CACHE_SIZE = 256
 
 @dataclass(frozen=True)
 class Interval:
-    """A sample estimate and its interval for the population value."""
+    """A sample estimate and its interval for the population value.
+
+    Attributes
+    ----------
+    estimate, low, high : float
+    """
 
     estimate: float
     low: float
@@ -85,9 +76,11 @@ class Interval:
 
     @property
     def half_width(self) -> float:
+        """Half the interval's width."""
         return 0.5 * (self.high - self.low)
 
     def as_list(self) -> list[float]:
+        """[low, high], as a config stores it."""
         return [self.low, self.high]
 
 
@@ -95,7 +88,14 @@ class Interval:
 class IntervalSet:
     """Intervals for accuracy, retention and agreement at one sigma.
 
-    ``accuracy`` and ``retention`` are None without labels.
+    Attributes
+    ----------
+    sigma, level : float
+    method : str
+    n_samples : int
+    accuracy, retention : Interval or None
+        None without labels.
+    agreement : Interval
     """
 
     sigma: float
@@ -107,6 +107,7 @@ class IntervalSet:
     agreement: Interval
 
     def get(self, kind: str) -> Interval | None:
+        """The interval of ``kind`` (None without labels); ValueError for an unknown kind."""
         if kind not in QUANTITIES:
             raise ValueError(f"kind must be one of {QUANTITIES}, got {kind!r}")
         return getattr(self, kind)
@@ -124,10 +125,12 @@ class IntervalSet:
 class IntervalBands:
     """Estimates, two-sided intervals and one-sided bounds over a sigma grid.
 
-    For each quantity q in ("accuracy", "retention", "agreement"):
-    ``bands[q]`` is a dict of arrays over ``sigma``: "estimate", "low", "high"
-    (two-sided at ``level``), "lower", "upper" (one-sided at ``level``), or
-    None without labels (accuracy, retention).
+    Attributes
+    ----------
+    bands : dict
+        For each quantity q in ("accuracy", "retention", "agreement"), a dict of arrays over
+        ``sigma``: "estimate", "low", "high" (two-sided at ``level``), "lower", "upper" (one-sided
+        at ``level``); None without labels (accuracy, retention).
     """
 
     sigma: np.ndarray
@@ -137,7 +140,17 @@ class IntervalBands:
     bands: dict
 
     def at(self, sigma: float) -> IntervalSet:
-        """Interpolated intervals at a sigma inside the grid (linear in sigma)."""
+        """Interpolated intervals at a sigma inside the grid (linear in sigma).
+
+        Returns
+        -------
+        IntervalSet
+
+        Raises
+        ------
+        ValueError
+            An invalid sigma, or one outside the grid.
+        """
         s = float(as_sigmas(sigma)[0])
         if not self.sigma[0] <= s <= self.sigma[-1]:
             raise ValueError(f"sigma {s:g} is outside the band grid [{self.sigma[0]:g}, {self.sigma[-1]:g}]")
@@ -190,6 +203,7 @@ class BootstrapIntervals:
 
     @property
     def method(self) -> str:
+        """The interval method in words: bootstrap unit, resamples and per-row source."""
         rows = "exact" if self.rows.method == "exact" else "Monte-Carlo"
         unit = "row" if self._order is None else f"row-group ({self._starts.size} random groups)"
         return f"percentile {unit} bootstrap, {self.resamples} resamples, {rows} per-row survival"
@@ -231,7 +245,12 @@ class BootstrapIntervals:
         return out, rv
 
     def bands(self, sigma) -> IntervalBands:
-        """Estimates, intervals and one-sided bounds over a sigma grid (one pass over the weights)."""
+        """Estimates, intervals and one-sided bounds over a sigma grid (one pass over the weights).
+
+        Returns
+        -------
+        IntervalBands
+        """
         rep, rv = self._replicates(sigma)
         est = sample_estimates(rv)
         alpha = 1.0 - self.confidence
@@ -248,7 +267,12 @@ class BootstrapIntervals:
         return IntervalBands(rv.sigma, self.confidence, self.method, self.rows.n_samples, bands)
 
     def at(self, sigma: float) -> IntervalSet:
-        """Intervals at one sigma (cached)."""
+        """Intervals at one sigma (cached).
+
+        Returns
+        -------
+        IntervalSet
+        """
         s = float(as_sigmas(sigma)[0])
         hit = self._cache.get(s)
         if hit is None:
@@ -261,7 +285,21 @@ class BootstrapIntervals:
     def bound(self, sigma, *, kind: str, side: str) -> np.ndarray:
         """One-sided bound of ``kind`` at each sigma: "at-least" the lower, "at-most" the upper.
 
-        ``side="point"`` gives the sample estimate.
+        Parameters
+        ----------
+        sigma : float or 1-D array_like of float >= 0
+        kind : {"accuracy", "retention", "agreement"}
+        side : {"at-least", "at-most", "point"}
+            "point" gives the sample estimate.
+
+        Returns
+        -------
+        ndarray of shape (n_sigma,)
+
+        Raises
+        ------
+        ValueError
+            Unknown ``kind`` or ``side``, or an accuracy or retention bound without labels.
         """
         if kind not in QUANTITIES:
             raise ValueError(f"kind must be one of {QUANTITIES}, got {kind!r}")
@@ -279,17 +317,29 @@ class BootstrapIntervals:
                         rtol: float = 1e-4) -> float:
         """sigma at which the one-sided bound equals ``target``, on the side that keeps it.
 
-        "at-least": a sigma whose lower bound is >= target, so the population
-        value is >= target with probability ``confidence``; "at-most": a sigma
-        whose upper bound is <= target. Solved by :mod:`.inversion` (secant
-        steps from ``guess``, e.g. the point sigma*, then settled on the side
+        "at-least": a sigma whose lower bound is >= target, so the population value is >= target with
+        probability ``confidence``; "at-most": a sigma whose upper bound is <= target. Solved by
+        :mod:`.inversion` (secant steps from ``guess``, e.g. the point sigma*, then settled on the side
         known to satisfy the target, within ``rtol`` of the crossing).
+
+        Parameters
+        ----------
+        target : float
+        kind : {"accuracy", "retention", "agreement"}
+        side : {"at-least", "at-most"}
+        guess : float
+            A positive starting sigma.
+        rtol : float, default 1e-4
+
+        Returns
+        -------
+        float
 
         Raises
         ------
         ValueError
-            The bound cannot reach the target (e.g. at-least a target above
-            the lower bound of the clean accuracy).
+            ``side`` "point" or unknown, a non-positive guess, labels missing, or a bound that cannot
+            reach the target (e.g. at-least a target above the lower bound of the clean accuracy).
         """
         if check_side(side) == "point":
             raise ValueError(f"side must be 'at-least' or 'at-most', got {side!r}")
@@ -311,7 +361,12 @@ class BootstrapIntervals:
             ) from None
 
     def delta_at(self, sigma: float) -> IntervalSet:
-        """Delta-method (normal) intervals at one sigma, from the same rows."""
+        """Delta-method (normal) intervals at one sigma, from the same rows.
+
+        Returns
+        -------
+        IntervalSet
+        """
         s = float(as_sigmas(sigma)[0])
         rv = self.rows.at(s)
         est = {k: (None if v is None else float(v[0])) for k, v in sample_estimates(rv).items()}
@@ -326,12 +381,28 @@ class BootstrapIntervals:
         return IntervalSet(s, self.confidence, "delta method (normal)", n, **parts)
 
     def row_spread(self, sigma: float) -> dict:
-        """Per-row standard deviations at one sigma; see :func:`row_spread`."""
+        """Per-row standard deviations at one sigma; see :func:`row_spread`.
+
+        Returns
+        -------
+        dict
+        """
         return row_spread(self.rows.at(float(as_sigmas(sigma)[0])))[0]
 
 
 def half_width_rows(half_width: float, n_samples: int, goal: float) -> int:
-    """Rows needed for a half-width ``goal``, from a half-width at ``n_samples`` (width ~ 1/sqrt(N))."""
+    """Rows needed for a half-width ``goal``, from a half-width at ``n_samples`` (width ~ 1/sqrt(N)).
+
+    Returns
+    -------
+    int
+        At least 1.
+
+    Raises
+    ------
+    ValueError
+        Unless half_width >= 0, goal > 0 and n_samples >= 1.
+    """
     if not (half_width >= 0 and goal > 0 and n_samples >= 1):
         raise ValueError(f"need half_width >= 0, goal > 0 and n_samples >= 1, got "
                          f"{half_width}, {goal}, {n_samples}")
@@ -350,9 +421,18 @@ def _points(x: float) -> str:
 def sample_size_advice(half_width: float, n_samples: int, *, goals=None) -> str:
     """One line: the half-width at N and the rows needed for smaller ones.
 
-    ``goals`` are half-widths as fractions; default: 2 points when wider than
-    that, and 1 point (or half the current width when already under 1 point).
-    Example: "±2.9% at N=500; about 1,100 rows for ±2.0%, about 4,200 rows for ±1.0%".
+    ``goals`` are half-widths as fractions; default: 2 points when wider than that, and 1 point (or
+    half the current width when already under 1 point). Example: "±2.9% at N=500; about 1,100 rows
+    for ±2.0%, about 4,200 rows for ±1.0%".
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    ValueError
+        ``n_samples`` < 1 while ``half_width`` > 0 (:func:`half_width_rows`).
     """
     if goals is None:
         goals = [g for g in (WIDE_HALF_WIDTH,) if half_width > g]

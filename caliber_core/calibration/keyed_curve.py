@@ -94,6 +94,17 @@ def crossing(knots: np.ndarray, values: np.ndarray, target: float) -> float | No
 
     The middle, not the knot: at a knot one row is exactly tied, and the
     rounding of sigma in serving would decide it.
+
+    Parameters
+    ----------
+    knots, values : ndarray
+        A step curve from :func:`step_curve`.
+    target : float
+
+    Returns
+    -------
+    float or None
+        Just past the last knot when the crossing is on the final step.
     """
     below = np.nonzero(values <= target)[0]
     if below.size == 0:
@@ -188,7 +199,28 @@ def solve_keyed(logits, labels, noise, *, target: float, base=None, previous_sig
 
 
 def keyed_accuracy(logits, labels, noise, step: float, *, base=None) -> float:
-    """Accuracy of argmax(z + base + step * noise) on these rows (one key, exact)."""
+    """Accuracy of argmax(z + base + step * noise) on these rows (one key, exact).
+
+    Parameters
+    ----------
+    logits : array_like of shape (n_samples, n_classes)
+    labels : array_like of int, shape (n_samples,)
+    noise : array_like of shape (n_samples, n_classes)
+        The key's unit noise.
+    step : float
+        The noise scale applied to ``noise``.
+    base : array_like, optional
+        Noise already served below this level, added as is.
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    ValueError
+        Invalid logits, or arrays that do not broadcast together.
+    """
     z = as_logits(logits) + (0.0 if base is None else np.asarray(base, dtype=np.float64))
     pred = np.argmax(z + step * np.asarray(noise, dtype=np.float64), axis=1)
     return float(np.mean(pred == np.asarray(labels)))

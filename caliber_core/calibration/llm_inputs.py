@@ -25,7 +25,19 @@ from ..loading.safety import DEFAULT_MAX_ELEMENTS, describe_exception, display_n
 
 @dataclass(frozen=True)
 class LLMResult:
-    """A calibrated LLM input: which kind it was, its targets and config, and the loader's warnings."""
+    """A calibrated LLM input: which kind it was, its targets and config, and the loader's warnings.
+
+    Attributes
+    ----------
+    kind : str
+        The file's kind, as :func:`caliber_core.loading.json_lines.kind_of` names it.
+    records : list of TargetRecord
+        One per target.
+    config : dict
+        The config to save.
+    warnings : tuple of str
+        What the reader noticed and accepted.
+    """
 
     kind: str
     records: list
@@ -35,6 +47,16 @@ class LLMResult:
 
 def read_llm_file(path, *, max_elements: int | None = None) -> bytes:
     """The bytes of a ``.jsonl``/``.json`` file, after its size is checked against the element budget.
+
+    Parameters
+    ----------
+    path : str or path-like
+    max_elements : int, optional
+        The element budget the size limit derives from; default ``DEFAULT_MAX_ELEMENTS``.
+
+    Returns
+    -------
+    bytes
 
     Raises
     ------
@@ -124,6 +146,20 @@ def config_for_llm_file(
 
 def samples_data(content: bytes, filename: str, *, multi_token: bool = False) -> LogitsData:
     """An lm-eval samples file as validated :class:`LogitsData` (the loader's checks, ``multi_token`` allowed).
+
+    Parameters
+    ----------
+    content : bytes
+        The file's bytes.
+    filename : str
+        Its name, for messages and the ``source`` field.
+    multi_token : bool, default False
+        Accept choices longer than one token (with a warning).
+
+    Returns
+    -------
+    LogitsData
+        With its digest and margins.
 
     Raises
     ------

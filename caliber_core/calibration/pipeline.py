@@ -184,11 +184,17 @@ def config_for(
     ----------
     data : LogitsData
     targets : sequence of (kind, value), default ``DEFAULT_TARGETS``
-    statistic, seed, realizations, progress
-        As :func:`calibrate_data`.
-    inversion, saturate, side, confidence
-        As :func:`config_from_calibration`; ``side`` and ``confidence`` are
-        checked before the sweep.
+    statistic : {"median", "mean", "trimmed"}, default "median"
+    seed : int, default 0
+    realizations : int, optional
+        These three and ``progress`` as :func:`calibrate_data`.
+    inversion : {"curve", "logistic"}, default "curve"
+    saturate : bool, default False
+    side : {"point", "at-least", "at-most"}, default "point"
+    confidence : float, default 0.95
+        These four as :func:`config_from_calibration`; ``side`` and
+        ``confidence`` are checked before the sweep.
+    progress : callable, optional
 
     Returns
     -------

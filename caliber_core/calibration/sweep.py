@@ -96,7 +96,7 @@ class SurvivalIntervals:
         return _fraction_inside(None, self._agree_sorted, sigma)
 
     def accuracy(self, sigma) -> np.ndarray:
-        """Monte-Carlo accuracy at each sigma."""
+        """Monte-Carlo accuracy at each sigma (ValueError when the sweep had no labels)."""
         if not self.has_labels:
             raise ValueError("accuracy needs labels; the sweep was run without them")
         return _fraction_inside(*self._acc_sorted, sigma)
@@ -108,7 +108,7 @@ class SurvivalIntervals:
         return self.accuracy if quantity == "accuracy" else self.agreement
 
     def accuracy_stderr(self, sigma) -> np.ndarray:
-        """Standard error of :meth:`accuracy` from the noise alone (inputs fixed)."""
+        """Standard error of :meth:`accuracy` from the noise alone (inputs fixed); ValueError without labels."""
         if not self.has_labels:
             raise ValueError("accuracy needs labels; the sweep was run without them")
         return np.array([block_stderr((self.acc_lo < s) & (s < self.acc_hi), self.pool_rows)

@@ -67,12 +67,29 @@ def side_sigma(cal: Calibration, record: TargetRecord, estimator: BootstrapInter
                side: str, saturate: bool = False) -> tuple[float, bool]:
     """(sigma, saturated) for a target on one side of its confidence interval.
 
+    Parameters
+    ----------
+    cal : Calibration
+    record : TargetRecord
+        The point target, from :func:`.calibrate.sigma_for_target`.
+    estimator : BootstrapIntervals
+        The calibration's interval estimator at the wanted level.
+    side : {"point", "at-least", "at-most"}
+        "point" returns the record's own sigma.
+    saturate : bool, default False
+        An at-most bound that never falls to the target serves the sweep's largest sigma.
+
+    Returns
+    -------
+    sigma : float
+    saturated : bool
+
     Raises
     ------
     ValueError
-        The bound never reaches the target (at-least: not even the clean
-        model's lower bound; at-most: not even the largest sigma) and
-        ``saturate`` does not apply.
+        An unknown side, or a bound that never reaches the target (at-least: not
+        even the clean model's lower bound; at-most: not even the largest sigma)
+        where ``saturate`` does not apply.
     """
     check_side(side)
     if side == "point":
@@ -101,6 +118,25 @@ def with_interval(cal: Calibration, record: TargetRecord, estimator: BootstrapIn
     """The record served on ``side``, with its ``interval`` and drift ``reference`` filled in.
 
     ``side="point"`` keeps sigma*, v and every other field unchanged.
+
+    Parameters
+    ----------
+    cal : Calibration
+    record : TargetRecord
+    estimator : BootstrapIntervals
+    side : {"point", "at-least", "at-most"}, default "point"
+    saturate : bool, default False
+        As :func:`side_sigma`.
+
+    Returns
+    -------
+    TargetRecord
+        A new record (the input is frozen).
+
+    Raises
+    ------
+    ValueError
+        As :func:`side_sigma`.
     """
     sigma, saturated = side_sigma(cal, record, estimator, side=side, saturate=saturate)
     fields = {}
@@ -148,7 +184,22 @@ def interval_notes(config: Mapping) -> tuple[str | None, str | None]:
 
 
 def describe_interval(target: Mapping) -> str:
-    """'retention 80.0% (95%: 77.6-82.5%)' for a config target's own quantity ('' when unknown)."""
+    """'retention 80.0% (95%: 77.6-82.5%)' for a config target's own quantity ('' when unknown).
+
+    Parameters
+    ----------
+    target : mapping
+        One entry of a config's ``targets``.
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    KeyError
+        A target without ``kind``, or an interval without ``level``.
+    """
     kind = target["kind"]
     iv = target.get("interval") or {}
     ref = target.get("reference") or {}

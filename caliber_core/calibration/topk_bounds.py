@@ -106,6 +106,7 @@ class TopKRows:
 
     @property
     def n_rows(self) -> int:
+        """Rows (inputs) held."""
         return int(self.gaps.shape[0])
 
     @property
@@ -269,7 +270,30 @@ def mean_agreement_bounds(rows: TopKRows, sigma) -> tuple[np.ndarray, np.ndarray
 
 
 def bound_value(rows: TopKRows, sigma: float, *, side: str) -> float:
-    """The mean bound a side inverts: lower (at-least), upper (at-most), their midpoint (point)."""
+    """The mean bound a side inverts: lower (at-least), upper (at-most), their midpoint (point).
+
+    Parameters
+    ----------
+    rows : TopKRows
+    sigma : float
+        >= 0.
+    side : {"at-least", "at-most", "point"}
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    KeyError
+        An unknown ``side``.
+    ValueError
+        An invalid sigma.
+
+    Notes
+    -----
+    Bounds on the mean of Eq. ``top1-exact`` with the unseen classes bounded.
+    """
     lo, hi = mean_agreement_bounds(rows, sigma)
     which = SIDE_BOUND[side]
     return float(lo[0] if which == "lower" else hi[0] if which == "upper" else 0.5 * (lo[0] + hi[0]))

@@ -65,37 +65,96 @@ class TwoClassCurves:
 
     @property
     def n_samples(self) -> int:
+        """N, the sample's row count."""
         return self.sample.n_samples
 
     @property
     def n_classes(self) -> int:
+        """K, always 2 here."""
         return 2
 
     @property
     def has_labels(self) -> bool:
+        """Whether the sample carries labels."""
         return self.sample.has_labels
 
     def agreement(self, sigma) -> np.ndarray:
-        """Mean P(noisy argmax = clean argmax) at each sigma, exact (1 at sigma = 0)."""
+        """Mean P(noisy argmax = clean argmax) at each sigma, exact (1 at sigma = 0).
+
+        Parameters
+        ----------
+        sigma : float or 1-D array_like of float >= 0
+
+        Returns
+        -------
+        ndarray of shape (n_sigma,)
+
+        Raises
+        ------
+        ValueError
+            An invalid sigma.
+
+        Notes
+        -----
+        Eq. ``top1-exact`` at K = 2: Phi(g / (sigma sqrt 2)) per row.
+        """
         return self._engine.agreement(sigma)
 
     def accuracy(self, sigma) -> np.ndarray:
         """Expected accuracy at each sigma, exact (A0 at sigma = 0).
 
+        Parameters
+        ----------
+        sigma : float or 1-D array_like of float >= 0
+
+        Returns
+        -------
+        ndarray of shape (n_sigma,)
+
         Raises
         ------
         ValueError
-            The sample has no labels.
+            The sample has no labels, or an invalid sigma.
         """
         self._need_labels()
         return self._engine.accuracy(sigma)
 
     def agreement_stderr(self, sigma, *, rows: np.ndarray | None = None) -> np.ndarray:
-        """Zeros: the curve is exact given the sample (``rows`` is accepted as the sweep's is)."""
+        """Zeros: the curve is exact given the sample (``rows`` is accepted as the sweep's is).
+
+        Parameters
+        ----------
+        sigma : float or 1-D array_like of float >= 0
+        rows : ndarray of bool, shape (n_samples,), optional
+            Ignored.
+
+        Returns
+        -------
+        ndarray of shape (n_sigma,)
+
+        Raises
+        ------
+        ValueError
+            An invalid sigma.
+        """
         return np.zeros(as_sigmas(sigma).shape)
 
     def accuracy_stderr(self, sigma) -> np.ndarray:
-        """Zeros: the curve is exact given the sample."""
+        """Zeros: the curve is exact given the sample.
+
+        Parameters
+        ----------
+        sigma : float or 1-D array_like of float >= 0
+
+        Returns
+        -------
+        ndarray of shape (n_sigma,)
+
+        Raises
+        ------
+        ValueError
+            The sample has no labels, or an invalid sigma.
+        """
         self._need_labels()
         return np.zeros(as_sigmas(sigma).shape)
 
