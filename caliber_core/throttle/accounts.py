@@ -41,14 +41,7 @@ class AccountBook:
         StoreUnavailable
             The store cannot be reached.
         """
-        level = self.policy.check_level(level)
-        fp = account_fingerprint(account)
-        state = self.store.set_flag(fp, flagged=True, level=level, reason=check_reason(reason), now=self._now(),
-                                    expire_after=self.policy.expire_after)
-        self._remember(fp, level)
-        if self._metrics:
-            self._metrics.flags.labels(action="flag").inc()
-        return self._describe(fp, state)
+        return self._set_flag(account, flagged=True, level=self.policy.check_level(level), reason=reason)
 
     def unflag(self, account, *, reason: str = "") -> dict:
         """Clear the flag: the account is served clean again; its counts and history stay.
@@ -72,12 +65,15 @@ class AccountBook:
         StoreUnavailable
             The store cannot be reached.
         """
+        return self._set_flag(account, flagged=False, level=0, reason=reason)
+
+    def _set_flag(self, account, *, flagged: bool, level: int, reason: str) -> dict:
         fp = account_fingerprint(account)
-        state = self.store.set_flag(fp, flagged=False, level=0, reason=check_reason(reason), now=self._now(),
+        state = self.store.set_flag(fp, flagged=flagged, level=level, reason=check_reason(reason), now=self._now(),
                                     expire_after=self.policy.expire_after)
-        self._remember(fp, 0)
+        self._remember(fp, level)
         if self._metrics:
-            self._metrics.flags.labels(action="unflag").inc()
+            self._metrics.flags.labels(action="flag" if flagged else "unflag").inc()
         return self._describe(fp, state)
 
     def state(self, account) -> AccountState:
