@@ -21,7 +21,10 @@ the fallback, and says what the app did when a wait fails.
 
 from __future__ import annotations
 
-_SOCKETS: dict = {}  # page -> its app websocket (the last one opened)
+import weakref
+
+# page -> its app websocket (the last one opened); a closed page's entry goes with it
+_SOCKETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
