@@ -13,6 +13,10 @@ import importlib.util
 import os
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
+import webbrowser
 from pathlib import Path
 
 from .arguments import positive_int
@@ -89,9 +93,50 @@ def command(args) -> list[str]:
         The dashboard extra or package is not installed (:func:`app_path`).
     """
     extra = [a for a in args.streamlit_args if a != "--"]
+    # Always headless for Streamlit itself: its non-headless start asks a first-run e-mail
+    # question on stdin, which blocks a newcomer's terminal and hangs forever without one.
+    # The browser is opened by :func:`run` instead, once the server answers.
     return [sys.executable, "-m", "streamlit", "run", str(app_path()), f"--server.address={args.address}",
-            f"--server.port={args.port}", f"--server.headless={'true' if args.headless else 'false'}",
-            *SERVER_FLAGS, *extra]
+            f"--server.port={args.port}", "--server.headless=true", *SERVER_FLAGS, *extra]
+
+
+def local_url(args) -> str:
+    """The address a browser on this machine opens (a wildcard bind is reached on loopback)."""
+    host = "127.0.0.1" if args.address in ("0.0.0.0", "::", "") else args.address
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{args.port}"
+
+
+def has_display() -> bool:
+    """Whether a graphical browser can be opened: on Linux, only with an X or Wayland display
+    (as Streamlit decides; a console browser would take over the terminal)."""
+    if sys.platform.startswith("linux"):
+        return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+    return True
+
+
+def open_browser_when_healthy(url: str, *, timeout: float = 120.0, opener=webbrowser.open) -> bool:
+    """Open ``url`` in a browser once the server's health check answers.
+
+    Returns whether it was opened: not when the server never answered within
+    ``timeout`` seconds, nor where no browser can be found (a remote shell).
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as resp:
+                if resp.status == 200:
+                    break
+        except OSError:
+            pass
+        time.sleep(0.3)
+    else:
+        return False
+    try:
+        return bool(opener(url))
+    except webbrowser.Error:
+        return False
 
 
 def run(args) -> int:
@@ -113,7 +158,18 @@ def run(args) -> int:
         The dashboard extra or package is not installed.
     """
     cmd = command(args)
+    url = local_url(args)
+    print(f"Caliber dashboard: {url} (Ctrl-C stops it)", file=sys.stderr, flush=True)
+    # stdin is closed for the server: nothing it runs may wait on a prompt.
+    proc = subprocess.Popen(cmd, env=os.environ.copy(), stdin=subprocess.DEVNULL)
+    if not args.headless and has_display():
+        threading.Thread(target=open_browser_when_healthy, args=(url,), daemon=True).start()
     try:
-        return subprocess.call(cmd, env=os.environ.copy())
+        return proc.wait()
     except KeyboardInterrupt:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
         return 130
