@@ -1,21 +1,46 @@
-"""A uvicorn server in a thread of the test process, on a free port of 127.0.0.1."""
+"""The gateway's test harness: uvicorn in a thread, ``caliber gateway`` as a process, an accounts file."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 from throttle_support import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def api_key(account: str) -> str:
+    """The test API key of ``account`` (any string works; this one is easy to read in a test)."""
+    return f"sk-test-{account}"
+
+
+def write_accounts(path: Path, keys: dict) -> Path:
+    """An accounts file: ``{api key: account id}`` written as 'sha256-hex account' lines, with a comment."""
+    lines = ["# caliber gateway accounts: sha256(key) account"]
+    lines += [f"{hashlib.sha256(key.encode()).hexdigest()} {account}  # issued for the tests" for key, account
+              in keys.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 @contextmanager
 def serve(app, *, port: int | None = None):
-    """Serve ``app`` over real HTTP until the block ends; yields the base URL."""
+    """Serve ``app`` over real HTTP until the block ends; yields the base URL.
+
+    ``proxy_headers=False`` as ``caliber gateway`` runs it: the peer address is the socket's.
+    """
     import uvicorn
 
     port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
+                                           proxy_headers=False))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -28,3 +53,41 @@ def serve(app, *, port: int | None = None):
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+@contextmanager
+def gateway_process(arguments: list, *, folder: Path, timeout: float = 120.0):
+    """``python -m caliber_core gateway ARGUMENTS --port P`` as a process; yields (base URL, Popen, log path).
+
+    Waits until the port answers; on exit stops the process (SIGTERM, then SIGKILL).
+    """
+    import httpx
+
+    port = free_port()
+    log_path = folder / f"gateway-{port}.log"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "caliber_core", "gateway", *arguments, "--port", str(port)],
+                                cwd=str(ROOT), env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"caliber gateway exited {proc.returncode}: {log_path.read_text()[-2000:]}")
+            try:
+                httpx.get(base + "/health", timeout=2)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"caliber gateway did not start: {log_path.read_text()[-2000:]}") from None
+                time.sleep(0.2)
+        yield base, proc, log_path
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)

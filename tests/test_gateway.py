@@ -1,4 +1,7 @@
-"""The gateway over real HTTP on 127.0.0.1, in front of a recording upstream (vLLM itself: test_gateway_vllm.py)."""
+"""The gateway over real HTTP on 127.0.0.1, in front of a recording upstream (vLLM itself: test_gateway_vllm.py).
+
+The app runs in a thread here; test_gateway_process.py drives ``caliber gateway`` as a process.
+"""
 
 from __future__ import annotations
 
@@ -14,10 +17,11 @@ pytest.importorskip("uvicorn")
 
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
-from gateway_support import serve  # noqa: E402
+from gateway_support import api_key, serve, write_accounts  # noqa: E402
 
 from caliber_core.cli import main  # noqa: E402
 from caliber_core.gateway.app import create_app  # noqa: E402
+from caliber_core.gateway.identity import AccountsFile, KeyAccounts  # noqa: E402
 from caliber_core.throttle import Throttle, load_policy  # noqa: E402
 from caliber_core.throttle.grants import grant_key, policy_digest, verify_grant  # noqa: E402
 
@@ -44,6 +48,14 @@ def recording_upstream(seen: list) -> FastAPI:
     return app
 
 
+ACCOUNTS = ("acct-clean", "acct-flagged", "acct-bad", "a")
+
+
+def key_accounts(folder, accounts=ACCOUNTS) -> KeyAccounts:
+    """An accounts file giving each account its :func:`api_key`."""
+    return KeyAccounts(AccountsFile(write_accounts(folder / "accounts.txt", {api_key(a): a for a in accounts})))
+
+
 @pytest.fixture
 def gateway(tmp_path):
     policy = load_policy(write_policy(tmp_path, levels=(0, 1, 2), escalate_after=10**6))
@@ -51,13 +63,14 @@ def gateway(tmp_path):
     throttle.flag("acct-flagged", level=2)
     seen = []
     with serve(recording_upstream(seen)) as upstream:
-        with serve(create_app(throttle, key=KEY, upstream=upstream, max_body_bytes=4096)) as base:
+        with serve(create_app(throttle, key=KEY, upstream=upstream, max_body_bytes=4096,
+                              authenticate=key_accounts(tmp_path))) as base:
             yield SimpleNamespace(base=base, seen=seen, throttle=throttle, policy=policy, upstream=upstream,
                                   tmp_path=tmp_path)
 
 
 def post(g, path, body, account="acct-clean", **options):
-    headers = {} if account is None else {"Authorization": f"Bearer {account}"}
+    headers = {} if account is None else {"Authorization": f"Bearer {api_key(account)}"}
     return httpx.post(g.base + path, json=body, headers=headers, timeout=30, **options)
 
 
@@ -123,19 +136,23 @@ def test_prompt_logprobs_are_refused_to_flagged_accounts_in_every_shape(gateway)
 def test_refusing_prompt_logprobs_to_all_accounts(tmp_path):
     policy = load_policy(write_policy(tmp_path))
     throttle = Throttle(policy, key=KEY, store=f"sqlite:///{tmp_path / 'l.db'}", metrics=False)
-    with serve(recording_upstream([])) as upstream, \
-            serve(create_app(throttle, key=KEY, upstream=upstream, refuse_prompt_logprobs="all")) as base:
+    seen = []
+    with serve(recording_upstream(seen)) as upstream, \
+            serve(create_app(throttle, key=KEY, upstream=upstream, refuse_prompt_logprobs="all",
+                             authenticate=key_accounts(tmp_path))) as base:
         r = httpx.post(base + "/v1/completions", json={"prompt": "w4", "max_tokens": 1, "prompt_logprobs": 1},
-                       headers={"Authorization": "Bearer anyone"}, timeout=30)
+                       headers={"Authorization": f"Bearer {api_key('a')}"}, timeout=30)
         assert r.status_code == 400 and "prompt_logprobs is not served" in r.json()["error"]["message"]
+    assert seen == [] and throttle.state("a").queries == {}  # refused before anything was counted
     with pytest.raises(ValueError, match=r"refuse_prompt_logprobs must be one of \('flagged', 'all'\), got 'some'"):
-        create_app(throttle, key=KEY, upstream=upstream, refuse_prompt_logprobs="some")
+        create_app(throttle, key=KEY, upstream=upstream, refuse_prompt_logprobs="some",
+                   authenticate=key_accounts(tmp_path))
 
 
 def test_streaming_is_relayed_as_it_comes(gateway):
     g = gateway
     with httpx.stream("POST", g.base + "/v1/completions", json={"prompt": "w4", "max_tokens": 2, "stream": True},
-                      headers={"Authorization": "Bearer acct-flagged"}, timeout=30) as r:
+                      headers={"Authorization": f"Bearer {api_key('acct-flagged')}"}, timeout=30) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         text = "".join(r.iter_text())
     assert text == "".join(f"data: {json.dumps({'i': i})}\n\n" for i in range(3)) + "data: [DONE]\n\n"
@@ -143,16 +160,22 @@ def test_streaming_is_relayed_as_it_comes(gateway):
 
 
 @pytest.mark.parametrize("authorization, message", [
-    (None, "missing Authorization header: send 'Authorization: Bearer <account key>'"),
-    ("Basic abc", "Authorization must be 'Bearer <account key>'"),
-    ("Bearer\t-", "Authorization must be 'Bearer <account key>'"),
-    ("Bearer a b", "the bearer credential must be one word of at most 512 printable characters"),
-    ("Bearer " + "x" * 513, "the bearer credential must be one word of at most 512 printable characters"),
+    (None, "missing Authorization header: send 'Authorization: Bearer <API key>'"),
+    ("Basic abc", "Authorization must be 'Bearer <API key>'"),
+    ("Bearer\t-", "Authorization must be 'Bearer <API key>'"),
+    ("Bearer a b", "the API key must be one word of at most 512 printable characters"),
+    ("Bearer " + "x" * 513, "the API key must be one word of at most 512 printable characters"),
+    ("Bearer acct-clean", "invalid API key"),  # an account's name is not its key
+    ("Bearer " + api_key("acct-clean").upper(), "invalid API key"),  # keys are compared exactly
 ])
-def test_requests_without_an_account_are_refused(gateway, authorization, message):
+def test_requests_without_a_known_key_are_refused(gateway, authorization, message):
+    g = gateway
     headers = {} if authorization is None else {"Authorization": authorization}
-    r = httpx.post(gateway.base + "/v1/completions", json={"prompt": "w4"}, headers=headers, timeout=30)
+    r = httpx.post(g.base + "/v1/completions", json={"prompt": "w4"}, headers=headers, timeout=30)
     assert r.status_code == 401 and r.json()["error"]["message"] == message
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert g.seen == [] and g.throttle.status() == {"flagged": [g.throttle.status("acct-flagged")]}
+    assert g.throttle.state("acct-clean").queries == {}
 
 
 @pytest.mark.parametrize("content, status, message", [
@@ -168,7 +191,7 @@ def test_requests_without_an_account_are_refused(gateway, authorization, message
 def test_bad_bodies_are_refused_before_anything_is_counted(gateway, content, status, message):
     g = gateway
     r = httpx.post(g.base + "/v1/completions", content=content, timeout=30,
-                   headers={"Authorization": "Bearer acct-bad", "Content-Type": "application/json"})
+                   headers={"Authorization": f"Bearer {api_key('acct-bad')}", "Content-Type": "application/json"})
     assert r.status_code == status and r.json()["error"]["message"].startswith(message)
     assert g.throttle.state("acct-bad").queries == {}
 
@@ -179,19 +202,21 @@ def test_a_body_streamed_without_length_is_bounded_too(gateway):
             yield b" " * 1000
 
     r = httpx.post(gateway.base + "/v1/completions", content=chunks(), timeout=30,
-                   headers={"Authorization": "Bearer acct-bad", "Content-Type": "application/json"})
+                   headers={"Authorization": f"Bearer {api_key('acct-bad')}", "Content-Type": "application/json"})
     assert r.status_code == 413
 
 
 def test_upstream_answers_and_failures(gateway, tmp_path):
     g = gateway
     r = post(g, "/v1/completions", {"prompt": "bad", "max_tokens": 1})
-    assert r.status_code == 400 and r.json() == {"error": {"message": "upstream says no"}}
+    assert r.status_code == 400 and r.json() == {"error": {"message": "the model server refused the request (HTTP 400)",
+                                                           "type": "invalid_request_error", "code": 400}}
     assert httpx.post(g.base + "/v1/embeddings", json={}, timeout=30).status_code == 404
     throttle = Throttle(g.policy, key=KEY, store=f"sqlite:///{tmp_path / 'other.db'}", metrics=False)
-    with serve(create_app(throttle, key=KEY, upstream=f"http://127.0.0.1:{free_port()}")) as base:
-        r = httpx.post(base + "/v1/completions", json={"prompt": "w4"}, headers={"Authorization": "Bearer a"},
-                       timeout=30)
+    with serve(create_app(throttle, key=KEY, upstream=f"http://127.0.0.1:{free_port()}",
+                          authenticate=key_accounts(tmp_path))) as base:
+        r = httpx.post(base + "/v1/completions", json={"prompt": "w4"},
+                       headers={"Authorization": f"Bearer {api_key('a')}"}, timeout=30)
         assert r.status_code == 502 and r.json()["error"]["message"] == "the model server is unreachable (ConnectError)"
 
 
@@ -202,9 +227,10 @@ def test_an_unreachable_store_fails_closed(tmp_path):
     throttle = Throttle(policy, key=KEY, store=f"sqlite:///{tmp_path / 'l.db'}", metrics=False)
     throttle.store = open_store(f"redis://127.0.0.1:{free_port()}/0")  # the store goes away after the start
     seen = []
-    with serve(recording_upstream(seen)) as upstream, serve(create_app(throttle, key=KEY, upstream=upstream)) as base:
-        r = httpx.post(base + "/v1/completions", json={"prompt": "w4"}, headers={"Authorization": "Bearer a"},
-                       timeout=30)
+    with serve(recording_upstream(seen)) as upstream, \
+            serve(create_app(throttle, key=KEY, upstream=upstream, authenticate=key_accounts(tmp_path))) as base:
+        r = httpx.post(base + "/v1/completions", json={"prompt": "w4"},
+                       headers={"Authorization": f"Bearer {api_key('a')}"}, timeout=30)
     assert r.status_code == 503 and "try again later" in r.json()["error"]["message"]
     assert seen == []
 
@@ -213,7 +239,8 @@ def test_the_command_line_refuses_bad_settings(tmp_path, capsys):
     policy = write_policy(tmp_path)
     (tmp_path / "k").write_text(KEY.hex() + "\n")
     (tmp_path / "k").chmod(0o600)
-    common = ["--policy", str(policy), "--store", f"sqlite:///{tmp_path / 'l.db'}"]
+    accounts = write_accounts(tmp_path / "accounts.txt", {api_key("a"): "a"})
+    common = ["--policy", str(policy), "--store", f"sqlite:///{tmp_path / 'l.db'}", "--accounts", str(accounts)]
     assert main(["gateway", "--upstream", "ftp://x", "--key-file", str(tmp_path / "k"), *common]) == 2
     assert "--upstream must be an http:// or https:// URL, got 'ftp://x'" in capsys.readouterr().err
     assert main(["gateway", "--upstream", "http://127.0.0.1:1", "--key-file", str(tmp_path / "none"), *common]) == 2

@@ -30,9 +30,10 @@ PROMPT = "w4 w9 w17 w30"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from gateway_support import serve
+    from gateway_support import api_key, serve, write_accounts
 
     from caliber_core.gateway.app import create_app
+    from caliber_core.gateway.identity import AccountsFile, KeyAccounts
     from caliber_core.serving.keys import read_key_file
     from caliber_core.throttle import Throttle
 
@@ -68,7 +69,9 @@ def stack(tmp_path_factory):
         throttle = Throttle.from_files(setup["policy"], key=key, store=f"sqlite:///{folder / 'ledger.db'}",
                                        metrics=False)
         throttle.flag("acct-flagged", level=2, reason="test")
-        with serve(create_app(throttle, key=key, upstream=upstream, timeout=300)) as base:
+        accounts = write_accounts(folder / "accounts.txt", {api_key(a): a for a in ("acct-clean", "acct-flagged")})
+        with serve(create_app(throttle, key=key, upstream=upstream, timeout=300,
+                              authenticate=KeyAccounts(AccountsFile(accounts)))) as base:
             yield {"base": base, "upstream": upstream}
     finally:
         if proc.poll() is None:
@@ -81,7 +84,9 @@ def stack(tmp_path_factory):
 
 
 def _call(base, path, body, account):
-    headers = {"Authorization": f"Bearer {account}"}
+    from gateway_support import api_key
+
+    headers = {"Authorization": f"Bearer {api_key(account)}"}
     if not body.get("stream"):
         r = httpx.post(base + path, json=body, headers=headers, timeout=300)
         return r.status_code, [r.json()]
