@@ -241,7 +241,9 @@ def create_app(throttle, *, key: bytes, upstream: str, authenticate, default_max
         finally:
             await reply.aclose()
         if secret in content or payload in content:
-            log.debug("upstream 200 on %s held the grant: replaced", path)
+            if log.isEnabledFor(logging.DEBUG):
+                shown = _redacted(content[:MAX_UPSTREAM_ERROR_BYTES].decode("utf-8", "replace"), token)
+                log.debug("upstream 200 on %s held the grant, replaced: %s", path, " ".join(shown.split()))
             return _error(502, _upstream_message(502))
         return Response(content=content, status_code=200, headers=passed)
 
