@@ -1,8 +1,12 @@
-"""The gateway's test harness: uvicorn in a thread, ``caliber gateway`` as a process, an accounts file."""
+"""The gateway's test harness: upstreams, uvicorn in a thread, ``caliber gateway`` as a process, an accounts file.
+
+Imported after ``pytest.importorskip("fastapi")``.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +15,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
 from throttle_support import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,6 +34,51 @@ def write_accounts(path: Path, keys: dict) -> Path:
               in keys.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def recording_upstream(seen: list):
+    """Answers as vLLM would in shape: JSON, SSE when streaming, its own 400 for prompt 'bad'; records each request."""
+    app = FastAPI()
+
+    async def answer(request: Request):
+        body = await request.json()
+        seen.append({"path": request.url.path, "body": body, "auth": request.headers.get("authorization")})
+        if body.get("prompt") == "bad":
+            return JSONResponse(status_code=400, content={"error": {"message": "upstream says no"}})
+        if body.get("stream"):
+            async def events():
+                for i in range(3):
+                    yield f"data: {json.dumps({'i': i})}\n\n".encode()
+                yield b"data: [DONE]\n\n"
+            return StreamingResponse(events(), media_type="text/event-stream")
+        return {"ok": True}
+
+    app.post("/v1/completions")(answer)
+    app.post("/v1/chat/completions")(answer)
+    return app
+
+
+def echoing_upstream() -> FastAPI:
+    """Answers as a model-level validator can: its error quotes the whole request, grant included."""
+    app = FastAPI()
+
+    async def answer(request: Request):
+        body = await request.json()
+        quoted = json.dumps(body)
+        if body.get("prompt") == "in-stream":  # a 200 stream whose error event quotes the request
+            async def events():
+                yield f"data: {json.dumps({'i': 0})}\n\n".encode()
+                yield f"data: {json.dumps({'error': {'message': quoted, 'code': 400}})}\n\n".encode()
+                yield b"data: [DONE]\n\n"
+            return StreamingResponse(events(), media_type="text/event-stream")
+        if body.get("prompt") == "leak-200":  # a 200 body holding the request
+            return {"choices": [{"text": quoted}]}
+        return JSONResponse(status_code=400, content={"object": "error", "message": f"1 validation error: {quoted}",
+                                                      "type": "BadRequestError", "param": None, "code": 400})
+
+    app.post("/v1/completions")(answer)
+    app.post("/v1/chat/completions")(answer)
+    return app
 
 
 @contextmanager

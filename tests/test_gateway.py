@@ -18,37 +18,13 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from fastapi import FastAPI, Request  # noqa: E402
-from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
-from gateway_support import api_key, serve, write_accounts  # noqa: E402
+from gateway_support import api_key, echoing_upstream, recording_upstream, serve, write_accounts  # noqa: E402
 
 from caliber_core.cli import main  # noqa: E402
 from caliber_core.gateway.app import create_app  # noqa: E402
 from caliber_core.gateway.identity import AccountsFile, KeyAccounts  # noqa: E402
 from caliber_core.throttle import Throttle, load_policy  # noqa: E402
 from caliber_core.throttle.grants import grant_key, policy_digest, verify_grant  # noqa: E402
-
-
-def recording_upstream(seen: list) -> FastAPI:
-    """Answers as vLLM would in shape: JSON, SSE when streaming, its own 400 for prompt 'bad'."""
-    app = FastAPI()
-
-    async def answer(request: Request):
-        body = await request.json()
-        seen.append({"path": request.url.path, "body": body, "auth": request.headers.get("authorization")})
-        if body.get("prompt") == "bad":
-            return JSONResponse(status_code=400, content={"error": {"message": "upstream says no"}})
-        if body.get("stream"):
-            async def events():
-                for i in range(3):
-                    yield f"data: {json.dumps({'i': i})}\n\n".encode()
-                yield b"data: [DONE]\n\n"
-            return StreamingResponse(events(), media_type="text/event-stream")
-        return {"ok": True}
-
-    app.post("/v1/completions")(answer)
-    app.post("/v1/chat/completions")(answer)
-    return app
 
 
 ACCOUNTS = ("acct-clean", "acct-flagged", "acct-bad", "a")
@@ -342,29 +318,6 @@ def test_one_chat_limit_is_counted_and_forwarded(gateway):
 
 
 # ---------------------------------------------------------------- nothing from the grant goes back
-def echoing_upstream() -> FastAPI:
-    """Answers as a model-level validator can: its error quotes the whole request, grant included."""
-    app = FastAPI()
-
-    async def answer(request: Request):
-        body = await request.json()
-        quoted = json.dumps(body)
-        if body.get("prompt") == "in-stream":  # a 200 stream whose error event quotes the request
-            async def events():
-                yield f"data: {json.dumps({'i': 0})}\n\n".encode()
-                yield f"data: {json.dumps({'error': {'message': quoted, 'code': 400}})}\n\n".encode()
-                yield b"data: [DONE]\n\n"
-            return StreamingResponse(events(), media_type="text/event-stream")
-        if body.get("prompt") == "leak-200":  # a 200 body holding the request
-            return {"choices": [{"text": quoted}]}
-        return JSONResponse(status_code=400, content={"object": "error", "message": f"1 validation error: {quoted}",
-                                                      "type": "BadRequestError", "param": None, "code": 400})
-
-    app.post("/v1/completions")(answer)
-    app.post("/v1/chat/completions")(answer)
-    return app
-
-
 @pytest.fixture
 def echoing_gateway(tmp_path):
     policy = load_policy(write_policy(tmp_path, levels=(0, 1, 2), escalate_after=10**6))

@@ -1,4 +1,4 @@
-"""An OpenAI-compatible gateway in front of ``vllm serve``: it authenticates each account, decides its level and signs it.
+"""An OpenAI-compatible gateway in front of ``vllm serve``: it authenticates each account, decides its level, signs it.
 
 * :mod:`.identity`     who is calling: an API key in the accounts file, or a trusted proxy's header
 * :mod:`.request_rules` what the gateway accepts: the body, the rows it counts, what it refuses
