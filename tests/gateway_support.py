@@ -37,7 +37,10 @@ def write_accounts(path: Path, keys: dict) -> Path:
 
 
 def recording_upstream(seen: list):
-    """Answers as vLLM would in shape: JSON, SSE when streaming, its own 400 for prompt 'bad'; records each request."""
+    """Answers as vLLM would in shape: JSON, SSE when streaming; records each request.
+
+    Prompt ``"bad"`` gets its own 400; prompt ``"echo"`` a 400 that quotes the request, grant included.
+    """
     app = FastAPI()
 
     async def answer(request: Request):
@@ -45,6 +48,9 @@ def recording_upstream(seen: list):
         seen.append({"path": request.url.path, "body": body, "auth": request.headers.get("authorization")})
         if body.get("prompt") == "bad":
             return JSONResponse(status_code=400, content={"error": {"message": "upstream says no"}})
+        if body.get("prompt") == "echo":  # as a model-level validator's error can: the whole request quoted
+            return JSONResponse(status_code=400, content={"object": "error", "message": json.dumps(body),
+                                                          "type": "BadRequestError", "code": 400})
         if body.get("stream"):
             async def events():
                 for i in range(3):
