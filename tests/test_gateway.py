@@ -372,6 +372,14 @@ NON_TEXT = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "w4",
                                                                          "image_url": {"url": "x"}}]}],
                               "max_tokens": 2}, "non-text message content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "prompt_embeds",
+                                                                         "prompt_embeds": "AAAA"}]}],
+                              "max_tokens": 2}, "non-text message content"),  # vLLM's chat embeddings part
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "uuid": "img-1"}]}],
+                              "max_tokens": 2}, "non-text message content"),  # a cached image by its uuid
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "w4",
+                                                                         "uuid": "x"}]}],
+                              "max_tokens": 2}, "non-text message content"),
 ]
 
 
@@ -388,8 +396,9 @@ def test_non_text_inputs_are_refused_to_a_flagged_account(gateway, path, body, w
 def test_text_parts_are_served_to_a_flagged_account(gateway):
     g = gateway
     body = {"messages": [{"role": "system", "content": None}, {"role": "user", "content": [
-        {"type": "text", "text": "w4"}, {"text": "w5"}]}, {"role": "assistant", "content": [
-            {"type": "refusal", "refusal": "no"}]}], "max_tokens": 2}
+        {"type": "text", "text": "w4"}, {"text": "w5"}, "w6", {"type": "input_text", "text": "w7"}]},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}, {"type": "thinking", "thinking": "w8"},
+                                          {"type": "output_text", "text": "w9"}]}], "max_tokens": 2}
     assert post(g, "/v1/chat/completions", body, account="acct-flagged").status_code == 200
     assert level_of(g, g.seen[-1]["body"]) == 2
 

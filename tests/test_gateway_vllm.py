@@ -72,7 +72,7 @@ def stack(tmp_path_factory):
         accounts = write_accounts(folder / "accounts.txt", {api_key(a): a for a in ("acct-clean", "acct-flagged")})
         with serve(create_app(throttle, key=key, upstream=upstream, timeout=300,
                               authenticate=KeyAccounts(AccountsFile(accounts)))) as base:
-            yield {"base": base, "upstream": upstream}
+            yield {"base": base, "upstream": upstream, "throttle": throttle}
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)  # the server and the engine processes it started
@@ -191,3 +191,27 @@ def test_vllm_refuses_a_request_that_bypasses_the_gateway(stack):
     assert r.status_code == 400 and "signature does not verify" in r.text
     r = httpx.post(stack["upstream"] + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}, timeout=300)
     assert r.status_code == 400 and "no caliber grant token" in r.text
+
+
+@pytest.mark.parametrize("body", [
+    {"prompt": PROMPT, "max_tokens": 1, "stream_options": {"include_usage": True}},  # stream options without stream
+    {"prompt": PROMPT, "max_tokens": 1, "logprobs": 50, "stream": True},  # over --max-logprobs, streamed
+])
+def test_a_vllm_error_gives_nothing_of_the_grant_back(stack, body):
+    status, reply = _call(stack["base"], "/v1/completions", body, "acct-flagged")
+    text = json.dumps(reply)
+    assert status == 400 and reply[0]["error"]["message"] == "the model server refused the request (HTTP 400)", text
+    for secret in ("caliber-grant", "vllm_xargs", "caliber", "level"):
+        assert secret not in text
+
+
+def test_batched_prompts_are_served_noised_and_counted(stack):
+    before = sum(stack["throttle"].state("acct-flagged").queries.values())
+    body = {"prompt": [PROMPT, "w4 w5"], "max_tokens": 2, "logprobs": 5, "temperature": 0}
+    status, reply = _call(stack["base"], "/v1/completions", body, "acct-flagged")
+    assert status == 200 and len(reply[0]["choices"]) == 2
+    assert sum(stack["throttle"].state("acct-flagged").queries.values()) - before == 2 * 2
+    status, clean = _call(stack["base"], "/v1/completions", body, "acct-clean")
+    first = [(c["logprobs"]["top_logprobs"][0], k["logprobs"]["top_logprobs"][0])
+             for c, k in zip(reply[0]["choices"], clean[0]["choices"])]
+    assert all(abs(noisy[t] - plain[t]) > 1e-4 for noisy, plain in first for t in noisy if t in plain)

@@ -40,8 +40,8 @@ MAX_BODY_BYTES = 1 << 20
 DROPPED_FIELDS = ("vllm_xargs", "kv_transfer_params", "ec_transfer_params")
 #: The two names of a chat request's token limit; a request may carry one.
 TOKEN_LIMIT_FIELDS = ("max_tokens", "max_completion_tokens")
-#: Chat content part types that hold text only (OpenAI's and the Responses API's names).
-TEXT_PART_TYPES = ("text", "input_text")
+#: Chat content part types whose ``text`` is text only (vLLM's names); ``refusal`` and ``thinking`` parts too.
+TEXT_PART_TYPES = ("text", "input_text", "output_text")
 #: Bounds on the counts that multiply the rows (vLLM has its own, usually lower, limits).
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_SEQUENCES = 1 << 10
@@ -319,12 +319,14 @@ def asks_prompt_logprobs(path: str, body: dict) -> bool:
 
 
 def _is_text_part(part) -> bool:
+    if isinstance(part, str):
+        return True  # vLLM reads a bare string part as text
     if not isinstance(part, dict):
         return False
     kind = part.get("type", "text")
-    if kind in TEXT_PART_TYPES:
-        return set(part) <= {"type", "text"} and isinstance(part.get("text"), str)
-    return kind == "refusal" and set(part) <= {"type", "refusal"} and isinstance(part.get("refusal"), str)
+    field = "text" if kind in TEXT_PART_TYPES else kind if kind in ("refusal", "thinking") else None
+    # only the type and its text: any other key (a media URL, a cached media uuid) makes a part media
+    return field is not None and set(part) <= {"type", field} and isinstance(part.get(field), str)
 
 
 def non_text_inputs(path: str, body: dict) -> list:
