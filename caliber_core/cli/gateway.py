@@ -198,5 +198,5 @@ def run(args) -> int:
         signal.signal(signal.SIGHUP, reload)
     print(f"caliber gateway on http://{args.host}:{args.port} -> {args.upstream}", flush=True)
     # proxy_headers=False: the peer is the socket's address, never an X-Forwarded-For a client wrote
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", proxy_headers=False)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", proxy_headers=False, server_header=False)
     return 0

@@ -251,7 +251,7 @@ def create_app(throttle, *, key: bytes, upstream: str, authenticate, default_max
         status = reply.status_code
         text = b""
         try:
-            async for chunk in reply.aiter_raw():
+            async for chunk in reply.aiter_bytes():  # decoded, whatever the upstream compressed
                 text += chunk
                 if len(text) >= MAX_UPSTREAM_ERROR_BYTES:
                     break
@@ -281,7 +281,7 @@ def create_app(throttle, *, key: bytes, upstream: str, authenticate, default_max
             return _error_event(status)
 
         try:
-            async for chunk in reply.aiter_raw():
+            async for chunk in reply.aiter_bytes():  # decoded, whatever the upstream compressed
                 pending += chunk.replace(b"\r\n", b"\n")
                 while b"\n\n" in pending:
                     event, pending = pending.split(b"\n\n", 1)
