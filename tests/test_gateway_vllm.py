@@ -30,9 +30,10 @@ PROMPT = "w4 w9 w17 w30"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from gateway_support import serve
+    from gateway_support import api_key, serve, write_accounts
 
     from caliber_core.gateway.app import create_app
+    from caliber_core.gateway.identity import AccountsFile, KeyAccounts
     from caliber_core.serving.keys import read_key_file
     from caliber_core.throttle import Throttle
 
@@ -68,8 +69,10 @@ def stack(tmp_path_factory):
         throttle = Throttle.from_files(setup["policy"], key=key, store=f"sqlite:///{folder / 'ledger.db'}",
                                        metrics=False)
         throttle.flag("acct-flagged", level=2, reason="test")
-        with serve(create_app(throttle, key=key, upstream=upstream, timeout=300)) as base:
-            yield {"base": base, "upstream": upstream}
+        accounts = write_accounts(folder / "accounts.txt", {api_key(a): a for a in ("acct-clean", "acct-flagged")})
+        with serve(create_app(throttle, key=key, upstream=upstream, timeout=300,
+                              authenticate=KeyAccounts(AccountsFile(accounts)))) as base:
+            yield {"base": base, "upstream": upstream, "throttle": throttle}
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)  # the server and the engine processes it started
@@ -81,7 +84,9 @@ def stack(tmp_path_factory):
 
 
 def _call(base, path, body, account):
-    headers = {"Authorization": f"Bearer {account}"}
+    from gateway_support import api_key
+
+    headers = {"Authorization": f"Bearer {api_key(account)}"}
     if not body.get("stream"):
         r = httpx.post(base + path, json=body, headers=headers, timeout=300)
         return r.status_code, [r.json()]
@@ -186,3 +191,29 @@ def test_vllm_refuses_a_request_that_bypasses_the_gateway(stack):
     assert r.status_code == 400 and "signature does not verify" in r.text
     r = httpx.post(stack["upstream"] + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}, timeout=300)
     assert r.status_code == 400 and "no caliber grant token" in r.text
+
+
+@pytest.mark.parametrize("body, status", [
+    ({"prompt": PROMPT, "max_tokens": 1, "stream_options": {"include_usage": True}}, 400),  # options without stream
+    # over --max-logprobs, streamed: vLLM answers 200 and sends its error as an event, replaced by the gateway's
+    ({"prompt": PROMPT, "max_tokens": 1, "logprobs": 50, "stream": True}, 200),
+])
+def test_a_vllm_error_gives_nothing_of_the_grant_back(stack, body, status):
+    got, reply = _call(stack["base"], "/v1/completions", body, "acct-flagged")
+    text = json.dumps(reply)
+    assert got == status and reply == [{"error": {"message": "the model server refused the request (HTTP 400)",
+                                                  "type": "invalid_request_error", "code": 400}}], text
+    for secret in ("caliber-grant", "vllm_xargs", "caliber", "level"):
+        assert secret not in text
+
+
+def test_batched_prompts_are_served_noised_and_counted(stack):
+    before = sum(stack["throttle"].state("acct-flagged").queries.values())
+    body = {"prompt": [PROMPT, "w4 w5"], "max_tokens": 2, "logprobs": 5, "temperature": 0}
+    status, reply = _call(stack["base"], "/v1/completions", body, "acct-flagged")
+    assert status == 200 and len(reply[0]["choices"]) == 2
+    assert sum(stack["throttle"].state("acct-flagged").queries.values()) - before == 2 * 2
+    status, clean = _call(stack["base"], "/v1/completions", body, "acct-clean")
+    first = [(c["logprobs"]["top_logprobs"][0], k["logprobs"]["top_logprobs"][0])
+             for c, k in zip(reply[0]["choices"], clean[0]["choices"])]
+    assert all(abs(noisy[t] - plain[t]) > 1e-4 for noisy, plain in first for t in noisy if t in plain)

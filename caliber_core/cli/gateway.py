@@ -1,4 +1,9 @@
-"""``caliber gateway --upstream URL --policy P --key-file K --store URI``: the OpenAI-compatible gateway before vLLM.
+"""``caliber gateway --upstream URL --policy P --key-file K --store URI --accounts FILE``: the gateway before vLLM.
+
+The gateway serves authenticated accounts only: it does not start without
+``--accounts FILE`` (API keys by their SHA-256; re-read on SIGHUP) or
+``--account-header NAME --trusted-proxy ADDR[,ADDR...]`` (an authenticating
+proxy in front names the account).
 
 Needs the ``gateway`` extra (FastAPI, httpx, uvicorn). vLLM must run with the
 same policy and key file (``CALIBER_POLICY``, ``CALIBER_KEY_FILE``),
@@ -10,8 +15,12 @@ address only the gateway can reach.
 from __future__ import annotations
 
 import argparse
+import signal
 
 from .arguments import positive_int
+
+AUTH_REQUIRED = ("caliber gateway serves authenticated accounts only: give --accounts FILE, or --account-header NAME "
+                 "with --trusted-proxy ADDR[,ADDR...]")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -37,6 +46,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
     gateway.add_argument("--policy", required=True, metavar="POLICY", help="the throttle policy (the file vLLM reads)")
     gateway.add_argument("--key-file", required=True, metavar="KEYFILE", help="the serving key (the file vLLM reads)")
     gateway.add_argument("--store", required=True, metavar="URI", help="sqlite:///PATH or redis://HOST:PORT/DB")
+    who = gateway.add_argument_group("accounts (one way is required)")
+    who.add_argument("--accounts", metavar="FILE",
+                     help="API keys: one line per key, its SHA-256 in hex, a space, the account id ('#' starts a "
+                          "comment); clients send 'Authorization: Bearer <key>'; re-read on SIGHUP")
+    who.add_argument("--account-header", metavar="NAME",
+                     help="the header in which an authenticating proxy in front names the account (needs "
+                          "--trusted-proxy)")
+    who.add_argument("--trusted-proxy", metavar="ADDR[,ADDR...]",
+                     help="the addresses or networks of that proxy: the header is believed from them only")
     gateway.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     gateway.add_argument("--port", type=positive_int, default=8080, help="port to listen on (default 8080)")
     gateway.add_argument("--default-max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS,
@@ -46,6 +64,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     gateway.add_argument("--refuse-prompt-logprobs", choices=("flagged", "all"), default="flagged",
                          help="refuse prompt_logprobs and echo with logprobs for flagged accounts (default) or for "
                               "all accounts (the refusal then tells nobody they are flagged)")
+    gateway.add_argument("--refuse-non-text", choices=("flagged", "all"), default="flagged",
+                         help="refuse prompt_embeds and image, audio, video or file content (which cannot get "
+                              "consistent noise) for flagged accounts (default) or for all accounts")
     gateway.add_argument("--valid-minutes", type=float, default=DEFAULT_VALID_MINUTES,
                          help=f"how long vLLM honours a grant token (default {DEFAULT_VALID_MINUTES:g})")
     gateway.add_argument("--upstream-api-key-file", metavar="FILE",
@@ -53,13 +74,51 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return gateway
 
 
-def build_app(args):
+def build_authenticator(args):
+    """How the gateway names each request's account, from ``--accounts`` or ``--account-header``.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed ``gateway`` options.
+
+    Returns
+    -------
+    KeyAccounts or HeaderAccounts
+        See :mod:`caliber_core.gateway.identity`.
+
+    Raises
+    ------
+    ValueError
+        Neither way given, or both; ``--account-header`` without
+        ``--trusted-proxy`` or the reverse; an unreadable or malformed
+        accounts file; a bad header name or address.
+    """
+    from ..gateway.identity import AccountsFile, HeaderAccounts, KeyAccounts, parse_trusted_proxies
+
+    if args.accounts is None and args.account_header is None:
+        raise ValueError(AUTH_REQUIRED)
+    if args.accounts is not None and args.account_header is not None:
+        raise ValueError("give --accounts or --account-header, not both")
+    if args.accounts is not None:
+        if args.trusted_proxy is not None:
+            raise ValueError("--trusted-proxy goes with --account-header (API keys need no proxy)")
+        return KeyAccounts(AccountsFile(args.accounts))
+    if args.trusted_proxy is None:
+        raise ValueError("--account-header needs --trusted-proxy ADDR[,ADDR...]: the header is believed from the "
+                         "authenticating proxy only")
+    return HeaderAccounts(args.account_header, parse_trusted_proxies(args.trusted_proxy))
+
+
+def build_app(args, authenticate=None):
     """The gateway app for parsed arguments (the server is started by :func:`run`).
 
     Parameters
     ----------
     args : argparse.Namespace
         Parsed ``gateway`` options.
+    authenticate : KeyAccounts or HeaderAccounts, optional
+        Built by :func:`build_authenticator` from ``args`` when not given.
 
     Returns
     -------
@@ -70,8 +129,9 @@ def build_app(args):
     Raises
     ------
     ValueError
-        An unreadable key or upstream key file, an upstream that is not an
-        http(s) URL, bad ``--valid-minutes``, a policy the throttle refuses
+        No way to authenticate accounts (checked first), an unreadable key,
+        accounts or upstream key file, an upstream that is not an http(s) URL,
+        bad ``--valid-minutes``, a policy the throttle refuses
         (``PolicyError``) or a bad store URL (``StoreURLError``).
     """
     from ..gateway.app import create_app
@@ -79,6 +139,8 @@ def build_app(args):
     from ..throttle import Throttle
     from ..throttle.grants import check_valid_minutes
 
+    if authenticate is None:
+        authenticate = build_authenticator(args)
     try:
         key = read_key_file(args.key_file)
     except OSError as exc:
@@ -94,13 +156,14 @@ def build_app(args):
         raise ValueError(f"--upstream must be an http:// or https:// URL, got {args.upstream!r}")
     minutes = check_valid_minutes(args.valid_minutes)
     throttle = Throttle.from_files(args.policy, key=key, store=args.store)
-    return create_app(throttle, key=key, upstream=args.upstream, default_max_tokens=args.default_max_tokens,
-                      max_body_bytes=args.max_body_bytes, refuse_prompt_logprobs=args.refuse_prompt_logprobs,
+    return create_app(throttle, key=key, upstream=args.upstream, authenticate=authenticate,
+                      default_max_tokens=args.default_max_tokens, max_body_bytes=args.max_body_bytes,
+                      refuse_prompt_logprobs=args.refuse_prompt_logprobs, refuse_non_text=args.refuse_non_text,
                       upstream_api_key=upstream_key, valid_minutes=minutes)
 
 
 def run(args) -> int:
-    """Serve until interrupted.
+    """Serve until interrupted; SIGHUP re-reads the accounts file.
 
     Parameters
     ----------
@@ -115,15 +178,25 @@ def run(args) -> int:
     Raises
     ------
     ValueError
-        The gateway extra is missing, or an unreadable key, a bad policy or
-        store, a bad upstream URL (one line, exit 2).
+        No way to authenticate accounts, the gateway extra is missing, or an
+        unreadable key or accounts file, a bad policy or store, a bad upstream
+        URL (one line, exit 2).
     """
+    authenticate = build_authenticator(args)
     try:
         import uvicorn
     except ImportError:
         raise ValueError("caliber gateway needs the gateway extra: pip install 'caliber[gateway]' "
                          "(fastapi, httpx, uvicorn)") from None
-    app = build_app(args)
+    app = build_app(args, authenticate)
+    accounts = getattr(authenticate, "accounts", None)
+    if accounts is not None and hasattr(signal, "SIGHUP"):
+        def reload(_signum, _frame):
+            if accounts.reload():  # a bad file is logged, and the table in force stays
+                print(f"caliber gateway: accounts file reloaded ({len(accounts)} keys)", flush=True)
+
+        signal.signal(signal.SIGHUP, reload)
     print(f"caliber gateway on http://{args.host}:{args.port} -> {args.upstream}", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    # proxy_headers=False: the peer is the socket's address, never an X-Forwarded-For a client wrote
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", proxy_headers=False, server_header=False)
     return 0

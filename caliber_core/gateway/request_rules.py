@@ -1,17 +1,25 @@
-"""What the gateway accepts and forwards: the bearer account, a bounded JSON body, the rows it counts.
+"""What the gateway accepts and forwards: the API key, a bounded JSON body, the rows it counts, what it refuses.
 
 Every rule here raises :class:`GatewayRefusal` with the HTTP status and a one-line
-message; nothing is counted before the body has passed every check but the
-level-dependent one (prompt logprobs), which needs the grant.
+message that never shows a key or an account id; nothing is counted before the
+body has passed every check.
+
+Rows are counted for everything vLLM may generate: every prompt of a batched
+``prompt`` (strings, token-id lists) or ``prompt_embeds``, times ``n`` (or
+``best_of``, the larger), times the token limit. A product over the ledger's
+limit per request is a 400, before anything is counted.
 
 Prompt logprobs never pass through vLLM's logits processors (they are computed
 apart from sampling): ``prompt_logprobs`` on either endpoint, ``echo`` with
 ``logprobs`` on ``/v1/completions`` and ``echo`` on ``/v1/chat/completions``
 (where vLLM then asks for prompt logprobs at ``top_logprobs``) would hand a
-flagged account clean, teacher-forced logprobs for any text it sends. The
-gateway refuses them with HTTP 400 for an account granted level >= 1 (or for
-every account, with ``refuse_prompt_logprobs="all"``, so that the refusal does
-not tell an account it is flagged).
+flagged account clean, teacher-forced logprobs for any text it sends. Inputs
+that are not token ids (``prompt_embeds``; image, audio, video or file content
+in chat) cannot be given noise that repeats consistently: the processor names a
+row by its token ids, which such inputs lack or share. The gateway refuses both
+with HTTP 400 to an account at level >= 1 (or to every account, with
+``refuse_prompt_logprobs="all"`` or ``refuse_non_text="all"``, so that the
+refusal does not tell an account it is flagged).
 """
 
 from __future__ import annotations
@@ -20,7 +28,8 @@ import json
 import numbers
 
 __all__ = ["COMPLETIONS", "CHAT", "DEFAULT_MAX_TOKENS", "MAX_BODY_BYTES", "DROPPED_FIELDS", "GatewayRefusal",
-           "bearer_account", "parse_body", "rows_of", "check_prompt_logprobs"]
+           "bearer_credential", "parse_body", "count_prompts", "token_limit", "rows_of", "asks_prompt_logprobs",
+           "non_text_inputs", "needs_level", "check_level_rules", "check_prompt_logprobs"]
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 #: What a request without ``max_tokens`` (``max_completion_tokens`` on chat) is given, counted and forwarded with.
@@ -29,6 +38,10 @@ DEFAULT_MAX_TOKENS = 256
 MAX_BODY_BYTES = 1 << 20
 #: Body fields a client may not set: they reach vLLM's ``extra_args`` (where the grant token lives).
 DROPPED_FIELDS = ("vllm_xargs", "kv_transfer_params", "ec_transfer_params")
+#: The two names of a chat request's token limit; a request may carry one.
+TOKEN_LIMIT_FIELDS = ("max_tokens", "max_completion_tokens")
+#: Chat content part types whose ``text`` is text only (vLLM's names); ``refusal`` and ``thinking`` parts too.
+TEXT_PART_TYPES = ("text", "input_text", "output_text")
 #: Bounds on the counts that multiply the rows (vLLM has its own, usually lower, limits).
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_SEQUENCES = 1 << 10
@@ -58,8 +71,8 @@ class GatewayRefusal(Exception):
         self.status, self.message = status, message
 
 
-def bearer_account(authorization: str | None) -> str:
-    """The account named by an ``Authorization: Bearer <account>`` header.
+def bearer_credential(authorization: str | None) -> str:
+    """The API key of an ``Authorization: Bearer <API key>`` header.
 
     Parameters
     ----------
@@ -69,22 +82,24 @@ def bearer_account(authorization: str | None) -> str:
     Returns
     -------
     str
-        The credential after ``Bearer``, stripped: the account key the throttle counts under.
+        The credential after ``Bearer`` (the scheme in any case, any spaces
+        around it), stripped: the key the accounts file is searched for.
 
     Raises
     ------
     GatewayRefusal
         401 when the header is missing, not a Bearer credential, empty,
-        longer than 512 characters or holding whitespace or control characters.
+        longer than 512 characters or holding whitespace or control characters
+        (the message never shows the credential).
     """
     if not authorization:
-        raise GatewayRefusal(401, "missing Authorization header: send 'Authorization: Bearer <account key>'")
+        raise GatewayRefusal(401, "missing Authorization header: send 'Authorization: Bearer <API key>'")
     scheme, _, credential = authorization.strip().partition(" ")
     credential = credential.strip()
     if scheme.lower() != "bearer" or not credential:
-        raise GatewayRefusal(401, "Authorization must be 'Bearer <account key>'")
+        raise GatewayRefusal(401, "Authorization must be 'Bearer <API key>'")
     if len(credential) > MAX_ACCOUNT_CHARS or not credential.isprintable() or any(c.isspace() for c in credential):
-        raise GatewayRefusal(401, f"the bearer credential must be one word of at most {MAX_ACCOUNT_CHARS} "
+        raise GatewayRefusal(401, f"the API key must be one word of at most {MAX_ACCOUNT_CHARS} "
                                   "printable characters")
     return credential
 
@@ -137,11 +152,109 @@ def _count(body: dict, field: str, *, low: int, high: int, default):
     return int(value)
 
 
+def _is_token_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def count_prompts(path: str, body: dict) -> int:
+    """How many prompts vLLM generates for: each is decoded ``n`` (or ``best_of``) times.
+
+    ``/v1/completions`` takes ``prompt`` as a string, a list of strings, a list
+    of token ids (one prompt) or a list of lists of token ids, and
+    ``prompt_embeds`` as one base64 tensor or a list of them; vLLM generates for
+    every prompt of both. A chat request is one prompt.
+
+    Parameters
+    ----------
+    path : str
+        The endpoint, :data:`COMPLETIONS` or :data:`CHAT`.
+    body : dict
+        The parsed body.
+
+    Returns
+    -------
+    int
+        The number of prompts, >= 1.
+
+    Raises
+    ------
+    GatewayRefusal
+        400 for a ``prompt`` or ``prompt_embeds`` of any other shape (a bool
+        is not a token id), or chat ``messages`` that are not a list of objects.
+    """
+    if path == CHAT:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise GatewayRefusal(400, "messages must be a non-empty list of message objects")
+        return 1
+    prompt, embeds, count = body.get("prompt"), body.get("prompt_embeds"), 0
+    if isinstance(prompt, str):
+        count += 1
+    elif isinstance(prompt, list):
+        if all(_is_token_id(item) for item in prompt):
+            count += 1  # one prompt given as token ids
+        elif all(isinstance(item, str) for item in prompt) or all(
+                isinstance(item, list) and all(_is_token_id(t) for t in item) for item in prompt):
+            count += len(prompt)
+        else:
+            raise GatewayRefusal(400, "prompt must be a string, a list of strings, a list of token ids or a list of "
+                                      "lists of token ids")
+    elif prompt is not None:
+        raise GatewayRefusal(400, "prompt must be a string, a list of strings, a list of token ids or a list of "
+                                  f"lists of token ids, got {type(prompt).__name__}")
+    if isinstance(embeds, str):
+        count += 1
+    elif isinstance(embeds, list) and all(isinstance(item, str) for item in embeds):
+        count += len(embeds)
+    elif embeds is not None:
+        raise GatewayRefusal(400, "prompt_embeds must be a base64 string or a list of them")
+    return max(count, 1)
+
+
+def token_limit(path: str, body: dict, *, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> int:
+    """The most tokens each sequence may generate; writes ``default_max_tokens`` into a body that names none.
+
+    Parameters
+    ----------
+    path : str
+        The endpoint, :data:`COMPLETIONS` or :data:`CHAT`.
+    body : dict
+        The parsed body: ``max_tokens``, or on chat ``max_tokens`` or
+        ``max_completion_tokens`` (null counts as absent).
+    default_max_tokens : int, default :data:`DEFAULT_MAX_TOKENS`
+        The budget of a request that names none.
+
+    Returns
+    -------
+    int
+        The limit, in [0, 2^20].
+
+    Raises
+    ------
+    GatewayRefusal
+        400 for a chat request carrying both limits (engines differ in which
+        one they honour, so neither could be counted with certainty), for
+        ``max_completion_tokens`` on ``/v1/completions`` (not a field there),
+        and for a limit that is not an integer in [0, 2^20].
+    """
+    named = [field for field in TOKEN_LIMIT_FIELDS if body.get(field) is not None]
+    if path != CHAT and "max_completion_tokens" in named:
+        raise GatewayRefusal(400, "max_completion_tokens is a chat field: /v1/completions takes max_tokens")
+    if len(named) > 1:
+        raise GatewayRefusal(400, "send max_tokens or max_completion_tokens, not both: engines differ in which one "
+                                  "they honour")
+    if not named:
+        body["max_completion_tokens" if path == CHAT else "max_tokens"] = default_max_tokens
+        return default_max_tokens
+    return _count(body, named[0], low=0, high=MAX_TOKENS_LIMIT, default=None)
+
+
 def rows_of(path: str, body: dict, *, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> int:
     """The rows a request may generate, counted by the throttle; sets ``max_tokens`` when the client did not.
 
-    rows = max(max_tokens, 1) x max(n, best_of): every sequence vLLM decodes
-    is served noise, and the throttle counts each position it may generate.
+    rows = prompts x max(n, best_of) x max(max_tokens, 1): every sequence of
+    every prompt that vLLM decodes is served noise, and the throttle counts
+    each position it may generate.
 
     Parameters
     ----------
@@ -157,22 +270,29 @@ def rows_of(path: str, body: dict, *, default_max_tokens: int = DEFAULT_MAX_TOKE
     Returns
     -------
     int
-        The number of rows (decoding positions) to count, >= 1.
+        The number of rows (decoding positions) to count, >= 1 and within the ledger's limit per request.
 
     Raises
     ------
     GatewayRefusal
-        400 when ``max_tokens`` is not an integer in [0, 2^20], or ``n`` or
-        ``best_of`` is not an integer in [1, 1024] (bools refused).
+        400 for a bad prompt shape (:func:`count_prompts`), a bad or doubled
+        token limit (:func:`token_limit`), ``n`` or ``best_of`` that is not an
+        integer in [1, 1024] (bools refused), and a product over the ledger's
+        limit per request (nothing is counted).
     """
-    field = "max_completion_tokens" if path == CHAT and body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _count(body, field, low=0, high=MAX_TOKENS_LIMIT, default=None)
-    if max_tokens is None:
-        max_tokens = default_max_tokens
-        body["max_completion_tokens" if path == CHAT else "max_tokens"] = max_tokens
+    from ..throttle.ledger import check_rows
+
+    prompts = count_prompts(path, body)
+    max_tokens = token_limit(path, body, default_max_tokens=default_max_tokens)
     n = _count(body, "n", low=1, high=MAX_SEQUENCES, default=1)
     best_of = _count(body, "best_of", low=1, high=MAX_SEQUENCES, default=1)
-    return max(max_tokens, 1) * max(n, best_of)
+    rows = prompts * max(n, best_of) * max(max_tokens, 1)
+    try:
+        return check_rows(rows)
+    except ValueError:
+        raise GatewayRefusal(400, f"the request may generate {rows:,} rows (prompts x sequences x max tokens), more "
+                                  "than the ledger counts in one request: send fewer prompts, sequences or "
+                                  "tokens") from None
 
 
 def asks_prompt_logprobs(path: str, body: dict) -> bool:
@@ -196,6 +316,97 @@ def asks_prompt_logprobs(path: str, body: dict) -> bool:
     if body.get("echo"):
         return path == CHAT or body.get("logprobs") is not None
     return False
+
+
+def _is_text_part(part) -> bool:
+    if isinstance(part, str):
+        return True  # vLLM reads a bare string part as text
+    if not isinstance(part, dict):
+        return False
+    kind = part.get("type", "text")
+    field = "text" if kind in TEXT_PART_TYPES else kind if kind in ("refusal", "thinking") else None
+    # only the type and its text: any other key (a media URL, a cached media uuid) makes a part media
+    return field is not None and set(part) <= {"type", field} and isinstance(part.get(field), str)
+
+
+def non_text_inputs(path: str, body: dict) -> list:
+    """The inputs of a request that vLLM's rows could not be named by consistently.
+
+    The processor names a row by its token ids (``position_id``). A row whose
+    prompt is ``prompt_embeds`` has none (vLLM gives it a random id: fresh
+    noise on every repeat, which averages away), and image, audio or video
+    content reaches the model as placeholder tokens that are alike for every
+    image: two different images would share one draw.
+
+    Parameters
+    ----------
+    path : str
+        The endpoint, :data:`COMPLETIONS` or :data:`CHAT`.
+    body : dict
+        The parsed body (after :func:`count_prompts`, which checked its shape).
+
+    Returns
+    -------
+    list of str
+        ``"prompt_embeds"`` and/or ``"non-text message content"``; empty for a text-only request.
+    """
+    found = []
+    if body.get("prompt_embeds") is not None:
+        found.append("prompt_embeds")
+    if path == CHAT:
+        for message in body.get("messages") or ():
+            content = message.get("content") if isinstance(message, dict) else None
+            if content is None or isinstance(content, str):
+                continue
+            if not isinstance(content, list) or not all(_is_text_part(part) for part in content):
+                found.append("non-text message content")
+                break
+    return found
+
+
+def needs_level(path: str, body: dict) -> bool:
+    """Whether a request carries something that is served only at some levels (prompt logprobs, non-text input).
+
+    Parameters
+    ----------
+    path : str
+        The endpoint, :data:`COMPLETIONS` or :data:`CHAT`.
+    body : dict
+        The parsed body.
+
+    Returns
+    -------
+    bool
+    """
+    return asks_prompt_logprobs(path, body) or bool(non_text_inputs(path, body))
+
+
+def check_level_rules(path: str, body: dict, *, level: int, refuse_prompt_logprobs: str = "flagged",
+                      refuse_non_text: str = "flagged") -> None:
+    """Refuse what cannot be served noised to this level: prompt logprobs and non-text inputs.
+
+    Parameters
+    ----------
+    path : str
+        The endpoint, :data:`COMPLETIONS` or :data:`CHAT`.
+    body : dict
+        The parsed body.
+    level : int
+        The account's level (0: clean).
+    refuse_prompt_logprobs, refuse_non_text : {"flagged", "all"}
+        Refuse only accounts at level >= 1, or every account (so the refusal
+        does not reveal a flag).
+
+    Raises
+    ------
+    GatewayRefusal
+        400, naming the fields refused.
+    """
+    check_prompt_logprobs(path, body, level=level, refuse=refuse_prompt_logprobs)
+    found = non_text_inputs(path, body)
+    if found and (refuse_non_text == "all" or level >= 1):
+        raise GatewayRefusal(400, f"{' and '.join(found)} is not served to this account: only text and token-id "
+                                  "prompts get noise that repeats consistently")
 
 
 def check_prompt_logprobs(path: str, body: dict, *, level: int, refuse: str) -> None:
