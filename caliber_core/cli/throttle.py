@@ -28,6 +28,23 @@ def _unseen(text: str):
     return value
 
 
+def _group_spec(text: str) -> tuple:
+    """``KIND=N`` or ``KIND=N:SECONDS``: a group kind, its escalation threshold and (optionally) its flag lifetime."""
+    kind, sep, rest = text.partition("=")
+    after, _, expire = rest.partition(":")
+    if not sep or not kind:
+        raise argparse.ArgumentTypeError(f"must be KIND=N or KIND=N:SECONDS, got {text[:60]!r}")
+    return kind, positive_int(after), None if not expire else seconds(expire)
+
+
+def _descriptor(text: str) -> tuple:
+    """``KIND=VALUE``: one group (its value stays on this machine: the ledger keeps a fingerprint)."""
+    kind, sep, value = text.partition("=")
+    if not sep or not kind or not value:
+        raise argparse.ArgumentTypeError("must be KIND=VALUE (for example card=fp_91c2)")
+    return kind, value
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     """Register ``throttle`` and its options on an argparse subparsers object.
 
@@ -61,6 +78,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                       "(default) or a flagged level >= 1 (never clean)")
     init.add_argument("--start-degraded", action="store_true",
                       help="let a server start while its store is unreachable (default: refuse to start)")
+    init.add_argument("--group", type=_group_spec, action="append", default=[], metavar="KIND=N[:SECONDS]",
+                      help="count requests by a group descriptor too (card, org, ...): a flagged group moves up "
+                      "one level after N queries at a level; its flag lapses after SECONDS (default: as "
+                      "--expire-after). Repeat for each kind")
     init.add_argument("--key-file", default=None, metavar="KEYFILE",
                       help="check now that the throttle can serve the policy with this key (a consistent "
                       "config serves only the key it was calibrated with)")
@@ -144,10 +165,15 @@ def _print(obj, as_json: bool, text: str) -> None:
 def _cmd_init(args) -> int:
     from ..throttle.policy import build_policy, save_policy
 
+    groups = {}
+    for kind, after, expire in args.group:
+        if kind in groups:
+            raise ValueError(f"--group {kind} is given twice")
+        groups[kind] = (after, args.expire_after if expire is None else expire)
     doc = build_policy(args.config, targets=args.levels, escalate_after=args.escalate_after,
                        expire_after=args.expire_after, shadow=args.shadow, on_store_error=args.on_store_error,
                        unseen_level=None if args.unseen == "refuse" else args.unseen,
-                       start_degraded=args.start_degraded, out_path=args.out)
+                       start_degraded=args.start_degraded, groups=groups or None, out_path=args.out)
     # Build what the throttle builds, so init refuses what a server would (a wrong key included).
     from ..throttle.levels import check_servable
     from ..throttle.policy import parse_policy
@@ -174,6 +200,10 @@ def _cmd_init(args) -> int:
     if not checked:
         print(f"{doc['seeding']} seeding: pass --key-file to check now that your key serves this config "
               "(the server refuses any other key at start)")
+    for kind, spec in doc.get("groups", {}).items():
+        lifetime = spec["expiry"]["after_seconds"]
+        print(f"group {kind}: a flagged group escalates after {spec['escalation']['after_queries']:,} queries at a "
+              f"level; its flags expire {'never' if lifetime is None else f'{lifetime:,.0f} s after the flag'}")
     print(f"seeding {doc['seeding']}; store unreachable: serve {doc['on_store_error']['serve']}, unseen accounts "
           f"{doc['on_store_error']['unseen']}, at start {doc['on_store_error']['start']}")
     print(f"policy written to {args.out}")

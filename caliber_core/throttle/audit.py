@@ -63,7 +63,7 @@ def _loss(policy, served: dict, quantity: str, best: float | None):
     return {"value": point / total, "interval": [lo / total, hi / total] if interval_known else None}
 
 
-def audit_report(policy, fingerprint: str, state: AccountState, *, now: float) -> dict:
+def audit_report(policy, fingerprint: str, state: AccountState, *, now: float, expire_after=False) -> dict:
     """The JSON-able appeal report for one account (named by its ledger fingerprint).
 
     Parameters
@@ -76,6 +76,8 @@ def audit_report(policy, fingerprint: str, state: AccountState, *, now: float) -
         The account's ledger record.
     now : float
         Unix time, to tell whether the flag has lapsed.
+    expire_after : float or None, optional
+        The flag lifetime to judge it by (a group's kind's); default the policy's.
 
     Returns
     -------
@@ -108,7 +110,8 @@ def audit_report(policy, fingerprint: str, state: AccountState, *, now: float) -
         "account": fingerprint,
         "model": policy.config.get("model"),
         "config_sha256": policy.config_sha256,
-        "flagged": state.flagged and not expired(state, now, policy.expire_after),
+        "flagged": state.flagged and not expired(state, now, policy.expire_after if expire_after is False
+                                                 else expire_after),
         "level": state.level if state.flagged else 0,
         "reason": state.reason,
         "flagged_at": state.flagged_at,

@@ -220,17 +220,60 @@ class Decision:
         The account after the request.
     token : str or None
         The Redis store's request token (what a void or a resolve names); None for SQLite.
+    groups : tuple of (str, Decision)
+        For a request with group descriptors: each group's ledger name and its own decision.
+        ``segments`` is then the highest level per row over the account and its groups,
+        ``events`` the account's then each group's, ``state`` the account's.
+    own : Decision or None
+        With groups: the account's own decision (its rows at its own levels).
     """
 
     segments: tuple
     events: tuple
     state: AccountState
     token: str | None = None  # the Redis store's request token (what a void or a resolve names)
+    groups: tuple = ()
+    own: "Decision | None" = None  # with groups: the account's own decision (what a void un-counts)
 
     @property
     def level(self) -> int:
         """The highest level any row of the request was decided at."""
         return max(level for level, _ in self.segments)
+
+
+def highest_segments(*segment_lists) -> tuple:
+    """Row by row, the highest level over several decisions of the same rows.
+
+    Parameters
+    ----------
+    *segment_lists : sequence of (int, int)
+        Each a ((level, rows), ...) covering the same rows in order.
+
+    Returns
+    -------
+    tuple of (int, int)
+        ((level, rows), ...), adjacent runs at one level merged.
+
+    Examples
+    --------
+    >>> highest_segments(((0, 5),), ((1, 2), (2, 3)))
+    ((1, 2), (2, 3))
+    """
+    lists = [list(s) for s in segment_lists]
+    index, used = [0] * len(lists), [0] * len(lists)
+    out = []
+    while index[0] < len(lists[0]):
+        take = min(lst[i][1] - u for lst, i, u in zip(lists, index, used))
+        level = max(lst[i][0] for lst, i in zip(lists, index))
+        if out and out[-1][0] == level:
+            out[-1] = (level, out[-1][1] + take)
+        else:
+            out.append((level, take))
+        for j, lst in enumerate(lists):
+            used[j] += take
+            if used[j] == lst[index[j]][1]:
+                index[j], used[j] = index[j] + 1, 0
+    return tuple(out)
 
 
 def expired(state: AccountState, now: float, expire_after: float | None) -> bool:

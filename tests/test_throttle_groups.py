@@ -1,0 +1,229 @@
+"""Group descriptors: declared in the policy, refused when hostile, counted, escalated and flagged like accounts."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from throttle_support import KEY, write_config, write_policy
+
+from caliber_core.cli import main
+from caliber_core.throttle import Throttle, load_policy
+from caliber_core.throttle.groups import DescriptorError, group_fingerprint
+from caliber_core.throttle.ledger import highest_segments
+from caliber_core.throttle.policy import PolicyError, build_policy
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def _policy(tmp_path, groups={"card": (5, None), "org": (8, 3600.0)}, **options):
+    write_config(tmp_path)
+    doc = build_policy(tmp_path / "cfg.json", targets=[0, 1, 2], escalate_after=options.pop("escalate_after", 10),
+                       groups=groups, out_path=tmp_path / "p.json", **options)
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    return tmp_path / "p.json"
+
+
+def _throttle(tmp_path, store=None, **options):
+    path = _policy(tmp_path, **options)
+    clock = Clock()
+    t = Throttle.from_files(path, key=KEY, store=store or f"sqlite:///{tmp_path / 'ledger.db'}", clock=clock,
+                            metrics=False)
+    return t, clock
+
+
+# ---------------------------------------------------------------- policy
+def test_a_policy_declares_group_kinds_and_a_v1_file_without_them_reads_unchanged(tmp_path):
+    policy = load_policy(_policy(tmp_path))
+    assert [(g.name, g.escalate_after, g.expire_after) for g in policy.groups] == [("card", 5, None),
+                                                                                    ("org", 8, 3600.0)]
+    (tmp_path / "again.json").write_text(json.dumps(policy.to_dict()))
+    assert load_policy(tmp_path / "again.json").groups == policy.groups
+    plain = load_policy(write_policy(tmp_path, name="plain.json"))
+    assert plain.groups == () and "groups" not in json.loads((tmp_path / "plain.json").read_text())
+
+
+@pytest.mark.parametrize("groups, message", [
+    ([1, 2], "policy 'groups' must be an object"),
+    ({"Card": {}}, "kind 'Card' must be a lowercase identifier"),
+    ({"card": 5}, "policy 'groups.card' must be an object"),
+    ({"card": {"escalation": {"after_queries": 0}, "expiry": {"after_seconds": None}}},
+     "groups.card.escalation.after_queries must be an integer"),
+    ({"card": {"escalation": {"after_queries": 5}}}, "policy 'groups.card.expiry' must be an object"),
+    ({"card": {"escalation": {"after_queries": 5}, "expiry": {"after_seconds": -1}}},
+     "groups.card.expiry.after_seconds must be null"),
+    ({"card": {"escalation": {"after_queries": 5}, "expiry": {"after_seconds": 1}, "limit": 3}},
+     "groups.card has unknown field(s): limit"),
+    ({f"k{i}": {"escalation": {"after_queries": 5}, "expiry": {"after_seconds": 1}} for i in range(17)},
+     "declares 17 kinds: at most 16"),
+])
+def test_malformed_group_kinds_are_refused_at_load_naming_the_field(tmp_path, groups, message):
+    doc = json.loads(_policy(tmp_path).read_text())
+    doc["groups"] = groups
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(PolicyError) as info:
+        load_policy(tmp_path / "bad.json")
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_init_writes_group_kinds(tmp_path, capsys):
+    config = write_config(tmp_path)
+    code = main(["throttle", "init", str(config), "--levels", "0", "1", "--escalate-after", "100",
+                 "--expire-after", "600", "--group", "card=5000", "--group", "org=800:60",
+                 "--out", str(tmp_path / "p.json")])
+    out = capsys.readouterr().out
+    assert code == 0 and "group card: a flagged group escalates after 5,000 queries" in out
+    policy = load_policy(tmp_path / "p.json")
+    assert [(g.name, g.escalate_after, g.expire_after) for g in policy.groups] == [("card", 5000, 600.0),
+                                                                                    ("org", 800, 60.0)]
+    for bad, message in ((["--group", "card"], "must be KIND=N"), (["--group", "card=x"], "not an integer"),
+                         (["--group", "Card=5"], "must be a lowercase identifier"),
+                         (["--group", "card=5", "--group", "card=6"], "--group card is given twice")):
+        try:
+            code = main(["throttle", "init", str(config), "--levels", "0", "--escalate-after", "3", *bad,
+                         "--out", str(tmp_path / "q.json")])
+        except SystemExit as exc:
+            code = exc.code
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and not (tmp_path / "q.json").exists(), (bad, err)
+
+
+# ---------------------------------------------------------------- descriptors
+def test_highest_segments_takes_the_highest_level_row_by_row():
+    assert highest_segments(((0, 10),)) == ((0, 10),)
+    assert highest_segments(((1, 4), (2, 6)), ((0, 10),), ((3, 1), (0, 9))) == ((3, 1), (1, 3), (2, 6))
+    assert highest_segments(((2, 3), (3, 2)), ((2, 5),)) == ((2, 3), (3, 2))
+
+
+HOSTILE = [
+    ({"crad": "x"}, "group kind 'crad' is not declared by the policy (declared: card, org)"),
+    ({f"k{i}": "x" for i in range(17)}, "at most 16 group descriptors, got 17"),
+    ({"card": "x" * 257}, "group card: the value must be 1..256 bytes of UTF-8, got 257"),
+    ({"card": "é" * 129}, "got 258"),
+    ({"card": ""}, "got 0"),
+    ({"card": "a\x00b"}, "group card: the value holds a NUL character"),
+    ({"card": "\udcff"}, "group card: the value is not valid UTF-8"),
+    ({"card": b"fp"}, "group card: the value must be a string, got bytes"),
+    ({"card": 7}, "the value must be a string, got int"),
+    ({7: "x"}, "a int kind is not declared"),
+    (["card"], "groups must be a mapping"),
+]
+
+
+@pytest.mark.parametrize("groups, message", HOSTILE)
+def test_hostile_descriptors_are_refused_in_one_line_before_anything_is_counted(tmp_path, groups, message):
+    t, _ = _throttle(tmp_path)
+    with t:
+        t.flag_group("card", "x", level=1)
+        before = (t.state("a"), t.group_state("card", "x"), t.store.groups(flagged_only=False))
+        for call in (lambda: t.respond("a", np.zeros(10), "id", groups=groups),
+                     lambda: t.decide("a", 3, groups=groups), lambda: t.grant("a", rows=3, groups=groups)):
+            with pytest.raises(DescriptorError) as info:
+                call()
+            text = str(info.value)
+            assert message in text and "\n" not in text
+            assert "x" * 20 not in text and "fp" not in text.split(":")[-1]  # never the value
+        assert (t.state("a"), t.group_state("card", "x"), t.store.groups(flagged_only=False)) == before
+
+
+def test_group_values_are_stored_as_fingerprints_only(tmp_path):
+    t, _ = _throttle(tmp_path)
+    with t:
+        t.decide("acct", 3, groups={"card": "fp_91c2_secret", "org": "acme-secret"})
+    raw = b"".join(p.read_bytes() for p in tmp_path.glob("ledger.db*"))
+    assert b"secret" not in raw and group_fingerprint("card", "fp_91c2_secret").encode() in raw
+
+
+# ---------------------------------------------------------------- counting and levels
+def test_each_row_gets_the_highest_level_of_its_account_and_groups(tmp_path):
+    t, _ = _throttle(tmp_path)
+    with t:
+        t.flag_group("card", "c1", level=1)
+        d = t.decide("a", 3, groups={"card": "c1", "org": "o1"})
+        assert d.segments == ((1, 3),) and d.state.level == 0 and not d.state.flagged
+        # card escalates after 5 rows at its level: this request crosses it
+        d = t.decide("a", 4, groups={"card": "c1"})
+        assert d.segments == ((1, 2), (2, 2)) and [e.event for e in d.events] == ["escalated"]
+        t.flag("a", level=3)
+        assert t.decide("a", 1, groups={"card": "c1"}).segments == ((3, 1),)
+        g = t.group_state("card", "c1")
+        assert (g.flagged, g.level, g.queries) == (True, 2, {1: 5, 2: 3})
+        assert t.group_state("org", "o1").queries == {0: 3}
+        assert t.state("a").queries == {0: 7, 3: 1}
+        members = t.group_audit("card", "c1")["members"]
+        assert list(members.values())[0]["queries"] == 8 and len(members) == 1
+        # a request without groups is the account's own level
+        t.unflag("a")
+        assert t.decide("a", 1).segments == ((0, 1),)
+
+
+def test_a_flagged_groups_member_is_never_served_clean_and_unflagging_returns_it_to_its_own_level(tmp_path):
+    t, _ = _throttle(tmp_path, groups={"card": (1000, None)})
+    with t:
+        logits = np.random.default_rng(0).normal(size=(4, 10))
+        ids = [f"r{i}" for i in range(4)]
+        clean = t.respond("member", logits, ids, groups={"card": "c1"})
+        assert clean.level == 0 and np.array_equal(clean.logits, logits)
+        t.flag_group("card", "c1", level=2, reason="chargeback ring")
+        for _ in range(20):
+            r = t.respond("member", logits, ids, groups={"card": "c1"})
+            assert r.level == 2 and not np.allclose(r.logits, logits)
+        assert not t.state("member").flagged
+        status = t.group_status("card", "c1")
+        assert status["flagged"] and status["kind"] == "card" and status["reason"] == "chargeback ring"
+        assert t.group_status()["flagged"][0]["group"] == status["group"]
+        t.unflag_group("card", "c1")
+        assert t.respond("member", logits, ids, groups={"card": "c1"}).level == 0
+        t.flag("member", level=1)
+        assert t.respond("member", logits, ids, groups={"card": "c1"}).level == 1
+        history = [e["event"] for e in t.group_audit("card", "c1")["history"]]
+        assert history == ["flagged", "unflagged"]
+
+
+def test_a_group_flag_lapses_by_its_kinds_expiry(tmp_path):
+    t, clock = _throttle(tmp_path)  # org flags lapse after 3600 s, the account's never
+    with t:
+        t.flag_group("org", "o1", level=1)
+        assert t.decide("a", 1, groups={"org": "o1"}).level == 1
+        clock.now += 3600
+        assert t.decide("a", 1, groups={"org": "o1"}).level == 0
+        assert [e["event"] for e in t.group_audit("org", "o1")["history"]] == ["flagged", "expired"]
+
+
+def test_shadow_mode_counts_and_escalates_groups_but_serves_clean(tmp_path):
+    t, _ = _throttle(tmp_path, shadow=True)
+    with t:
+        t.flag_group("card", "c1", level=1)
+        logits = np.ones((6, 10))
+        r = t.respond("a", logits, [str(i) for i in range(6)], groups={"card": "c1"})
+        assert r.shadow and r.level == 2 and np.array_equal(r.logits, logits)
+        g = t.group_state("card", "c1")
+        assert g.level == 2 and g.shadow == {1: 5, 2: 1}
+
+
+def test_a_void_uncounts_the_account_and_its_groups(tmp_path):
+    t, _ = _throttle(tmp_path)
+    with t:
+        r = t.respond("a", np.zeros((2, 10)), ["x", "y"], groups={"card": "c1"})
+        t.void(r)
+        assert t.state("a").failed == {0: 2} and t.state("a").queries == {0: 0}
+        assert t.group_state("card", "c1").failed == {0: 2}
+
+
+def test_the_grant_carries_the_groups_level(tmp_path):
+    from caliber_core.throttle.grants import grant_key, policy_digest, verify_grant
+
+    t, clock = _throttle(tmp_path)
+    with t:
+        t.flag_group("card", "c1", level=2)
+        token = t.grant("a", rows=1, groups={"card": "c1"})
+        grant = verify_grant(token, signing_key=grant_key(KEY), digest=policy_digest(t.policy), top=t.policy.top,
+                             now=clock.now)
+        assert grant.level == 2
