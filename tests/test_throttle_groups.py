@@ -142,8 +142,19 @@ def test_group_values_are_stored_as_fingerprints_only(tmp_path):
 
 
 # ---------------------------------------------------------------- counting and levels
-def test_each_row_gets_the_highest_level_of_its_account_and_groups(tmp_path):
-    t, _ = _throttle(tmp_path)
+@pytest.fixture(params=["sqlite", "redis"])
+def store_url(request, tmp_path):
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.db'}"
+        return
+    from throttle_support import redis_server
+
+    with redis_server(tmp_path) as server:
+        yield server.url
+
+
+def test_each_row_gets_the_highest_level_of_its_account_and_groups(tmp_path, store_url):
+    t, _ = _throttle(tmp_path, store_url)
     with t:
         t.flag_group("card", "c1", level=1)
         d = t.decide("a", 3, groups={"card": "c1", "org": "o1"})
@@ -164,8 +175,9 @@ def test_each_row_gets_the_highest_level_of_its_account_and_groups(tmp_path):
         assert t.decide("a", 1).segments == ((0, 1),)
 
 
-def test_a_flagged_groups_member_is_never_served_clean_and_unflagging_returns_it_to_its_own_level(tmp_path):
-    t, _ = _throttle(tmp_path, groups={"card": (1000, None)})
+def test_a_flagged_groups_member_is_never_served_clean_and_unflagging_returns_it_to_its_own_level(
+        tmp_path, store_url):
+    t, _ = _throttle(tmp_path, store_url, groups={"card": (1000, None)})
     with t:
         logits = np.random.default_rng(0).normal(size=(4, 10))
         ids = [f"r{i}" for i in range(4)]
@@ -187,8 +199,8 @@ def test_a_flagged_groups_member_is_never_served_clean_and_unflagging_returns_it
         assert history == ["flagged", "unflagged"]
 
 
-def test_a_group_flag_lapses_by_its_kinds_expiry(tmp_path):
-    t, clock = _throttle(tmp_path)  # org flags lapse after 3600 s, the account's never
+def test_a_group_flag_lapses_by_its_kinds_expiry(tmp_path, store_url):
+    t, clock = _throttle(tmp_path, store_url)  # org flags lapse after 3600 s, the account's never
     with t:
         t.flag_group("org", "o1", level=1)
         assert t.decide("a", 1, groups={"org": "o1"}).level == 1
@@ -197,8 +209,8 @@ def test_a_group_flag_lapses_by_its_kinds_expiry(tmp_path):
         assert [e["event"] for e in t.group_audit("org", "o1")["history"]] == ["flagged", "expired"]
 
 
-def test_shadow_mode_counts_and_escalates_groups_but_serves_clean(tmp_path):
-    t, _ = _throttle(tmp_path, shadow=True)
+def test_shadow_mode_counts_and_escalates_groups_but_serves_clean(tmp_path, store_url):
+    t, _ = _throttle(tmp_path, store_url, shadow=True)
     with t:
         t.flag_group("card", "c1", level=1)
         logits = np.ones((6, 10))
@@ -208,8 +220,8 @@ def test_shadow_mode_counts_and_escalates_groups_but_serves_clean(tmp_path):
         assert g.level == 2 and g.shadow == {1: 5, 2: 1}
 
 
-def test_a_void_uncounts_the_account_and_its_groups(tmp_path):
-    t, _ = _throttle(tmp_path)
+def test_a_void_uncounts_the_account_and_its_groups(tmp_path, store_url):
+    t, _ = _throttle(tmp_path, store_url)
     with t:
         r = t.respond("a", np.zeros((2, 10)), ["x", "y"], groups={"card": "c1"})
         t.void(r)
@@ -227,3 +239,77 @@ def test_the_grant_carries_the_groups_level(tmp_path):
         grant = verify_grant(token, signing_key=grant_key(KEY), digest=policy_digest(t.policy), top=t.policy.top,
                              now=clock.now)
         assert grant.level == 2
+
+
+# ---------------------------------------------------------------- four processes, both stores
+_WORKER = """
+import sys
+from caliber_core.throttle import Throttle
+policy, store, me, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+with Throttle.from_files(policy, store=store, metrics=False) as t:
+    for j in range(n):
+        account = (me + j) % 50
+        t.decide(f"acct-{account:02d}", 1, groups={"card": f"card-{account % 5}"})
+"""
+
+
+def _four_processes(tmp_path, store):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    path = _policy(tmp_path, groups={"card": (500, None)}, escalate_after=10)
+    with Throttle.from_files(path, store=store, metrics=False) as t:
+        for g in range(5):
+            t.flag_group("card", f"card-{g}", level=1, reason="ring")
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(path), store, str(i), "2000"], cwd=root)
+             for i in range(4)]
+    assert all(p.wait(timeout=300) == 0 for p in procs)
+    with Throttle.from_files(path, store=store, metrics=False) as t:
+        for a in range(50):
+            state = t.state(f"acct-{a:02d}")
+            assert state.queries == {0: 160} and not state.flagged, a
+        for g in range(5):
+            state = t.group_state("card", f"card-{g}")
+            # 1,600 rows each: 500 at level 1, 500 at level 2, the rest at the top
+            assert state.queries == {1: 500, 2: 500, 3: 600}, g
+            assert [(e.event, e.level) for e in state.history] == [("flagged", 1), ("escalated", 2), ("escalated", 3)]
+            members = t.group_audit("card", f"card-{g}")["members"]
+            assert len(members) == 10 and {m["queries"] for m in members.values()} == {160}
+
+
+def test_four_processes_count_every_account_and_group_exactly_on_sqlite(tmp_path):
+    _four_processes(tmp_path, f"sqlite:///{tmp_path / 'ledger.db'}")
+
+
+def test_four_processes_count_every_account_and_group_exactly_on_redis(tmp_path):
+    from throttle_support import redis_server
+
+    with redis_server(tmp_path) as server:
+        _four_processes(tmp_path, server.url)
+
+
+def test_a_lost_redis_reply_is_retried_with_its_token_and_counted_once(tmp_path, monkeypatch):
+    import redis
+    from throttle_support import redis_server
+
+    with redis_server(tmp_path) as server:
+        t, _ = _throttle(tmp_path, server.url)
+        with t:
+            t.flag_group("card", "c1", level=1)
+            real, lost = redis.connection.Connection.read_response, []
+
+            def read_response(self, *args, **kwargs):
+                reply = real(self, *args, **kwargs)  # the script ran; its reply is lost on the way back
+                if not lost:
+                    lost.append(1)
+                    raise redis.exceptions.ConnectionError("reply lost")
+                return reply
+
+            monkeypatch.setattr(redis.connection.Connection, "read_response", read_response)
+            d = t.decide("a", 3, groups={"card": "c1", "org": "o1"})
+            monkeypatch.undo()
+            assert lost and d.segments == ((1, 3),)
+            assert t.state("a").queries == {0: 3} and t.group_state("card", "c1").queries == {1: 3}
+            assert t.group_state("org", "o1").queries == {0: 3}
