@@ -313,3 +313,42 @@ def test_a_lost_redis_reply_is_retried_with_its_token_and_counted_once(tmp_path,
             assert lost and d.segments == ((1, 3),)
             assert t.state("a").queries == {0: 3} and t.group_state("card", "c1").queries == {1: 3}
             assert t.group_state("org", "o1").queries == {0: 3}
+
+
+def test_the_cli_flags_reads_audits_and_unflags_a_group(tmp_path, capsys):
+    path = _policy(tmp_path)
+    store = f"sqlite:///{tmp_path / 'ledger.db'}"
+    base = ["--policy", str(path), "--store", store]
+
+    def run(*argv):
+        try:
+            code = main(["throttle", *argv])
+        except SystemExit as exc:
+            code = exc.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, _ = run("flag", "--group", "card=fp_secret_91c2", "--level", "2", "--reason", "ring", *base)
+    assert code == 0 and out.startswith("group g:card:") and "flagged at level 2" in out and "secret" not in out
+    with Throttle.from_files(path, store=store, metrics=False) as t:
+        t.decide("acct-1", 4, groups={"card": "fp_secret_91c2"})
+        t.decide("acct-2", 1, groups={"card": "fp_secret_91c2"})
+    code, out, _ = run("status", "--group", "card", *base)
+    assert code == 0 and "flagged at level 3" in out and "L2:5" in out  # 5 rows: it escalated
+    code, out, _ = run("status", "--group", "card=fp_secret_91c2", "--json", *base)
+    assert json.loads(out)["kind"] == "card"
+    code, out, _ = run("audit", "--group", "card=fp_secret_91c2", *base)
+    assert code == 0 and "2 member(s) seen" in out and "members seen" in out and "flagged" in out
+    code, out, _ = run("audit", "--group", "card=fp_secret_91c2", "--json", *base)
+    assert sorted(m["queries"] for m in json.loads(out)["members"].values()) == [1, 4]
+    code, out, _ = run("unflag", "--group", "card=fp_secret_91c2", *base)
+    assert code == 0 and "not flagged" in out
+    code, out, _ = run("status", "--group", "card", *base)
+    assert out.strip() == "no flagged groups"
+    for argv, message in ((["flag", "--group", "crad=x"], "group kind 'crad' is not declared"),
+                          (["flag", "acct", "--group", "card=x"], "not both"),
+                          (["flag"], "name an account, or a group"),
+                          (["flag", "--group", "card="], "must be KIND=VALUE")):
+        code, out, err = run(*argv, *base)
+        last = err.strip().splitlines()[-1]  # argparse's own refusals print its usage above
+        assert code == 2 and message in last and last.count("error") == 1 and "Traceback" not in err, (argv, err)

@@ -38,11 +38,11 @@ def _group_spec(text: str) -> tuple:
 
 
 def _descriptor(text: str) -> tuple:
-    """``KIND=VALUE``: one group (its value stays on this machine: the ledger keeps a fingerprint)."""
+    """``KIND=VALUE`` (or ``KIND`` alone, for status: every flagged group); the value is never echoed."""
     kind, sep, value = text.partition("=")
-    if not sep or not kind or not value:
+    if not kind or (sep and not value):
         raise argparse.ArgumentTypeError("must be KIND=VALUE (for example card=fp_91c2)")
-    return kind, value
+    return kind, value or None
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -89,23 +89,29 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
     def ledger_args(p, account: str):
         if account == "required":
-            p.add_argument("account", help="the account id (stored as a fingerprint only)")
+            p.add_argument("account", nargs="?", help="the account id (stored as a fingerprint only)")
         elif account == "optional":
             p.add_argument("account", nargs="?", help="one account (default: every flagged account)")
+        p.add_argument("--group", type=_descriptor, default=None, metavar="KIND=VALUE",
+                       help="a group instead of an account (a kind the policy declares; the value is kept as a "
+                       "fingerprint only)" + ("; --group KIND alone: every flagged group" if account == "optional"
+                                              else ""))
         p.add_argument("--policy", required=True, help="the policy JSON")
         p.add_argument("--store", required=True, help="sqlite:///PATH or redis://HOST:PORT/DB")
         p.add_argument("--json", action="store_true", help="print JSON")
 
-    flag = tsub.add_parser("flag", help="flag an account at a level")
+    flag = tsub.add_parser("flag", help="flag an account (or a group: --group KIND=VALUE) at a level")
     ledger_args(flag, "required")
     flag.add_argument("--level", type=int, default=1, help="the level to serve (default 1)")
     flag.add_argument("--reason", default="", help="why (one line, kept in the history)")
-    unflag = tsub.add_parser("unflag", help="serve an account clean again")
+    unflag = tsub.add_parser("unflag", help="serve an account clean again (a group: its members return to their "
+                             "own levels)")
     ledger_args(unflag, "required")
     unflag.add_argument("--reason", default="", help="why (one line, kept in the history)")
-    ledger_args(tsub.add_parser("status", help="one account's ledger entry, or every flagged account"),
+    ledger_args(tsub.add_parser("status", help="one account's ledger entry, or every flagged account (--group: groups)"),
                 "optional")
-    ledger_args(tsub.add_parser("audit", help="what an account received, for an appeal"), "required")
+    ledger_args(tsub.add_parser("audit", help="what an account received, for an appeal (--group: a group's history and members)"),
+                "required")
 
     sim = tsub.add_parser("simulate", help="replay synthetic accounts through a policy")
     sim.add_argument("policy", help="the policy JSON")
@@ -144,12 +150,13 @@ def run(args) -> int:
         store (turned into one line, exit 2, by the CLI's handler); other
         bad input raises ValueError directly.
     """
+    from ..throttle.groups import DescriptorError
     from ..throttle.policy import PolicyError
     from ..throttle.stores import StoreUnavailable, StoreURLError
 
     try:
         return _COMMANDS[args.throttle_command](args)
-    except (PolicyError, StoreURLError) as exc:
+    except (PolicyError, StoreURLError, DescriptorError) as exc:
         raise ValueError(str(exc)) from None
     except StoreUnavailable as exc:
         raise ValueError(f"store unreachable: {exc}") from None
@@ -221,38 +228,57 @@ def _status_line(s: dict) -> str:
     state = (f"flagged at level {s['level']} (sigma {s['sigma']:.4g})" if s["flagged"] else "not flagged")
     lapsed = " (flag lapsed: expires at its next request)" if s.get("flag_lapsed") else ""
     reason = f", reason: {s['reason']}" if s["flagged"] and s["reason"] else ""
-    return f"account {s['account']}: {state}{lapsed}{reason}; {queries}"
+    name = f"account {s['account']}" if "account" in s else f"group {s['group']}"
+    return f"{name}: {state}{lapsed}{reason}; {queries}"
+
+
+def _one(args, *, required: bool = True):
+    """The account or the group (``--group``) a command names: exactly one of them."""
+    if args.group is not None and args.account is not None:
+        raise ValueError("name an account or --group KIND=VALUE, not both")
+    if required and args.group is None and args.account is None:
+        raise ValueError("name an account, or a group with --group KIND=VALUE")
+    return args.group
 
 
 def _cmd_flag(args) -> int:
+    group = _one(args)
     with _throttle(args) as t:
-        s = t.flag(args.account, level=args.level, reason=args.reason)
+        s = (t.flag(args.account, level=args.level, reason=args.reason) if group is None else
+             t.flag_group(*group, level=args.level, reason=args.reason))
     _print(s, args.json, _status_line(s))
     return 0
 
 
 def _cmd_unflag(args) -> int:
+    group = _one(args)
     with _throttle(args) as t:
-        s = t.unflag(args.account, reason=args.reason)
+        s = t.unflag(args.account, reason=args.reason) if group is None else t.unflag_group(*group, reason=args.reason)
     _print(s, args.json, _status_line(s))
     return 0
 
 
 def _cmd_status(args) -> int:
+    group = _one(args, required=False)
     with _throttle(args) as t:
-        s = t.status(args.account)
-    if args.account is not None:
+        if group is None:
+            s = t.status(args.account)
+        else:
+            s = t.group_status(*group) if group[1] else t.group_status()
+    if args.account is not None or (group is not None and group[1]):
         _print(s, args.json, _status_line(s))
     else:
-        _print(s, args.json, "\n".join(_status_line(x) for x in s["flagged"]) or "no flagged accounts")
+        what = "groups" if group is not None else "accounts"
+        _print(s, args.json, "\n".join(_status_line(x) for x in s["flagged"]) or f"no flagged {what}")
     return 0
 
 
 def _cmd_audit(args) -> int:
     from ..throttle.audit import format_audit
 
+    group = _one(args)
     with _throttle(args) as t:
-        report = t.audit(args.account)
+        report = t.audit(args.account) if group is None else t.group_audit(*group)
     _print(report, args.json, format_audit(report))
     return 0
 

@@ -164,7 +164,9 @@ def format_audit(report: dict) -> str:
         return "-" if t is None else dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
     conf = "/".join(f"{c:.0%}" for c in report["interval_levels"]) or "no"
-    lines = [f"account {report['account']} (fingerprint) on model {report['model']}",
+    name = (f"account {report['account']}" if "kind" not in report else
+            f"group {report['account']} (kind {report['kind']}, {len(report['members'])} member(s) seen)")
+    lines = [f"{name} (fingerprint) on model {report['model']}",
              f"now: {'flagged at level ' + str(report['level']) if report['flagged'] else 'not flagged'}"
              + (f", reason: {report['reason']}" if report["flagged"] and report["reason"] else ""),
              f"first seen {when(report['first_seen'])}, last seen {when(report['last_seen'])}, "
@@ -186,6 +188,10 @@ def format_audit(report: dict) -> str:
     if report.get("failed"):
         lines.append("counted, then rolled back (no answer produced): "
                      + ", ".join(f"L{k}:{v:,}" for k, v in report["failed"].items()))
+    if report.get("members"):
+        lines.append("members seen (account fingerprint, queries, first and last seen):")
+        lines += [f"  {fp}  {m['queries']:>10,}  {when(m['first_seen'])}  {when(m['last_seen'])}"
+                  for fp, m in report["members"].items()]
     loss = report["loss_vs_clean"]
     lines.append(f"lost against clean service: accuracy {_fmt(loss['accuracy'])} points, "
                  f"retention {_fmt(loss['retention'])} points")
