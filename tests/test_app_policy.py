@@ -46,7 +46,12 @@ def test_the_page_builds_levels_simulates_and_exports_a_valid_policy():
     levels = at.dataframe[0].value
     assert list(levels["level"]) == [0, 1, 2] and "accuracy a wrongly flagged user gets" in levels
     outcomes = at.dataframe[1].value
-    assert len(outcomes) == 23 and set(outcomes["account"]) >= {"benign", "thief", "repeater", "sybil-20"}
+    assert len(outcomes) == 24 and set(outcomes["account"]) >= {"benign", "thief", "repeater", "sybil-20"}
+    assert doc["groups"]["card"]["escalation"]["after_queries"] == 2000  # the default kind, at the accounts' rule
+    linked = outcomes[outcomes["account"].str.startswith("linked")].iloc[0]
+    assert linked["highest level"] == 2
+    reach = at.dataframe[2].value
+    assert list(reach["thief reaches it after"]) == list(reach["linked campaign after (all accounts)"])
     thief = outcomes[outcomes["account"] == "thief"].iloc[0]
     assert thief["highest level"] == 2
     assert doc["config"]["path"].endswith(".caliber.json")
@@ -88,7 +93,7 @@ def test_level_table_and_trajectories_are_plain_functions(tmp_path):
     assert table["thief's surrogate keeps"].iloc[0] == "100.0%"
     result = simulate(policy, queries=400, batch=50)
     fig = policy_view.trajectory_figure(result)
-    assert len(fig.data) == 23 and sum(t.showlegend for t in fig.data) == 4
+    assert len(fig.data) == 24 and sum(t.showlegend for t in fig.data) == 5
     assert max(max(t.y) for t in fig.data) == 2
     with pytest.raises(Exception, match="changed since the policy was written"):
         parse_policy(doc, config_text=text + " ")
@@ -117,3 +122,12 @@ def test_a_consistent_config_uploaded_serves_both_seedings_on_the_page(tmp_path)
     at.file_uploader(key="policy_config_upload").set_value(("bad.json", b"{not json", "application/json")).run()
     assert at.error and "config is not valid JSON" in at.error[0].value.replace("\\", "")
     assert at.error[0].value.replace("\\", "").startswith("bad.json: ")
+
+
+def test_group_kinds_are_read_from_one_line():
+    assert policy_view.group_kinds("card, org=500", escalate_after=100, expire_after=None) == {
+        "card": (100, None), "org": (500, None)}
+    assert policy_view.group_kinds(" ", escalate_after=100, expire_after=None) == {}
+    for bad, message in (("card=lots", "whole number"), ("card, card", "listed twice")):
+        with pytest.raises(ValueError, match=message):
+            policy_view.group_kinds(bad, escalate_after=100, expire_after=None)

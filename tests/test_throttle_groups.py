@@ -352,3 +352,36 @@ def test_the_cli_flags_reads_audits_and_unflags_a_group(tmp_path, capsys):
         code, out, err = run(*argv, *base)
         last = err.strip().splitlines()[-1]  # argparse's own refusals print its usage above
         assert code == 2 and message in last and last.count("error") == 1 and "Traceback" not in err, (argv, err)
+
+
+# ---------------------------------------------------------------- simulation
+@pytest.mark.parametrize("escalate_after, batch, expire_after", [(10_000, 100, None), (1_000, 70, None),
+                                                                  (2_000, 100, 2 * 86400.0)])
+def test_the_linked_campaign_reaches_each_level_after_the_thiefs_number_of_queries(
+        tmp_path, escalate_after, batch, expire_after):
+    from caliber_core.throttle.simulate import simulate
+
+    policy = load_policy(write_policy(tmp_path, escalate_after=escalate_after, expire_after=expire_after))
+    result = simulate(policy, batch=batch)
+    by = {a["account"]: a for a in result["accounts"]}
+    thief, linked = by["thief"], by["linked"]
+    # flags that lapse every two days keep both below the top; otherwise both reach it
+    assert set(linked["first_at_level"]) == set(thief["first_at_level"]) == set(range(3 if expire_after else 4))
+    for level, n in thief["first_at_level"].items():
+        assert abs(linked["first_at_level"][level] - n) <= batch, (level, n, linked["first_at_level"])
+    assert linked["max_level"] == thief["max_level"] and set(linked["member_max_levels"].values()) == {
+        thief["max_level"]}
+    assert linked["flag_events"] == thief["flag_events"]
+    # unlinked, the same split stays at level 0
+    assert {by[f"sybil-{i:02d}"]["max_level"] for i in range(1, 21)} == {0}
+
+
+def test_the_unlinked_benign_users_levels_do_not_move_with_anyone_elses_traffic(tmp_path):
+    from caliber_core.throttle.simulate import simulate
+
+    policy = load_policy(write_policy(tmp_path, escalate_after=1_000, expire_after=86400.0))
+    alone = simulate(policy, linked=False, sybils=1)
+    crowded = simulate(policy, linked=True, sybils=20)
+    benign = [a for a in alone["accounts"] if a["account"] == "benign"][0]
+    assert benign == [a for a in crowded["accounts"] if a["account"] == "benign"][0]
+    assert benign["trajectory"][1][1] == 1 and benign["max_level"] >= 1
