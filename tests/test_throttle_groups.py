@@ -385,3 +385,44 @@ def test_the_unlinked_benign_users_levels_do_not_move_with_anyone_elses_traffic(
     benign = [a for a in alone["accounts"] if a["account"] == "benign"][0]
     assert benign == [a for a in crowded["accounts"] if a["account"] == "benign"][0]
     assert benign["trajectory"][1][1] == 1 and benign["max_level"] >= 1
+
+
+# ---------------------------------------------------------------- the FastAPI example
+def test_the_fastapi_example_reads_descriptors_from_the_trusted_headers(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from examples.serve_fastapi import create_app, group_headers, linear_model
+
+    t, _ = _throttle(tmp_path, groups={"card": (1000, None), "billing_org": (1000, None)})
+    assert group_headers(t.policy) == {"card": "X-Caliber-Group-Card", "billing_org": "X-Caliber-Group-Billing-Org"}
+    assert group_headers(t.policy, "card=X-Billing-Card")["card"] == "X-Billing-Card"
+    with pytest.raises(ValueError, match="not KIND=HEADER for a kind the policy declares"):
+        group_headers(t.policy, "crad=X-Card")
+    with t:
+        client = TestClient(create_app(t, linear_model(4, 10), group_header_names=group_headers(
+            t.policy, "card=X-Billing-Card")))
+        body = {"inputs": [[0.1, 0.2, 0.3, 0.4]]}
+        auth = {"Authorization": "Bearer acct-1"}
+        clean = client.post("/v1/classify", json=body, headers=auth | {"X-Billing-Card": "fp_1"}).json()["logits"]
+        t.flag_group("card", "fp_1", level=2)
+        noisy = client.post("/v1/classify", json=body, headers=auth | {"X-Billing-Card": "fp_1"}).json()["logits"]
+        other = client.post("/v1/classify", json=body, headers=auth | {"X-Billing-Card": "fp_2"}).json()["logits"]
+        assert noisy != clean and other == clean
+        assert t.group_state("card", "fp_1").queries == {0: 1, 2: 1}
+        before = (t.state("acct-1"), t.group_state("card", "fp_1"))
+        r = client.post("/v1/classify", json=body, headers=auth | {"X-Billing-Card": "x" * 300})
+        assert r.status_code == 400 and "1..256 bytes" in r.json()["detail"] and "xxxx" not in r.text
+        # raw header bytes that are not UTF-8 (the test client would re-encode them, so the request is built here)
+        from fastapi import HTTPException
+        from starlette.requests import Request
+
+        from examples.serve_fastapi import descriptors
+
+        raw = Request({"type": "http", "headers": [(b"x-billing-card", b"\xff\xfe")]})
+        with pytest.raises(HTTPException) as info:
+            descriptors(raw, {"card": "X-Billing-Card"})
+        assert info.value.status_code == 400 and "not UTF-8" in info.value.detail
+        r = client.post("/v1/classify", json=body, headers=[("Authorization", "Bearer acct-1"),
+                                                             ("X-Billing-Card", "a"), ("X-Billing-Card", "b")])
+        assert r.status_code == 400 and "repeated" in r.json()["detail"]
+        assert (t.state("acct-1"), t.group_state("card", "fp_1")) == before
