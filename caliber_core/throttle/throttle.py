@@ -109,6 +109,7 @@ class Throttle(AccountBook):
         if not isinstance(self.store, LedgerStore):
             raise TypeError(f"store must be a store URL or a LedgerStore, got {type(store).__name__}")
         self._clock = clock
+        self._pipelined_for = self._pipelined = None  # _is_pipelined's cache
         self._levels = None
         if key is not None:
             from .levels import LevelNoise
@@ -266,7 +267,7 @@ class Throttle(AccountBook):
         if not kinds:
             request = dict(rows=rows, now=self._now(), escalate_after=policy.escalate_after, top=policy.top,
                            expire_after=policy.expire_after, shadow=policy.shadow)
-            if isinstance(store, PipelinedLedgerStore):  # the round trip overlaps the draws
+            if self._is_pipelined():  # the round trip overlaps the draws
                 finish = store.begin_record(fp, **request)
             else:
                 counted = store.record(fp, **request)
@@ -275,7 +276,7 @@ class Throttle(AccountBook):
             entries = [(fp, policy.escalate_after, policy.expire_after, None)]
             entries += [(name, kind.escalate_after, kind.expire_after, fp) for kind, name in kinds]
             request = dict(rows=rows, now=self._now(), top=policy.top, shadow=policy.shadow)
-            if isinstance(store, PipelinedLedgerStore):
+            if self._is_pipelined():
                 finish = store.begin_record_request(entries, **request)
             else:
                 counted = store.record_request(entries, **request)
@@ -289,6 +290,14 @@ class Throttle(AccountBook):
             return self._merge(fp, kinds, result)
 
         return decided
+
+    def _is_pipelined(self) -> bool:
+        """Whether the store is a PipelinedLedgerStore, checked once per store object (a runtime
+        Protocol check walks every method name on each call)."""
+        store = self.store
+        if self._pipelined_for is not store:
+            self._pipelined_for, self._pipelined = store, isinstance(store, PipelinedLedgerStore)
+        return self._pipelined
 
     def _merge(self, fp: str, kinds: tuple, decisions: list):
         """One Decision for a request with groups: each row at the highest level of its account and groups."""
