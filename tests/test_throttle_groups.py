@@ -168,6 +168,12 @@ def test_each_row_gets_the_highest_level_of_its_account_and_groups(tmp_path, sto
         assert (g.flagged, g.level, g.queries) == (True, 2, {1: 5, 2: 3})
         assert t.group_state("org", "o1").queries == {0: 3}
         assert t.state("a").queries == {0: 7, 3: 1}
+        # what the account received above its own level, for its appeal
+        assert t.state("a").lifted == {(0, 1): 5, (0, 2): 2}
+        audit = t.audit("a")
+        assert audit["raised_by_groups"] == {"0->1": 5, "0->2": 2}
+        assert {lv["level"]: lv["served"] for lv in audit["levels"]} == {0: 0, 1: 5, 2: 2, 3: 1}
+        assert audit["loss_vs_clean"]["accuracy"]["value"] > 0
         members = t.group_audit("card", "c1")["members"]
         assert list(members.values())[0]["queries"] == 8 and len(members) == 1
         # a request without groups is the account's own level
@@ -227,6 +233,13 @@ def test_a_void_uncounts_the_account_and_its_groups(tmp_path, store_url):
         t.void(r)
         assert t.state("a").failed == {0: 2} and t.state("a").queries == {0: 0}
         assert t.group_state("card", "c1").failed == {0: 2}
+        t.flag_group("card", "c1", level=2)
+        r = t.respond("a", np.zeros((2, 10)), ["x", "y"], groups={"card": "c1"})
+        assert t.state("a").lifted == {(0, 2): 2}
+        t.void(r)
+        t.void(r)  # twice: nothing more
+        assert t.state("a").lifted == {} and t.state("a").failed == {0: 4}
+        assert t.audit("a")["loss_vs_clean"]["accuracy"] is None  # nothing served
 
 
 def test_the_grant_carries_the_groups_level(tmp_path):
@@ -270,6 +283,7 @@ def _four_processes(tmp_path, store):
         for a in range(50):
             state = t.state(f"acct-{a:02d}")
             assert state.queries == {0: 160} and not state.flagged, a
+            assert sum(state.lifted.values()) == 160 and {own for own, _ in state.lifted} == {0}, a
         for g in range(5):
             state = t.group_state("card", f"card-{g}")
             # 1,600 rows each: 500 at level 1, 500 at level 2, the rest at the top

@@ -162,6 +162,9 @@ class AccountState:
         Rows counted, then rolled back because no answer was produced.
     uncounted : tuple of dict
         Rows served while the store was unreachable: process, first, last, queries per level.
+    lifted : dict of (int, int) to int
+        Rows counted at the account's own level ``from`` but served at a group's higher
+        level ``to`` (``{(from, to): rows}``; not kept in shadow mode, where rows are served clean).
     """
 
     flagged: bool = False
@@ -176,6 +179,7 @@ class AccountState:
     history: tuple = ()
     failed: dict = field(default_factory=dict)  # rows counted, then rolled back: no answer was produced
     uncounted: tuple = ()  # served while the store was unreachable: dicts of process, first, last, queries
+    lifted: dict = field(default_factory=dict)  # (own level, served level) -> rows raised by a group
 
     def to_dict(self, *, expire_after: float | None = None) -> dict:
         """The state as a JSON-able dict (what ``throttle status`` prints).
@@ -202,6 +206,7 @@ class AccountState:
             "failed": {str(k): v for k, v in sorted(self.failed.items())},
             "served_uncounted": [dict(u, queries={str(k): v for k, v in sorted(u["queries"].items())})
                                  for u in self.uncounted],
+            "raised_by_groups": {f"{a}->{b}": n for (a, b), n in sorted(self.lifted.items()) if n},
         }
 
 
@@ -274,6 +279,42 @@ def highest_segments(*segment_lists) -> tuple:
             if used[j] == lst[index[j]][1]:
                 index[j], used[j] = index[j] + 1, 0
     return tuple(out)
+
+
+def lifts(own, served) -> dict:
+    """Rows a request's groups raised above its account's own level: ``{(own level, served level): rows}``.
+
+    Parameters
+    ----------
+    own, served : sequence of (int, int)
+        The account's own segments and the request's served ones (:func:`highest_segments`), same rows.
+
+    Returns
+    -------
+    dict
+        Only the pairs where the served level is higher.
+    """
+    out = {}
+    for (a, b), n in _paired_rows(own, served).items():
+        if b > a:
+            out[(a, b)] = out.get((a, b), 0) + n
+    return out
+
+
+def _paired_rows(own, served) -> dict:
+    pairs, i, j, used_i, used_j = {}, 0, 0, 0, 0
+    own, served = list(own), list(served)
+    while i < len(own) and j < len(served):
+        take = min(own[i][1] - used_i, served[j][1] - used_j)
+        key = (own[i][0], served[j][0])
+        pairs[key] = pairs.get(key, 0) + take
+        used_i += take
+        used_j += take
+        if used_i == own[i][1]:
+            i, used_i = i + 1, 0
+        if used_j == served[j][1]:
+            j, used_j = j + 1, 0
+    return pairs
 
 
 def expired(state: AccountState, now: float, expire_after: float | None) -> bool:

@@ -133,6 +133,25 @@ class LedgerStore(Protocol):
             some entries may have been counted).
         """
 
+    def lift(self, account: str, raised: dict, *, token: str | None = None, sign: int = 1) -> None:
+        """Record rows a request's groups served above the account's own level (``sign`` -1 takes them back).
+
+        Parameters
+        ----------
+        account : str
+            The account's fingerprint.
+        raised : dict of (int, int) to int
+            ``{(own level, served level): rows}`` (:func:`~caliber_core.throttle.ledger.lifts`).
+        token : str, optional
+            The request's token: a store that can lose a reply applies it once per token.
+        sign : int, optional
+            1 adds, -1 takes back (a voided request).
+        Raises
+        ------
+        StoreUnavailable
+            The store cannot be reached or written.
+        """
+
     def groups(self, *, flagged_only: bool = True) -> list[str]:
         """The groups' ledger names, sorted (the flagged ones only by default).
 

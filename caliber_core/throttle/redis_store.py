@@ -49,7 +49,7 @@ import json
 import secrets
 import time
 
-from .ledger import AccountState, Decision, Event
+from .ledger import AccountState, Decision, Event, highest_segments, lifts
 from .groups import is_group_id
 from .ledger_store import StoreUnavailable
 
@@ -120,6 +120,14 @@ redis.call('HSET', KEYS[5], 'last:' .. ARGV[9], ARGV[1])
 _REPLY_LINE = "redis.call('SET', KEYS[4], cjson.encode(out), 'EX', tonumber(ARGV[8]))"
 GROUP_RECORD_SCRIPT = RECORD_SCRIPT.replace(_REPLY_LINE, _MEMBER_LINES.strip() + "\n" + _REPLY_LINE)
 assert GROUP_RECORD_SCRIPT != RECORD_SCRIPT
+
+# Rows a request's groups served above its account's own level, once per token (KEYS[2] marks it done).
+# ARGV: seconds to keep the mark, then (field, rows) pairs 'l:<own>:<served>'.
+LIFT_SCRIPT = """
+if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', tonumber(ARGV[1])) then return 0 end
+for i = 2, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], tonumber(ARGV[i + 1])) end
+return 1
+"""
 
 RESOLVE_SCRIPT = """
 local done = redis.call('GET', KEYS[2])
@@ -236,6 +244,7 @@ class RedisStore:
         self._group_record = self._client.register_script(GROUP_RECORD_SCRIPT)
         self._flag = self._client.register_script(FLAG_SCRIPT)
         self._resolve = self._client.register_script(RESOLVE_SCRIPT)
+        self._lift = self._client.register_script(LIFT_SCRIPT)
         self._lost = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
     @classmethod
@@ -417,7 +426,22 @@ class RedisStore:
             raise self._fail(exc) from None
 
         def one_by_one(sent: bool) -> list:
-            return [self._run_record(keys, args, token, sent=sent, script=script) for script, keys, args in calls]
+            return with_lifts([self._run_record(keys, args, token, sent=sent, script=script)
+                               for script, keys, args in calls])
+
+        def with_lifts(decisions: list) -> list:
+            # What the account received above its own level: a second round trip, only when a group raised it.
+            raised = {} if shadow else lifts(decisions[0].segments, highest_segments(*(d.segments for d in decisions)))
+            if raised:
+                try:
+                    self.lift(entries[0][0], raised, token=token)
+                except StoreUnavailable as exc:
+                    import logging
+
+                    logging.getLogger("caliber_core.throttle").warning(
+                        "ledger store (%s): rows a group raised above an account's level were served but not "
+                        "added to its record (the group's record has them)", exc)
+            return decisions
 
         try:
             conn.send_packed_command(conn.pack_commands(
@@ -439,9 +463,32 @@ class RedisStore:
                 pool.release(conn)
                 return one_by_one(True)
             pool.release(conn)
-            return [self._decision(reply, token) for reply in replies]
+            return with_lifts([self._decision(reply, token) for reply in replies])
 
         return finish
+
+    def lift(self, account: str, raised: dict, *, token: str, sign: int = 1) -> None:
+        """Add (``sign`` -1: take back) rows a group served above the account's own level, once per token.
+
+        A lost reply is retried with the same token (the script marks it done in the account's slot).
+        """
+        keys = self._keys(account, token)
+        mark = f"{keys[3]}:{'lift' if sign > 0 else 'unlift'}"
+        args = [TOKEN_SECONDS]
+        for (a, b), n in raised.items():
+            args += [f"l:{a}:{b}", sign * int(n)]
+        delays = iter(RETRY_DELAYS)
+        while True:
+            try:
+                self._lift(keys=[keys[0], mark], args=args)
+                return
+            except self._lost as exc:
+                delay = next(delays, None)
+                if delay is None:
+                    raise self._fail(exc) from None
+                time.sleep(delay)
+            except self._errors as exc:
+                raise self._fail(exc) from None
 
     def resolve(self, account: str, token: str, *, served: bool) -> bool:
         """Settle a request in doubt: True if it had been counted. One the caller was told failed
@@ -505,11 +552,13 @@ class RedisStore:
         queries = {int(k[2:]): int(v) for k, v in f.items() if k.startswith("q:")}
         shadow = {int(k[2:]): int(v) for k, v in f.items() if k.startswith("s:") and int(v)}
         failed = {int(k[2:]): int(v) for k, v in f.items() if k.startswith("f:") and int(v)}
+        lifted = {(int(k.split(":")[1]), int(k.split(":")[2])): int(v) for k, v in f.items()
+                  if k.startswith("l:") and int(v)}
         flagged_at = f.get("flagged_at") or None
         return AccountState(
             flagged=f.get("flagged") == "1", level=int(f.get("level", 0)), reason=f.get("reason", ""),
             flagged_at=None if flagged_at is None else float(flagged_at), at_level=int(f.get("at_level", 0)),
-            queries=queries, shadow=shadow, failed=failed,
+            queries=queries, shadow=shadow, failed=failed, lifted=lifted,
             uncounted=tuple(_uncounted(json.loads(u)) for u in uncounted),
             first_seen=float(f["first_seen"]) if f.get("first_seen") else None,
             last_seen=float(f["last_seen"]) if f.get("last_seen") else None,

@@ -32,7 +32,7 @@ import os
 import sqlite3
 import threading
 
-from .ledger import AccountState, Event, advance, expired
+from .ledger import AccountState, Event, advance, expired, highest_segments, lifts
 from .ledger_store import StoreUnavailable
 
 _SCHEMA = """
@@ -53,6 +53,9 @@ CREATE TABLE IF NOT EXISTS uncounted (
     id INTEGER PRIMARY KEY, account TEXT NOT NULL, process TEXT NOT NULL, first REAL NOT NULL,
     last REAL NOT NULL, queries TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS uncounted_account ON uncounted (account, id);
+CREATE TABLE IF NOT EXISTS lifts (
+    account TEXT NOT NULL, own INTEGER NOT NULL, served INTEGER NOT NULL, queries INTEGER NOT NULL,
+    PRIMARY KEY (account, own, served)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS members (
     grp TEXT NOT NULL, account TEXT NOT NULL, queries INTEGER NOT NULL, first_seen REAL NOT NULL,
     last_seen REAL NOT NULL, PRIMARY KEY (grp, account)) WITHOUT ROWID;
@@ -69,6 +72,8 @@ _ADD_COUNT = ("INSERT INTO counts VALUES (?, ?, ?, ?) ON CONFLICT (account, leve
 _ADD_EVENT = "INSERT INTO history (account, at, event, level, reason) VALUES (?, ?, ?, ?, ?)"
 _ADD_MEMBER = ("INSERT INTO members VALUES (?, ?, ?, ?, ?) ON CONFLICT (grp, account) DO UPDATE SET "
                "queries=queries+excluded.queries, last_seen=excluded.last_seen")
+_ADD_LIFT = ("INSERT INTO lifts VALUES (?, ?, ?, ?) ON CONFLICT (account, own, served) DO UPDATE SET "
+             "queries=queries+excluded.queries")
 _GET = "SELECT flagged, level, reason, flagged_at, at_level, first_seen, last_seen FROM accounts WHERE account=?"
 
 
@@ -239,8 +244,10 @@ class SqliteStore:
             queries[level] = n
             if s:
                 shadow[level] = s
-        history, failed, uncounted = (), {}, ()
+        history, failed, uncounted, lifted = (), {}, (), {}
         if with_history:
+            lifted = {(a, b): n for a, b, n in conn.execute(
+                "SELECT own, served, queries FROM lifts WHERE account=? AND queries > 0", (account,))}
             history = tuple(Event(at, event, level, reason) for at, event, level, reason in conn.execute(
                 "SELECT at, event, level, reason FROM history WHERE account=? ORDER BY id", (account,)))
             failed = {level: n for level, n in conn.execute(
@@ -252,7 +259,7 @@ class SqliteStore:
                     "SELECT process, first, last, queries FROM uncounted WHERE account=? ORDER BY id", (account,)))
         return AccountState(flagged=bool(row[0]), level=row[1], reason=row[2], flagged_at=row[3],
                             at_level=row[4], queries=queries, shadow=shadow, first_seen=row[5],
-                            last_seen=row[6], history=history, failed=failed, uncounted=uncounted)
+                            last_seen=row[6], history=history, failed=failed, uncounted=uncounted, lifted=lifted)
 
     def get(self, account: str) -> AccountState | None:
         """See :meth:`LedgerStore.get <caliber_core.throttle.ledger_store.LedgerStore.get>`."""
@@ -406,6 +413,10 @@ class SqliteStore:
                 if member is not None:
                     conn.execute(_ADD_MEMBER, (name, member, rows, now, now))
                 out.append(decision)
+            if len(out) > 1 and not shadow:  # what the account received above its own level, same transaction
+                raised = lifts(out[0].segments, highest_segments(*(d.segments for d in out)))
+                for (a, b), n in raised.items():
+                    conn.execute(_ADD_LIFT, (entries[0][0], a, b, n))
             return out
 
         return self._transaction(run)
@@ -420,6 +431,14 @@ class SqliteStore:
                 writes.append(("INSERT INTO failed VALUES (?, ?, ?) ON CONFLICT (account, level) DO UPDATE SET "
                                "queries=queries+excluded.queries", (account, level, n)))
             return None, (), writes, None
+
+        self._write(account, full=False, change=change)
+
+    def lift(self, account: str, raised: dict, *, token=None, sign: int = 1) -> None:
+        """Add (``sign`` -1: take back, for a voided request) rows a group served above the account's own level."""
+
+        def change(state):
+            return None, (), [(_ADD_LIFT, (account, a, b, sign * n)) for (a, b), n in raised.items()], None
 
         self._write(account, full=False, change=change)
 

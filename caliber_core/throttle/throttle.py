@@ -228,6 +228,16 @@ class Throttle(AccountBook):
         if decision is not None:
             # The account's own decision and each group's (a request with groups counted each).
             own = decision if not decision.groups else decision.own
+            if decision.groups and not self.policy.shadow:
+                from .ledger import lifts
+
+                raised = lifts(own.segments, decision.segments)
+                if raised:  # what a group raised, taken back with the rows
+                    try:
+                        self.store.lift(ticket["fp"], raised, token=own.token, sign=-1)
+                    except StoreUnavailable as exc:
+                        log.warning("ledger store unreachable (%s): a failed request's raised rows stay recorded",
+                                    exc)
             for name, counted in ((ticket["fp"], own),) + decision.groups:
                 try:
                     self.store.void(name, counted)
