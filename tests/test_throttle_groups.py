@@ -440,3 +440,25 @@ def test_the_fastapi_example_reads_descriptors_from_the_trusted_headers(tmp_path
                                                              ("X-Billing-Card", "a"), ("X-Billing-Card", "b")])
         assert r.status_code == 400 and "repeated" in r.json()["detail"]
         assert (t.state("acct-1"), t.group_state("card", "fp_1")) == before
+
+
+def test_during_an_outage_a_group_this_process_saw_flagged_raises_the_level_and_its_rows_are_tallied(tmp_path):
+    from throttle_support import free_port
+
+    from caliber_core.throttle.stores import open_store
+
+    t, _ = _throttle(tmp_path)
+    with t:
+        ledger = t.store
+        t.flag_group("card", "c1", level=2)
+        t.decide("a", 1, groups={"card": "c1"})
+        t.store = open_store(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+        r = t.respond("a", np.zeros((2, 10)), ["x", "y"], groups={"card": "c1"})
+        assert (r.level, r.counted) == (2, False)
+        pending = t.pending_uncounted()
+        assert pending[group_fingerprint("card", "c1")] == {2: 2} and len(pending) == 2
+        t.store = ledger
+        t.decide("a", 1, groups={"card": "c1"})  # the store answers: the tallies are written back
+        assert t.pending_uncounted() == {}
+        assert [u["queries"] for u in t.group_state("card", "c1").uncounted] == [{2: 2}]
+        assert [u["queries"] for u in t.state("a").uncounted] == [{2: 2}]
