@@ -15,6 +15,7 @@ ledger keeps a domain-separated sha256 of kind and value.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import unicodedata
 from collections.abc import Mapping
@@ -34,6 +35,7 @@ class DescriptorError(ValueError):
     """A request's group descriptors that the throttle refuses (one line; never the value itself)."""
 
 
+@functools.lru_cache(maxsize=65536)  # a server sees the same few cards and organisations again and again
 def group_fingerprint(kind: str, value: str) -> str:
     """The ledger's name for the group (``kind``, ``value``): ``g:<kind>:<32 hex>``.
 

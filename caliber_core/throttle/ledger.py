@@ -264,6 +264,8 @@ def highest_segments(*segment_lists) -> tuple:
     >>> highest_segments(((0, 5),), ((1, 2), (2, 3)))
     ((1, 2), (2, 3))
     """
+    if all(len(s) == 1 for s in segment_lists):  # the usual request: one level each
+        return ((max(s[0][0] for s in segment_lists), segment_lists[0][0][1]),)
     lists = [list(s) for s in segment_lists]
     index, used = [0] * len(lists), [0] * len(lists)
     out = []
@@ -294,6 +296,9 @@ def lifts(own, served) -> dict:
     dict
         Only the pairs where the served level is higher.
     """
+    if len(own) == 1 and len(served) == 1:  # the usual request: one level each
+        (a, n), (b, _) = own[0], served[0]
+        return {(a, b): n} if b > a else {}
     out = {}
     for (a, b), n in _paired_rows(own, served).items():
         if b > a:

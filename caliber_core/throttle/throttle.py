@@ -311,17 +311,14 @@ class Throttle(AccountBook):
 
     def _merge(self, fp: str, kinds: tuple, decisions: list):
         """One Decision for a request with groups: each row at the highest level of its account and groups."""
-        from dataclasses import replace
-
-        from .ledger import highest_segments
+        from .ledger import Decision, highest_segments
 
         own, rest = decisions[0], decisions[1:]
         for (_, name), counted in zip((("", fp),) + kinds, decisions):
             self._remember(name, counted.state.level if counted.state.flagged else 0)
-        merged = replace(own, segments=highest_segments(*(d.segments for d in decisions)),
-                         events=own.events + tuple(e for d in rest for e in d.events),
-                         groups=tuple((name, d) for (_, name), d in zip(kinds, rest)), own=own)
-        return merged
+        return Decision(highest_segments(*(d.segments for d in decisions)),
+                        own.events + tuple(e for d in rest for e in d.events), own.state, own.token,
+                        groups=tuple((name, d) for (_, name), d in zip(kinds, rest)), own=own)
 
     def _kinds(self, groups) -> tuple:
         from .groups import check_groups
