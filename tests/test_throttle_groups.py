@@ -462,3 +462,51 @@ def test_during_an_outage_a_group_this_process_saw_flagged_raises_the_level_and_
         assert t.pending_uncounted() == {}
         assert [u["queries"] for u in t.group_state("card", "c1").uncounted] == [{2: 2}]
         assert [u["queries"] for u in t.state("a").uncounted] == [{2: 2}]
+
+
+def test_a_request_left_in_doubt_is_settled_for_the_account_and_every_group(tmp_path, monkeypatch):
+    import redis
+    from throttle_support import redis_server
+
+    import caliber_core.throttle.redis_store as redis_store
+
+    with redis_server(tmp_path) as server:
+        t, _ = _throttle(tmp_path, server.url)
+        with t:
+            t.flag_group("card", "c1", level=2)
+            t.decide("a", 1, groups={"card": "c1", "org": "o1"})  # this process has seen them
+            real = redis.connection.Connection.read_response
+
+            def read_response(self, *args, **kwargs):
+                real(self, *args, **kwargs)  # every script runs; every reply is lost
+                raise redis.exceptions.ConnectionError("reply lost")
+
+            monkeypatch.setattr(redis.connection.Connection, "read_response", read_response)
+            monkeypatch.setattr(redis_store, "RETRY_DELAYS", (0.01,))
+            r = t.respond("a", np.zeros((2, 10)), ["x", "y"], groups={"card": "c1", "org": "o1"})
+            monkeypatch.undo()
+            assert (r.level, r.counted) == (2, False)  # served by the outage rule at the card's last level
+            assert len(t._outages.in_doubt) == 3
+            t.decide("a", 1, groups={"card": "c1", "org": "o1"})  # the store answers: settled
+            assert t._outages.in_doubt == [] and t.pending_uncounted() == {}
+            # the scripts had run: the request is counted once in each record, and never as uncounted
+            assert t.group_state("card", "c1").queries == {2: 4}
+            assert t.group_state("org", "o1").queries == {0: 4}
+            assert t.state("a").queries == {0: 4} and t.state("a").uncounted == ()
+
+
+def test_a_groups_redis_keys_share_one_hash_slot_of_their_own():
+    from caliber_core.throttle.redis_store import RedisStore, group_keys
+
+    name = group_fingerprint("card", "fp_1")
+    keys = group_keys(name, "tok")
+    assert len(keys) == 6 and all(k.count("{") == 1 and f"{{{name}}}" in k for k in keys)
+    assert RedisStore._keys(name, "tok") == keys[:4] and RedisStore._keys("ab" * 16)[0] == "caliber:throttle:a:" + "ab" * 16
+
+
+def test_the_cli_simulation_prints_when_the_linked_campaign_reaches_each_level(tmp_path, capsys):
+    path = write_policy(tmp_path, escalate_after=500)
+    assert main(["throttle", "simulate", str(path), "--sybils", "5"]) == 0
+    out = capsys.readouterr().out
+    line = [x for x in out.splitlines() if "sharing one link descriptor" in x][0]
+    assert "L1 after 500 (thief 500), L2 after 1,000 (thief 1,000), L3 after 1,500 (thief 1,500)" in line
