@@ -18,7 +18,7 @@ import hashlib
 import math
 import numbers
 import unicodedata
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 _ACCOUNT_DOMAIN = b"caliber.throttle.account/v1\x00"
 MAX_ACCOUNT_BYTES = 4096
@@ -401,10 +401,12 @@ def advance(state: AccountState, *, rows: int, now: float, escalate_after: int, 
     if flagged and level < top and at_level >= escalate_after:
         level, at_level = level + 1, 0
         events.append(Event(now, "escalated", level, state.reason))
-    new = replace(state, flagged=flagged, level=level, at_level=at_level, flagged_at=flagged_at,
-                  reason=state.reason if flagged else "", queries=queries, shadow=shadowed,
-                  first_seen=state.first_seen if state.first_seen is not None else now, last_seen=now,
-                  history=state.history + tuple(events))
+    # Built field by field (dataclasses.replace introspects the class on every call: this runs per request).
+    new = AccountState(flagged=flagged, level=level, reason=state.reason if flagged else "", flagged_at=flagged_at,
+                       at_level=at_level, queries=queries, shadow=shadowed,
+                       first_seen=state.first_seen if state.first_seen is not None else now, last_seen=now,
+                       history=state.history + tuple(events), failed=state.failed, uncounted=state.uncounted,
+                       lifted=state.lifted)
     return Decision(tuple(segments), tuple(events), new)
 
 
