@@ -38,6 +38,9 @@ def test_the_page_builds_levels_simulates_and_exports_a_valid_policy():
     at.number_input(key=f"policy_escalate_{sha}").set_value(2000).run()
     at.checkbox(key=f"policy_shadow_{sha}").check().run()
     assert not at.exception
+    assert "groups" not in _policy_json(at)  # accounts only until the provider declares a kind
+    at.text_input(key=f"policy_groups_{sha}").set_value("card").run()
+    assert not at.exception
     doc = _policy_json(at)
     assert doc["escalation"]["after_queries"] == 2000 and doc["shadow"] is True
     assert [lv["level"] for lv in doc["levels"]] == [0, 1, 2]
@@ -47,7 +50,7 @@ def test_the_page_builds_levels_simulates_and_exports_a_valid_policy():
     assert list(levels["level"]) == [0, 1, 2] and "accuracy a wrongly flagged user gets" in levels
     outcomes = at.dataframe[1].value
     assert len(outcomes) == 24 and set(outcomes["account"]) >= {"benign", "thief", "repeater", "sybil-20"}
-    assert doc["groups"]["card"]["escalation"]["after_queries"] == 2000  # the default kind, at the accounts' rule
+    assert doc["groups"]["card"]["escalation"]["after_queries"] == 2000  # a kind alone: the accounts' rule
     linked = outcomes[outcomes["account"].str.startswith("linked")].iloc[0]
     assert linked["highest level"] == 2
     reach = at.dataframe[2].value
@@ -65,6 +68,14 @@ def test_the_choices_are_kept_for_the_model():
     at.number_input(key=f"policy_escalate_{sha}").set_value(1234).run()
     options = at.session_state[state.OPTIONS][data.sha256]["policy"]
     assert options["escalate_after"] == 1234 and options["retention"] == "90, 70, 50"
+
+
+def test_a_malformed_group_kind_is_one_error_line():
+    at = _app()
+    sha = _selected(at).sha256[:12]
+    for bad in ("Card", "card=lots"):
+        at.text_input(key=f"policy_groups_{sha}").set_value(bad).run()
+        assert not at.exception and len(at.error) == 1
 
 
 def test_a_bad_target_list_is_one_error_line():

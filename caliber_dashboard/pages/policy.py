@@ -43,7 +43,8 @@ groups_text = st.text_input(
     "Group kinds (descriptors that link accounts)", value=saved["groups"], key=f"policy_groups_{data.sha256[:12]}",
     help="Comma-separated kinds your auth layer attaches to each request, e.g. `card, org=50000`: each group "
     "(one card, one organisation) is counted, flagged and escalated like an account, and every member is served "
-    "at least its group's level. A kind alone escalates after the accounts' threshold. Empty: accounts only.")
+    "at least its group's level. A kind alone escalates after the accounts' threshold. Empty: accounts only "
+    "(the simulation then links its campaign by a kind called link, at the accounts' rule).")
 
 uploaded = st.file_uploader(
     "Or serve a config calibrated with your key (consistent seeding)", type=["json"], key="policy_config_upload",

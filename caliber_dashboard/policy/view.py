@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from caliber_core.throttle.simulate import surrogate_at
 
 DEFAULT_CHOICES = {"retention": "90, 70, 50", "escalate_after": 10_000, "expire_hours": 720.0, "shadow": False,
-                   "groups": "card"}
+                   "groups": ""}
 SCENARIO_COLOURS = {"benign": "#2a9d8f", "thief": "#e63946", "repeater": "#f4a261", "linked": "#6a4c93"}
 
 
