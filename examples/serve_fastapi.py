@@ -24,6 +24,18 @@ rounds every input to ``CALIBER_ID_DECIMALS`` places (default 6) before the
 model reads it and uses :func:`caliber_core.serving.canonical_ids` of those
 features as the ids, so a repeat and its jittered variants share one draw.
 
+Group descriptors. When the policy declares group kinds (``card``, ``org``),
+the example reads each request's descriptors from headers that the
+provider's own auth layer sets after it has authenticated the request:
+``X-Caliber-Group-<Kind>`` by default (``X-Caliber-Group-Card``), or the
+names in ``CALIBER_GROUP_HEADERS`` (``card=X-Billing-Card,org=X-Org-Id``).
+Only a trusted proxy may set them: it must drop any a client sent, as it
+does an ``Authorization`` it did not issue, or a thief can name a stranger's
+card (linking the stranger to the campaign) or leave its own out. A missing
+header is no descriptor of that kind; a repeated one, or a value the
+throttle refuses (over 256 bytes, NUL, not UTF-8), is answered 400 and not
+counted. The values are never logged or echoed.
+
 The body and headers are the same at every level: nothing says whether an
 account is flagged. A request whose answer cannot be produced is not counted
 (a 500 is rolled back with ``Throttle.void``). Flag accounts with
@@ -82,31 +94,71 @@ async def classify_request(request: Request) -> ClassifyRequest:
     return await run_in_threadpool(parse_request, await request.body())
 
 
+def group_headers(policy, spec: str | None = None) -> dict:
+    """Which trusted header carries each declared group kind: ``{kind: header name}``.
+
+    ``spec`` is ``CALIBER_GROUP_HEADERS``' form, ``card=X-Billing-Card,org=X-Org-Id``; a kind it leaves
+    out is read from ``X-Caliber-Group-<Kind>``. A kind the policy does not declare is refused (ValueError).
+    """
+    out = {kind.name: f"X-Caliber-Group-{kind.name.replace('_', '-').title()}" for kind in policy.groups}
+    for entry in filter(None, (e.strip() for e in (spec or "").split(","))):
+        kind, sep, header = (x.strip() for x in entry.partition("="))
+        if not sep or not header or kind not in out:
+            raise ValueError(f"CALIBER_GROUP_HEADERS: {entry[:60]!r} is not KIND=HEADER for a kind the policy "
+                             f"declares ({', '.join(out) or 'none'})")
+        out[kind] = header
+    return out
+
+
+def descriptors(request: Request, headers: dict) -> dict | None:
+    """The request's group descriptors from the trusted headers; a 400 (never quoting a value) when malformed."""
+    found = {}
+    for kind, header in headers.items():
+        values = request.headers.getlist(header)
+        if len(values) > 1:
+            raise HTTPException(status_code=400, detail=f"header {header} is repeated")
+        if values:
+            try:  # HTTP carries bytes; Starlette reads them as latin-1: take the UTF-8 they were
+                found[kind] = values[0].encode("latin-1").decode("utf-8")
+            except UnicodeError:
+                raise HTTPException(status_code=400, detail=f"header {header} is not UTF-8") from None
+    return found or None
+
+
 def create_app(throttle: Throttle, model, *, decimals: int = DEFAULT_ID_DECIMALS,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, group_header_names: dict | None = None) -> FastAPI:
     """The app: ``model(inputs (N, D) float64) -> logits (N, K)``, served through ``throttle``.
 
     The model reads the inputs rounded to ``decimals`` places (-0.0 as 0.0);
     under per-input seeding each row's id is the canonical id of what it read.
     A body over ``max_body_bytes`` is answered 413 before it is read.
+    ``group_header_names`` (default :func:`group_headers` of the policy) names
+    the trusted header of each group kind.
     """
+    from caliber_core.throttle.groups import DescriptorError
+
     app = FastAPI(title="classifier behind the Caliber throttle")
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     per_input = throttle.policy.seeding == "per-input"
+    headers = group_headers(throttle.policy) if group_header_names is None else dict(group_header_names)
 
     @app.post("/v1/classify")
-    def classify(body: ClassifyRequest = Depends(classify_request), authorization: str = Header(default="")):
+    def classify(request: Request, body: ClassifyRequest = Depends(classify_request),
+                 authorization: str = Header(default="")):
         try:
             account = account_from_authorization(authorization)
         except AuthorizationError as exc:
             raise HTTPException(status_code=401, detail=str(exc)) from None
+        groups = descriptors(request, headers)
         try:
             inputs = canonical_features(body.inputs, decimals=decimals)
             logits = model(inputs)
             ids = canonical_ids(inputs, decimals=decimals) if per_input else None
-            served = throttle.respond(account, logits, ids)
+            served = throttle.respond(account, logits, ids, groups=groups)
         except StoreUnavailable:  # the policy's outage rule refused it: tell the client to come back
             raise HTTPException(status_code=503, detail="try again later") from None
+        except DescriptorError as exc:  # the auth layer's headers, not the client's body (before ValueError)
+            raise HTTPException(status_code=400, detail=str(exc)) from None
         except ValueError as exc:
             raise HTTPException(status_code=422, detail=" ".join(str(exc).split())) from None
         try:
@@ -142,7 +194,8 @@ def app_from_environment() -> FastAPI:
     decimals = int(os.environ.get("CALIBER_ID_DECIMALS", str(DEFAULT_ID_DECIMALS)))
     max_body = int(os.environ.get("CALIBER_MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES)))
     return create_app(throttle, linear_model(int(os.environ.get("CALIBER_FEATURES", "64")), n_classes),
-                      decimals=decimals, max_body_bytes=max_body)
+                      decimals=decimals, max_body_bytes=max_body,
+                      group_header_names=group_headers(throttle.policy, os.environ.get("CALIBER_GROUP_HEADERS")))
 
 
 app = app_from_environment() if os.environ.get("CALIBER_POLICY") else None

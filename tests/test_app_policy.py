@@ -38,6 +38,9 @@ def test_the_page_builds_levels_simulates_and_exports_a_valid_policy():
     at.number_input(key=f"policy_escalate_{sha}").set_value(2000).run()
     at.checkbox(key=f"policy_shadow_{sha}").check().run()
     assert not at.exception
+    assert "groups" not in _policy_json(at)  # accounts only until the provider declares a kind
+    at.text_input(key=f"policy_groups_{sha}").set_value("card").run()
+    assert not at.exception
     doc = _policy_json(at)
     assert doc["escalation"]["after_queries"] == 2000 and doc["shadow"] is True
     assert [lv["level"] for lv in doc["levels"]] == [0, 1, 2]
@@ -46,7 +49,12 @@ def test_the_page_builds_levels_simulates_and_exports_a_valid_policy():
     levels = at.dataframe[0].value
     assert list(levels["level"]) == [0, 1, 2] and "accuracy a wrongly flagged user gets" in levels
     outcomes = at.dataframe[1].value
-    assert len(outcomes) == 23 and set(outcomes["account"]) >= {"benign", "thief", "repeater", "sybil-20"}
+    assert len(outcomes) == 24 and set(outcomes["account"]) >= {"benign", "thief", "repeater", "sybil-20"}
+    assert doc["groups"]["card"]["escalation"]["after_queries"] == 2000  # a kind alone: the accounts' rule
+    linked = outcomes[outcomes["account"].str.startswith("linked")].iloc[0]
+    assert linked["highest level"] == 2
+    reach = at.dataframe[2].value
+    assert list(reach["thief reaches it after"]) == list(reach["linked campaign after (all accounts)"])
     thief = outcomes[outcomes["account"] == "thief"].iloc[0]
     assert thief["highest level"] == 2
     assert doc["config"]["path"].endswith(".caliber.json")
@@ -60,6 +68,14 @@ def test_the_choices_are_kept_for_the_model():
     at.number_input(key=f"policy_escalate_{sha}").set_value(1234).run()
     options = at.session_state[state.OPTIONS][data.sha256]["policy"]
     assert options["escalate_after"] == 1234 and options["retention"] == "90, 70, 50"
+
+
+def test_a_malformed_group_kind_is_one_error_line():
+    at = _app()
+    sha = _selected(at).sha256[:12]
+    for bad in ("Card", "card=lots"):
+        at.text_input(key=f"policy_groups_{sha}").set_value(bad).run()
+        assert not at.exception and len(at.error) == 1
 
 
 def test_a_bad_target_list_is_one_error_line():
@@ -88,7 +104,7 @@ def test_level_table_and_trajectories_are_plain_functions(tmp_path):
     assert table["thief's surrogate keeps"].iloc[0] == "100.0%"
     result = simulate(policy, queries=400, batch=50)
     fig = policy_view.trajectory_figure(result)
-    assert len(fig.data) == 23 and sum(t.showlegend for t in fig.data) == 4
+    assert len(fig.data) == 24 and sum(t.showlegend for t in fig.data) == 5
     assert max(max(t.y) for t in fig.data) == 2
     with pytest.raises(Exception, match="changed since the policy was written"):
         parse_policy(doc, config_text=text + " ")
@@ -117,3 +133,12 @@ def test_a_consistent_config_uploaded_serves_both_seedings_on_the_page(tmp_path)
     at.file_uploader(key="policy_config_upload").set_value(("bad.json", b"{not json", "application/json")).run()
     assert at.error and "config is not valid JSON" in at.error[0].value.replace("\\", "")
     assert at.error[0].value.replace("\\", "").startswith("bad.json: ")
+
+
+def test_group_kinds_are_read_from_one_line():
+    assert policy_view.group_kinds("card, org=500", escalate_after=100, expire_after=None) == {
+        "card": (100, None), "org": (500, None)}
+    assert policy_view.group_kinds(" ", escalate_after=100, expire_after=None) == {}
+    for bad, message in (("card=lots", "whole number"), ("card, card", "listed twice")):
+        with pytest.raises(ValueError, match=message):
+            policy_view.group_kinds(bad, escalate_after=100, expire_after=None)

@@ -28,6 +28,23 @@ def _unseen(text: str):
     return value
 
 
+def _group_spec(text: str) -> tuple:
+    """``KIND=N`` or ``KIND=N:SECONDS``: a group kind, its escalation threshold and (optionally) its flag lifetime."""
+    kind, sep, rest = text.partition("=")
+    after, _, expire = rest.partition(":")
+    if not sep or not kind:
+        raise argparse.ArgumentTypeError(f"must be KIND=N or KIND=N:SECONDS, got {text[:60]!r}")
+    return kind, positive_int(after), None if not expire else seconds(expire)
+
+
+def _descriptor(text: str) -> tuple:
+    """``KIND=VALUE`` (or ``KIND`` alone, for status: every flagged group); the value is never echoed."""
+    kind, sep, value = text.partition("=")
+    if not kind or (sep and not value):
+        raise argparse.ArgumentTypeError("must be KIND=VALUE (for example card=fp_91c2)")
+    return kind, value or None
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     """Register ``throttle`` and its options on an argparse subparsers object.
 
@@ -61,6 +78,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                       "(default) or a flagged level >= 1 (never clean)")
     init.add_argument("--start-degraded", action="store_true",
                       help="let a server start while its store is unreachable (default: refuse to start)")
+    init.add_argument("--group", type=_group_spec, action="append", default=[], metavar="KIND=N[:SECONDS]",
+                      help="count requests by a group descriptor too (card, org, ...): a flagged group moves up "
+                      "one level after N queries at a level; its flag lapses after SECONDS (default: as "
+                      "--expire-after). Repeat for each kind")
     init.add_argument("--key-file", default=None, metavar="KEYFILE",
                       help="check now that the throttle can serve the policy with this key (a consistent "
                       "config serves only the key it was calibrated with)")
@@ -68,23 +89,29 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
     def ledger_args(p, account: str):
         if account == "required":
-            p.add_argument("account", help="the account id (stored as a fingerprint only)")
+            p.add_argument("account", nargs="?", help="the account id (stored as a fingerprint only)")
         elif account == "optional":
             p.add_argument("account", nargs="?", help="one account (default: every flagged account)")
+        p.add_argument("--group", type=_descriptor, default=None, metavar="KIND=VALUE",
+                       help="a group instead of an account (a kind the policy declares; the value is kept as a "
+                       "fingerprint only)" + ("; --group KIND alone: every flagged group" if account == "optional"
+                                              else ""))
         p.add_argument("--policy", required=True, help="the policy JSON")
         p.add_argument("--store", required=True, help="sqlite:///PATH or redis://HOST:PORT/DB")
         p.add_argument("--json", action="store_true", help="print JSON")
 
-    flag = tsub.add_parser("flag", help="flag an account at a level")
+    flag = tsub.add_parser("flag", help="flag an account (or a group: --group KIND=VALUE) at a level")
     ledger_args(flag, "required")
     flag.add_argument("--level", type=int, default=1, help="the level to serve (default 1)")
     flag.add_argument("--reason", default="", help="why (one line, kept in the history)")
-    unflag = tsub.add_parser("unflag", help="serve an account clean again")
+    unflag = tsub.add_parser("unflag", help="serve an account clean again (a group: its members return to their "
+                             "own levels)")
     ledger_args(unflag, "required")
     unflag.add_argument("--reason", default="", help="why (one line, kept in the history)")
-    ledger_args(tsub.add_parser("status", help="one account's ledger entry, or every flagged account"),
+    ledger_args(tsub.add_parser("status", help="one account's ledger entry, or every flagged account (--group: groups)"),
                 "optional")
-    ledger_args(tsub.add_parser("audit", help="what an account received, for an appeal"), "required")
+    ledger_args(tsub.add_parser("audit", help="what an account received, for an appeal (--group: a group's history and members)"),
+                "required")
 
     sim = tsub.add_parser("simulate", help="replay synthetic accounts through a policy")
     sim.add_argument("policy", help="the policy JSON")
@@ -123,12 +150,13 @@ def run(args) -> int:
         store (turned into one line, exit 2, by the CLI's handler); other
         bad input raises ValueError directly.
     """
+    from ..throttle.groups import DescriptorError
     from ..throttle.policy import PolicyError
     from ..throttle.stores import StoreUnavailable, StoreURLError
 
     try:
         return _COMMANDS[args.throttle_command](args)
-    except (PolicyError, StoreURLError) as exc:
+    except (PolicyError, StoreURLError, DescriptorError) as exc:
         raise ValueError(str(exc)) from None
     except StoreUnavailable as exc:
         raise ValueError(f"store unreachable: {exc}") from None
@@ -144,10 +172,15 @@ def _print(obj, as_json: bool, text: str) -> None:
 def _cmd_init(args) -> int:
     from ..throttle.policy import build_policy, save_policy
 
+    groups = {}
+    for kind, after, expire in args.group:
+        if kind in groups:
+            raise ValueError(f"--group {kind} is given twice")
+        groups[kind] = (after, args.expire_after if expire is None else expire)
     doc = build_policy(args.config, targets=args.levels, escalate_after=args.escalate_after,
                        expire_after=args.expire_after, shadow=args.shadow, on_store_error=args.on_store_error,
                        unseen_level=None if args.unseen == "refuse" else args.unseen,
-                       start_degraded=args.start_degraded, out_path=args.out)
+                       start_degraded=args.start_degraded, groups=groups or None, out_path=args.out)
     # Build what the throttle builds, so init refuses what a server would (a wrong key included).
     from ..throttle.levels import check_servable
     from ..throttle.policy import parse_policy
@@ -174,6 +207,10 @@ def _cmd_init(args) -> int:
     if not checked:
         print(f"{doc['seeding']} seeding: pass --key-file to check now that your key serves this config "
               "(the server refuses any other key at start)")
+    for kind, spec in doc.get("groups", {}).items():
+        lifetime = spec["expiry"]["after_seconds"]
+        print(f"group {kind}: a flagged group escalates after {spec['escalation']['after_queries']:,} queries at a "
+              f"level; its flags expire {'never' if lifetime is None else f'{lifetime:,.0f} s after the flag'}")
     print(f"seeding {doc['seeding']}; store unreachable: serve {doc['on_store_error']['serve']}, unseen accounts "
           f"{doc['on_store_error']['unseen']}, at start {doc['on_store_error']['start']}")
     print(f"policy written to {args.out}")
@@ -191,38 +228,57 @@ def _status_line(s: dict) -> str:
     state = (f"flagged at level {s['level']} (sigma {s['sigma']:.4g})" if s["flagged"] else "not flagged")
     lapsed = " (flag lapsed: expires at its next request)" if s.get("flag_lapsed") else ""
     reason = f", reason: {s['reason']}" if s["flagged"] and s["reason"] else ""
-    return f"account {s['account']}: {state}{lapsed}{reason}; {queries}"
+    name = f"account {s['account']}" if "account" in s else f"group {s['group']}"
+    return f"{name}: {state}{lapsed}{reason}; {queries}"
+
+
+def _one(args, *, required: bool = True):
+    """The account or the group (``--group``) a command names: exactly one of them."""
+    if args.group is not None and args.account is not None:
+        raise ValueError("name an account or --group KIND=VALUE, not both")
+    if required and args.group is None and args.account is None:
+        raise ValueError("name an account, or a group with --group KIND=VALUE")
+    return args.group
 
 
 def _cmd_flag(args) -> int:
+    group = _one(args)
     with _throttle(args) as t:
-        s = t.flag(args.account, level=args.level, reason=args.reason)
+        s = (t.flag(args.account, level=args.level, reason=args.reason) if group is None else
+             t.flag_group(*group, level=args.level, reason=args.reason))
     _print(s, args.json, _status_line(s))
     return 0
 
 
 def _cmd_unflag(args) -> int:
+    group = _one(args)
     with _throttle(args) as t:
-        s = t.unflag(args.account, reason=args.reason)
+        s = t.unflag(args.account, reason=args.reason) if group is None else t.unflag_group(*group, reason=args.reason)
     _print(s, args.json, _status_line(s))
     return 0
 
 
 def _cmd_status(args) -> int:
+    group = _one(args, required=False)
     with _throttle(args) as t:
-        s = t.status(args.account)
-    if args.account is not None:
+        if group is None:
+            s = t.status(args.account)
+        else:
+            s = t.group_status(*group) if group[1] else t.group_status()
+    if args.account is not None or (group is not None and group[1]):
         _print(s, args.json, _status_line(s))
     else:
-        _print(s, args.json, "\n".join(_status_line(x) for x in s["flagged"]) or "no flagged accounts")
+        what = "groups" if group is not None else "accounts"
+        _print(s, args.json, "\n".join(_status_line(x) for x in s["flagged"]) or f"no flagged {what}")
     return 0
 
 
 def _cmd_audit(args) -> int:
     from ..throttle.audit import format_audit
 
+    group = _one(args)
     with _throttle(args) as t:
-        report = t.audit(args.account)
+        report = t.audit(args.account) if group is None else t.group_audit(*group)
     _print(report, args.json, format_audit(report))
     return 0
 

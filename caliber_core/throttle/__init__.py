@@ -1,7 +1,8 @@
 """The throttle: serve a calibrated config to flagged accounts, escalate with volume, audit for appeals.
 
-* :mod:`.policy`        ``caliber.policy/v1``: levels, escalation, expiry, shadow mode (read, check, write)
+* :mod:`.policy`        ``caliber.policy/v1``: levels, escalation, expiry, shadow mode, group kinds (read, check, write)
 * :mod:`.policy_schema` the policy's types, its JSON form and each field's rule
+* :mod:`.groups`        group descriptors (a card, an organisation): checked, fingerprinted
 * :mod:`.ledger`        an account's aggregates and the rule that moves them
 * :mod:`.stores`        the store chosen by URL (``sqlite:///PATH``, ``redis://HOST:PORT/DB``)
 * :mod:`.sqlite_store`, :mod:`.redis_store`  the two stores
@@ -25,6 +26,7 @@ _NAMES = {
     "Response": "throttle", "Throttle": "throttle",
     "StoreURLError": "ledger_store", "StoreUnavailable": "ledger_store", "LedgerStore": "ledger_store", "open_store": "stores",
     "account_fingerprint": "ledger",
+    "DescriptorError": "groups", "group_fingerprint": "groups",
 }
 __all__ = sorted(_NAMES)
 __getattr__, __dir__ = lazy_names(__name__, _NAMES)

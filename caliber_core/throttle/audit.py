@@ -63,7 +63,7 @@ def _loss(policy, served: dict, quantity: str, best: float | None):
     return {"value": point / total, "interval": [lo / total, hi / total] if interval_known else None}
 
 
-def audit_report(policy, fingerprint: str, state: AccountState, *, now: float) -> dict:
+def audit_report(policy, fingerprint: str, state: AccountState, *, now: float, expire_after=False) -> dict:
     """The JSON-able appeal report for one account (named by its ledger fingerprint).
 
     Parameters
@@ -76,6 +76,8 @@ def audit_report(policy, fingerprint: str, state: AccountState, *, now: float) -
         The account's ledger record.
     now : float
         Unix time, to tell whether the flag has lapsed.
+    expire_after : float or None, optional
+        The flag lifetime to judge it by (a group's kind's); default the policy's.
 
     Returns
     -------
@@ -91,6 +93,10 @@ def audit_report(policy, fingerprint: str, state: AccountState, *, now: float) -
             served[level] = served.get(level, 0) + n - clean
         if clean:
             served[0] = served.get(0, 0) + clean
+    for (own, raised), n in state.lifted.items():  # rows a group served above the account's own level
+        served[own] = served.get(own, 0) - n
+        served[raised] = served.get(raised, 0) + n
+    served = {level: n for level, n in served.items() if n > 0}
     levels = []
     for level in sorted(set(state.queries) | set(served)):
         if level > policy.top:
@@ -100,6 +106,7 @@ def audit_report(policy, fingerprint: str, state: AccountState, *, now: float) -
             "level": level, "target": lv.target, "sigma": lv.sigma,
             "queries": state.queries.get(level, 0),
             "served_clean_in_shadow": state.shadow.get(level, 0),
+            "served": served.get(level, 0),
             "received": _received(policy, level),
         })
     confidence = {policy.levels[j].target: (policy.config["targets"][policy.levels[j].target].get("interval") or {})
@@ -108,7 +115,8 @@ def audit_report(policy, fingerprint: str, state: AccountState, *, now: float) -
         "account": fingerprint,
         "model": policy.config.get("model"),
         "config_sha256": policy.config_sha256,
-        "flagged": state.flagged and not expired(state, now, policy.expire_after),
+        "flagged": state.flagged and not expired(state, now, policy.expire_after if expire_after is False
+                                                 else expire_after),
         "level": state.level if state.flagged else 0,
         "reason": state.reason,
         "flagged_at": state.flagged_at,
@@ -117,6 +125,7 @@ def audit_report(policy, fingerprint: str, state: AccountState, *, now: float) -
         "history": [e.to_dict() for e in state.history],
         "total_queries": sum(state.queries.values()),
         "failed": {str(k): v for k, v in sorted(state.failed.items())},
+        "raised_by_groups": {f"{a}->{b}": n for (a, b), n in sorted(state.lifted.items()) if n},
         "served_uncounted": [{"process": u["process"], "first": u["first"], "last": u["last"],
                               "queries": {str(k): v for k, v in sorted(u["queries"].items())}}
                              for u in state.uncounted],
@@ -161,7 +170,9 @@ def format_audit(report: dict) -> str:
         return "-" if t is None else dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
     conf = "/".join(f"{c:.0%}" for c in report["interval_levels"]) or "no"
-    lines = [f"account {report['account']} (fingerprint) on model {report['model']}",
+    name = (f"account {report['account']}" if "kind" not in report else
+            f"group {report['account']} (kind {report['kind']}, {len(report['members'])} member(s) seen)")
+    lines = [f"{name} (fingerprint) on model {report['model']}",
              f"now: {'flagged at level ' + str(report['level']) if report['flagged'] else 'not flagged'}"
              + (f", reason: {report['reason']}" if report["flagged"] and report["reason"] else ""),
              f"first seen {when(report['first_seen'])}, last seen {when(report['last_seen'])}, "
@@ -169,20 +180,28 @@ def format_audit(report: dict) -> str:
     lines += [f"  {when(e['at'])}  {e['event']:<9} level {e['level']}" + (f"  ({e['reason']})" if e["reason"] else "")
               for e in report["history"]] or ["  (no flag events)"]
     lines.append(f"received per level ({conf} intervals from the config):")
-    lines.append(f"  {'level':>5} {'sigma':>8} {'queries':>10} {'shadow':>8}  {'accuracy':<22} {'retention':<22}")
+    lines.append(f"  {'level':>5} {'sigma':>8} {'queries':>10} {'shadow':>8} {'served':>10}  {'accuracy':<22} "
+                 f"{'retention':<22}")
     for lv in report["levels"]:
         r = lv["received"]
         lines.append(f"  {lv['level']:>5} {lv['sigma']:>8.4g} {lv['queries']:>10,} {lv['served_clean_in_shadow']:>8,}"
-                     f"  {_fmt(r['accuracy']):<22} {_fmt(r['retention']):<22}")
+                     f" {lv.get('served', 0):>10,}  {_fmt(r['accuracy']):<22} {_fmt(r['retention']):<22}")
     if report.get("served_uncounted"):
         lines.append(f"served while the ledger was unreachable, not in the counts above: "
                      f"{report['total_served_uncounted']:,} quer{'y' if report['total_served_uncounted'] == 1 else 'ies'}")
         for u in report["served_uncounted"]:
             per = ", ".join(f"L{k}:{v:,}" for k, v in u["queries"].items())
             lines.append(f"  process {u['process']}: {when(u['first'])} to {when(u['last'])}  {per}")
+    if report.get("raised_by_groups"):
+        lines.append("served above the account's own level because of a group it was linked to (own->served): "
+                     + ", ".join(f"{k}: {v:,}" for k, v in report["raised_by_groups"].items()))
     if report.get("failed"):
         lines.append("counted, then rolled back (no answer produced): "
                      + ", ".join(f"L{k}:{v:,}" for k, v in report["failed"].items()))
+    if report.get("members"):
+        lines.append("members seen (account fingerprint, queries, first and last seen):")
+        lines += [f"  {fp}  {m['queries']:>10,}  {when(m['first_seen'])}  {when(m['last_seen'])}"
+                  for fp, m in report["members"].items()]
     loss = report["loss_vs_clean"]
     lines.append(f"lost against clean service: accuracy {_fmt(loss['accuracy'])} points, "
                  f"retention {_fmt(loss['retention'])} points")

@@ -18,7 +18,7 @@ import hashlib
 import math
 import numbers
 import unicodedata
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 _ACCOUNT_DOMAIN = b"caliber.throttle.account/v1\x00"
 MAX_ACCOUNT_BYTES = 4096
@@ -162,6 +162,9 @@ class AccountState:
         Rows counted, then rolled back because no answer was produced.
     uncounted : tuple of dict
         Rows served while the store was unreachable: process, first, last, queries per level.
+    lifted : dict of (int, int) to int
+        Rows counted at the account's own level ``from`` but served at a group's higher
+        level ``to`` (``{(from, to): rows}``; not kept in shadow mode, where rows are served clean).
     """
 
     flagged: bool = False
@@ -176,6 +179,7 @@ class AccountState:
     history: tuple = ()
     failed: dict = field(default_factory=dict)  # rows counted, then rolled back: no answer was produced
     uncounted: tuple = ()  # served while the store was unreachable: dicts of process, first, last, queries
+    lifted: dict = field(default_factory=dict)  # (own level, served level) -> rows raised by a group
 
     def to_dict(self, *, expire_after: float | None = None) -> dict:
         """The state as a JSON-able dict (what ``throttle status`` prints).
@@ -202,6 +206,7 @@ class AccountState:
             "failed": {str(k): v for k, v in sorted(self.failed.items())},
             "served_uncounted": [dict(u, queries={str(k): v for k, v in sorted(u["queries"].items())})
                                  for u in self.uncounted],
+            "raised_by_groups": {f"{a}->{b}": n for (a, b), n in sorted(self.lifted.items()) if n},
         }
 
 
@@ -220,17 +225,101 @@ class Decision:
         The account after the request.
     token : str or None
         The Redis store's request token (what a void or a resolve names); None for SQLite.
+    groups : tuple of (str, Decision)
+        For a request with group descriptors: each group's ledger name and its own decision.
+        ``segments`` is then the highest level per row over the account and its groups,
+        ``events`` the account's then each group's, ``state`` the account's.
+    own : Decision or None
+        With groups: the account's own decision (its rows at its own levels).
     """
 
     segments: tuple
     events: tuple
     state: AccountState
     token: str | None = None  # the Redis store's request token (what a void or a resolve names)
+    groups: tuple = ()
+    own: "Decision | None" = None  # with groups: the account's own decision (what a void un-counts)
 
     @property
     def level(self) -> int:
         """The highest level any row of the request was decided at."""
         return max(level for level, _ in self.segments)
+
+
+def highest_segments(*segment_lists) -> tuple:
+    """Row by row, the highest level over several decisions of the same rows.
+
+    Parameters
+    ----------
+    *segment_lists : sequence of (int, int)
+        Each a ((level, rows), ...) covering the same rows in order.
+
+    Returns
+    -------
+    tuple of (int, int)
+        ((level, rows), ...), adjacent runs at one level merged.
+
+    Examples
+    --------
+    >>> highest_segments(((0, 5),), ((1, 2), (2, 3)))
+    ((1, 2), (2, 3))
+    """
+    if all(len(s) == 1 for s in segment_lists):  # the usual request: one level each
+        return ((max(s[0][0] for s in segment_lists), segment_lists[0][0][1]),)
+    lists = [list(s) for s in segment_lists]
+    index, used = [0] * len(lists), [0] * len(lists)
+    out = []
+    while index[0] < len(lists[0]):
+        take = min(lst[i][1] - u for lst, i, u in zip(lists, index, used))
+        level = max(lst[i][0] for lst, i in zip(lists, index))
+        if out and out[-1][0] == level:
+            out[-1] = (level, out[-1][1] + take)
+        else:
+            out.append((level, take))
+        for j, lst in enumerate(lists):
+            used[j] += take
+            if used[j] == lst[index[j]][1]:
+                index[j], used[j] = index[j] + 1, 0
+    return tuple(out)
+
+
+def lifts(own, served) -> dict:
+    """Rows a request's groups raised above its account's own level: ``{(own level, served level): rows}``.
+
+    Parameters
+    ----------
+    own, served : sequence of (int, int)
+        The account's own segments and the request's served ones (:func:`highest_segments`), same rows.
+
+    Returns
+    -------
+    dict
+        Only the pairs where the served level is higher.
+    """
+    if len(own) == 1 and len(served) == 1:  # the usual request: one level each
+        (a, n), (b, _) = own[0], served[0]
+        return {(a, b): n} if b > a else {}
+    out = {}
+    for (a, b), n in _paired_rows(own, served).items():
+        if b > a:
+            out[(a, b)] = out.get((a, b), 0) + n
+    return out
+
+
+def _paired_rows(own, served) -> dict:
+    pairs, i, j, used_i, used_j = {}, 0, 0, 0, 0
+    own, served = list(own), list(served)
+    while i < len(own) and j < len(served):
+        take = min(own[i][1] - used_i, served[j][1] - used_j)
+        key = (own[i][0], served[j][0])
+        pairs[key] = pairs.get(key, 0) + take
+        used_i += take
+        used_j += take
+        if used_i == own[i][1]:
+            i, used_i = i + 1, 0
+        if used_j == served[j][1]:
+            j, used_j = j + 1, 0
+    return pairs
 
 
 def expired(state: AccountState, now: float, expire_after: float | None) -> bool:
@@ -312,10 +401,12 @@ def advance(state: AccountState, *, rows: int, now: float, escalate_after: int, 
     if flagged and level < top and at_level >= escalate_after:
         level, at_level = level + 1, 0
         events.append(Event(now, "escalated", level, state.reason))
-    new = replace(state, flagged=flagged, level=level, at_level=at_level, flagged_at=flagged_at,
-                  reason=state.reason if flagged else "", queries=queries, shadow=shadowed,
-                  first_seen=state.first_seen if state.first_seen is not None else now, last_seen=now,
-                  history=state.history + tuple(events))
+    # Built field by field (dataclasses.replace introspects the class on every call: this runs per request).
+    new = AccountState(flagged=flagged, level=level, reason=state.reason if flagged else "", flagged_at=flagged_at,
+                       at_level=at_level, queries=queries, shadow=shadowed,
+                       first_seen=state.first_seen if state.first_seen is not None else now, last_seen=now,
+                       history=state.history + tuple(events), failed=state.failed, uncounted=state.uncounted,
+                       lifted=state.lifted)
     return Decision(tuple(segments), tuple(events), new)
 
 

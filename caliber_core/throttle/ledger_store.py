@@ -107,6 +107,81 @@ class LedgerStore(Protocol):
             The store cannot be reached or written.
         """
 
+    def record_request(self, entries, *, rows: int, now: float, top: int, shadow: bool,
+                       token: str | None = None) -> list[Decision]:
+        """Count one request for an account and its groups, each by its own rule, exactly once.
+
+        Parameters
+        ----------
+        entries : sequence of (str, int, float or None, str or None)
+            ``(ledger name, escalate_after, expire_after, member)``: the account
+            first (member None), then each group (member: the account's fingerprint,
+            recorded among the group's members).
+        rows, now, top, shadow :
+            As :meth:`record` takes them.
+        token : str, optional
+            The request's token (a store that can leave a request in doubt).
+
+        Returns
+        -------
+        list of Decision
+            One per entry, in order.
+        Raises
+        ------
+        StoreUnavailable
+            The store cannot be reached or written (``in_doubt``: the token, when
+            some entries may have been counted).
+        """
+
+    def lift(self, account: str, raised: dict, *, token: str | None = None, sign: int = 1) -> None:
+        """Record rows a request's groups served above the account's own level (``sign`` -1 takes them back).
+
+        Parameters
+        ----------
+        account : str
+            The account's fingerprint.
+        raised : dict of (int, int) to int
+            ``{(own level, served level): rows}`` (:func:`~caliber_core.throttle.ledger.lifts`).
+        token : str, optional
+            The request's token: a store that can lose a reply applies it once per token.
+        sign : int, optional
+            1 adds, -1 takes back (a voided request).
+        Raises
+        ------
+        StoreUnavailable
+            The store cannot be reached or written.
+        """
+
+    def groups(self, *, flagged_only: bool = True) -> list[str]:
+        """The groups' ledger names, sorted (the flagged ones only by default).
+
+        Returns
+        -------
+        list of str
+        Raises
+        ------
+        StoreUnavailable
+            The store cannot be reached.
+        """
+
+    def members(self, group: str) -> dict:
+        """The accounts a group has seen.
+
+        Parameters
+        ----------
+        group : str
+            The group's ledger name.
+
+        Returns
+        -------
+        dict
+            ``{fingerprint: {"queries", "first_seen", "last_seen"}}``.
+        Raises
+        ------
+        StoreUnavailable
+            The store cannot be reached.
+        """
+
     def void(self, account: str, decision: Decision) -> None:
         """A counted request whose answer was not produced: its rows move from ``queries`` to ``failed``.
 
@@ -215,4 +290,14 @@ class PipelinedLedgerStore(LedgerStore, Protocol):
         ------
         StoreUnavailable
             The store cannot be reached or written.
+        """
+
+    def begin_record_request(self, entries, *, rows: int, now: float, top: int, shadow: bool,
+                             token: str | None = None) -> Callable[[], list]:
+        """Send :meth:`record_request`'s scripts now; ``finish()`` reads the list of Decisions.
+
+        Raises
+        ------
+        StoreUnavailable
+            The store cannot be reached.
         """

@@ -54,7 +54,7 @@ class Outages:
         self.uncounted = OrderedDict()  # fingerprint -> [first, last, {level: rows}]
         self.in_doubt = []  # (fingerprint, token, served, segments) the store may or may not have counted
 
-    def decide(self, fp: str, rows: int, error: StoreUnavailable, last_known) -> tuple:
+    def decide(self, fp: str, rows: int, error: StoreUnavailable, last_known, *, groups: tuple = ()) -> tuple:
         """The segments of a request the store could not count, by the policy's outage rule.
 
         Parameters
@@ -68,6 +68,9 @@ class Outages:
             request that may have been counted).
         last_known : Mapping of str to int
             The level this process last saw for each fingerprint.
+        groups : tuple of str, optional
+            The request's groups' ledger names: a group this process saw flagged
+            raises the level; each is tallied and settled like the account.
 
         Returns
         -------
@@ -84,6 +87,7 @@ class Outages:
         token = getattr(error, "in_doubt", None)
         if token is not None:
             served = policy.on_store_error != "refuse" and (fp in last_known or policy.unseen_level is not None)
+            self.in_doubt.extend((name, token, served, None) for name in groups)  # settled before the account's
             self.in_doubt.append((fp, token, served, None))
         if policy.on_store_error == "refuse":
             log.warning("ledger store unreachable (%s): request refused (on_store_error.serve is \"refuse\")", error)
@@ -96,12 +100,17 @@ class Outages:
                             "refused (on_store_error.unseen is \"refuse\")", error)
                 raise error
             level, source = policy.unseen_level, "on_store_error.unseen"
+        linked = max((last_known.get(name, 0) for name in groups), default=0)
+        if linked > level:
+            level, source = linked, "the level this process last saw for one of its groups"
         log.warning("ledger store unreachable (%s): %d row(s) served at level %d (%s), not counted",
                     error, rows, level, source)
         segments = ((level, rows),)
         if token is not None:
-            self.in_doubt[-1] = (fp, token, True, segments)
-        self.tally(fp, segments)
+            for j, name in enumerate(groups + (fp,)):
+                self.in_doubt[len(self.in_doubt) - 1 - len(groups) + j] = (name, token, True, segments)
+        for name in groups + (fp,):
+            self.tally(name, segments)
         return segments
 
     def tally(self, fp: str, segments, *, sign: int = 1) -> None:

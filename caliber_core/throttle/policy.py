@@ -15,6 +15,14 @@ bytes) and says, for an account the provider has flagged:
   record). ``throttle init`` writes it from the config, and a policy that
   names another seeding than its config's is refused (so is ``"fresh"``:
   exact repeats would average away).
+* ``groups`` -- optional: the group descriptor kinds a request may carry
+  (``{"card": {"escalation": {"after_queries": 5000}, "expiry": {"after_seconds": 604800}}}``).
+  Each group (one value of a kind: one card) is counted, flagged and
+  escalated like an account, on the same levels, with its kind's own
+  threshold and flag lifetime; a request is served the highest level of its
+  account and its groups. A v1 file without ``groups`` reads as before (and
+  an older reader refuses a file with it, rather than serving it without
+  its groups).
 * ``on_store_error`` -- the fail-closed rule, for when the ledger store cannot
   be reached (an object; the old string form still reads):
 
@@ -43,8 +51,8 @@ from collections.abc import Mapping
 from ..serving.runtime import KEYED_SEEDINGS
 from ..config import ConfigError, load_config
 # The schema's names are this module's too: callers import them from here.
-from .policy_schema import (MAX_INT_DIGITS, MAX_LEVELS, SCHEMA, START_MODES, STORE_ERROR_MODES,  # noqa: F401
-                            Level, Policy, PolicyError, check_fields, check_path, is_int, parse_levels,
+from .policy_schema import (GROUP_KIND_PATTERN, MAX_GROUP_KINDS, MAX_INT_DIGITS, MAX_LEVELS,  # noqa: F401
+                            SCHEMA, START_MODES, STORE_ERROR_MODES, GroupKind, Level, Policy, PolicyError, check_fields, check_path, is_int, parse_levels,
                             parse_store_error, policy_dict, policy_json, show_value, target_sigma)
 
 SEEDINGS = KEYED_SEEDINGS  # a policy serves keyed noise only
@@ -114,7 +122,7 @@ def _config_and_sigmas(source, targets) -> tuple[dict, list]:
 
 def build_policy(config_path, *, targets, escalate_after: int, expire_after=None, shadow: bool = False,
                  seeding: str | None = None, on_store_error: str = "last-known", unseen_level: int | None = None,
-                 start_degraded: bool = False, out_path=None) -> dict:
+                 start_degraded: bool = False, groups=None, out_path=None) -> dict:
     """A validated policy dict whose level j >= 1 serves ``config["targets"][targets[j-1]]``.
 
     Parameters
@@ -133,6 +141,8 @@ def build_policy(config_path, *, targets, escalate_after: int, expire_after=None
         Defaults to the config's own (:func:`config_seeding`); another is refused.
     on_store_error, unseen_level, start_degraded : optional
         The outage behaviour (see :func:`policy_dict`).
+    groups : Mapping of str to (int, float or None), optional
+        Group kinds, ``{kind: (escalate_after, expire_after)}`` (see :func:`policy_dict`).
     out_path : str or os.PathLike, optional
         Where the policy will be saved: the config path is then written
         relative to its folder, so the pair can move together.
@@ -157,7 +167,8 @@ def build_policy(config_path, *, targets, escalate_after: int, expire_after=None
                       n_classes=config["n_classes"], targets=list(targets), sigmas=sigmas,
                       escalate_after=escalate_after, expire_after=expire_after, shadow=shadow,
                       seeding=config_seeding(config) if seeding is None else seeding,
-                      on_store_error=on_store_error, unseen_level=unseen_level, start_degraded=start_degraded)
+                      on_store_error=on_store_error, unseen_level=unseen_level, start_degraded=start_degraded,
+                      groups=groups)
     parse_policy(doc, base_dir=base_dir)
     return doc
 
@@ -233,7 +244,7 @@ def load_policy(source) -> Policy:
 
 
 def policy_for_config_text(config_text: str, *, config_name: str, targets, escalate_after: int,
-                           expire_after=None, shadow: bool = False) -> tuple[dict, Policy]:
+                           expire_after=None, shadow: bool = False, groups=None) -> tuple[dict, Policy]:
     """A policy for a config held in memory as JSON text (the dashboard's).
 
     Parameters
@@ -245,7 +256,7 @@ def policy_for_config_text(config_text: str, *, config_name: str, targets, escal
         that name beside the policy (the policy holds the sha256 of its UTF-8 bytes).
     targets : sequence of int
         Config target indices, one per flagged level, level 1 first.
-    escalate_after, expire_after, shadow :
+    escalate_after, expire_after, shadow, groups :
         As in :func:`build_policy`.
 
     Returns
@@ -262,7 +273,7 @@ def policy_for_config_text(config_text: str, *, config_name: str, targets, escal
     doc = policy_dict(config_path=config_name, config_sha256=hashlib.sha256(config_text.encode()).hexdigest(),
                       n_classes=config["n_classes"], targets=list(targets), sigmas=sigmas,
                       escalate_after=escalate_after, expire_after=expire_after, shadow=shadow,
-                      seeding=config_seeding(config))
+                      seeding=config_seeding(config), groups=groups)
     return doc, parse_policy(doc, config_text=config_text)
 
 
@@ -321,21 +332,8 @@ def parse_policy(doc, *, base_dir=None, config_text: str | None = None) -> Polic
     if not is_int(k) or k != config["n_classes"]:
         raise PolicyError(f"policy config.n_classes is {show_value(k)} but the config has K={config['n_classes']}")
     levels = parse_levels(doc.get("levels"), config)
-    escalation = doc.get("escalation")
-    if not isinstance(escalation, Mapping):
-        raise PolicyError(f"policy 'escalation' must be an object with 'after_queries', got {show_value(escalation)}")
-    check_fields(escalation, "escalation", "escalation")
-    after = escalation.get("after_queries")
-    if not is_int(after) or not 1 <= after <= MAX_QUERIES:
-        raise PolicyError(f"escalation.after_queries must be an integer in [1, {MAX_QUERIES}], got {show_value(after)}")
-    expiry = doc.get("expiry")
-    if not isinstance(expiry, Mapping) or "after_seconds" not in expiry:
-        raise PolicyError(f"policy 'expiry' must be an object with 'after_seconds' (null: never), got {show_value(expiry)}")
-    check_fields(expiry, "expiry", "expiry")
-    seconds = expiry["after_seconds"]
-    if seconds is not None and not (isinstance(seconds, numbers.Real) and not isinstance(seconds, bool)
-                                    and math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
-        raise PolicyError(f"expiry.after_seconds must be null or a number in (0, {MAX_SECONDS}], got {show_value(seconds)}")
+    after = _escalation(doc.get("escalation"), "")
+    seconds = _expiry(doc.get("expiry"), "")
     shadow = doc.get("shadow")
     if not isinstance(shadow, bool):
         raise PolicyError(f"policy 'shadow' must be true or false, got {show_value(shadow)}")
@@ -347,7 +345,53 @@ def parse_policy(doc, *, base_dir=None, config_text: str | None = None) -> Polic
         raise PolicyError(f"policy 'seeding' is {seeding!r} but config {ref['path']} was calibrated for "
                           f"{calibrated!r} seeding: write the policy again with 'throttle init'")
     mode, unseen, start_degraded = parse_store_error(doc.get("on_store_error", "last-known"), len(levels) - 1)
-    return Policy(levels=levels, escalate_after=int(after),
-                  expire_after=None if seconds is None else float(seconds), shadow=shadow, seeding=seeding,
+    return Policy(levels=levels, escalate_after=after, expire_after=seconds, shadow=shadow, seeding=seeding,
                   on_store_error=mode, config=config, config_path=ref["path"], config_sha256=sha,
-                  unseen_level=unseen, start_degraded=start_degraded)
+                  unseen_level=unseen, start_degraded=start_degraded, groups=_groups(doc.get("groups", {})))
+
+
+def _escalation(escalation, where: str) -> int:
+    """``escalation.after_queries`` of the policy (``where`` ""), or of a group kind (``where`` "groups.card.")."""
+    if not isinstance(escalation, Mapping):
+        raise PolicyError(f"policy '{where}escalation' must be an object with 'after_queries', "
+                          f"got {show_value(escalation)}")
+    check_fields(escalation, f"{where}escalation", "escalation")
+    after = escalation.get("after_queries")
+    if not is_int(after) or not 1 <= after <= MAX_QUERIES:
+        raise PolicyError(f"{where}escalation.after_queries must be an integer in [1, {MAX_QUERIES}], "
+                          f"got {show_value(after)}")
+    return int(after)
+
+
+def _expiry(expiry, where: str) -> float | None:
+    """``expiry.after_seconds`` (None: never) of the policy or of a group kind, as :func:`_escalation`."""
+    if not isinstance(expiry, Mapping) or "after_seconds" not in expiry:
+        raise PolicyError(f"policy '{where}expiry' must be an object with 'after_seconds' (null: never), "
+                          f"got {show_value(expiry)}")
+    check_fields(expiry, f"{where}expiry", "expiry")
+    seconds = expiry["after_seconds"]
+    if seconds is not None and not (isinstance(seconds, numbers.Real) and not isinstance(seconds, bool)
+                                    and math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
+        raise PolicyError(f"{where}expiry.after_seconds must be null or a number in (0, {MAX_SECONDS}], "
+                          f"got {show_value(seconds)}")
+    return None if seconds is None else float(seconds)
+
+
+def _groups(raw) -> tuple[GroupKind, ...]:
+    """The ``groups`` object: each declared kind with its own escalation and expiry (both required)."""
+    if not isinstance(raw, Mapping):
+        raise PolicyError(f"policy 'groups' must be an object of group kinds, got {show_value(raw)}")
+    if len(raw) > MAX_GROUP_KINDS:
+        raise PolicyError(f"policy 'groups' declares {len(raw)} kinds: at most {MAX_GROUP_KINDS}")
+    kinds = []
+    for name, spec in raw.items():
+        if not (isinstance(name, str) and GROUP_KIND_PATTERN.fullmatch(name)):
+            raise PolicyError(f"policy groups: kind {show_value(name)} must be a lowercase identifier "
+                              "([a-z][a-z0-9_]*, at most 32 characters)")
+        where = f"groups.{name}."
+        if not isinstance(spec, Mapping):
+            raise PolicyError(f"policy '{where[:-1]}' must be an object with 'escalation' and 'expiry', "
+                              f"got {show_value(spec)}")
+        check_fields(spec, where[:-1], "group")
+        kinds.append(GroupKind(name, _escalation(spec.get("escalation"), where), _expiry(spec.get("expiry"), where)))
+    return tuple(kinds)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,17 +25,22 @@ STORE_ERROR_MODES = ("last-known", "refuse")
 START_MODES = ("refuse", "degraded")
 # The fields each object of the schema may hold; anything else is refused.
 FIELDS = {
-    "": {"schema", "config", "levels", "escalation", "expiry", "shadow", "seeding", "on_store_error"},
+    "": {"schema", "config", "levels", "escalation", "expiry", "shadow", "seeding", "on_store_error", "groups"},
     "config": {"path", "sha256", "n_classes"},
     "levels": {"level", "target", "sigma"},
     "escalation": {"after_queries"},
     "expiry": {"after_seconds"},
     "on_store_error": {"serve", "unseen", "start"},
+    "group": {"escalation", "expiry"},
 }
 #: Integers longer than this are refused while parsing (Python refuses > 4,300 digits with no field named).
 MAX_INT_DIGITS = 40
 
 MAX_LEVELS = 32
+#: Group kinds a policy may declare (a request carries at most this many descriptors, one per kind).
+MAX_GROUP_KINDS = 16
+#: A group kind's name: a lowercase identifier (it names the kind in files, headers' configuration and the CLI).
+GROUP_KIND_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 
 class PolicyError(ValueError):
@@ -58,6 +64,29 @@ class Level:
     index: int
     target: int | None
     sigma: float
+
+
+@dataclass(frozen=True)
+class GroupKind:
+    """A kind of group descriptor the policy counts (a payment card, an organisation, an IP range...).
+
+    A group of the kind (one value, e.g. one card) is counted, flagged and
+    escalated like an account, over the same ladder of levels, with the kind's
+    own threshold and flag lifetime.
+
+    Attributes
+    ----------
+    name : str
+        The kind, as requests name it (``card``).
+    escalate_after : int
+        Rows at its level after which a flagged group moves up one level.
+    expire_after : float or None
+        Seconds after it was set that a group's flag lapses; None: never.
+    """
+
+    name: str
+    escalate_after: int
+    expire_after: float | None
 
 
 @dataclass(frozen=True)
@@ -90,6 +119,8 @@ class Policy:
         The level served to an account this process has not seen during an outage; None: refused.
     start_degraded : bool
         Start without the ledger (serving as during an outage) instead of refusing to start.
+    groups : tuple of GroupKind
+        The group descriptor kinds requests may carry (empty: accounts only).
     """
 
     levels: tuple[Level, ...]
@@ -103,6 +134,14 @@ class Policy:
     config_sha256: str
     unseen_level: int | None = None  # None: refuse an account this process has not seen during an outage
     start_degraded: bool = False
+    groups: tuple = ()  # GroupKind, in the file's order
+
+    def group_kind(self, name) -> GroupKind | None:
+        """The declared kind called ``name``, or None."""
+        for kind in self.groups:
+            if kind.name == name:
+                return kind
+        return None
 
     @property
     def top(self) -> int:
@@ -138,13 +177,14 @@ class Policy:
             n_classes=self.config["n_classes"], targets=[lv.target for lv in self.levels[1:]],
             sigmas=[lv.sigma for lv in self.levels[1:]], escalate_after=self.escalate_after,
             expire_after=self.expire_after, shadow=self.shadow, seeding=self.seeding,
-            on_store_error=self.on_store_error, unseen_level=self.unseen_level, start_degraded=self.start_degraded)
+            on_store_error=self.on_store_error, unseen_level=self.unseen_level, start_degraded=self.start_degraded,
+            groups={g.name: (g.escalate_after, g.expire_after) for g in self.groups})
 
 
 def policy_dict(*, config_path: str, config_sha256: str, n_classes: int, targets, sigmas, escalate_after: int,
                 expire_after=None, shadow: bool = False, seeding: str = "per-input",
                 on_store_error: str = "last-known", unseen_level: int | None = None,
-                start_degraded: bool = False) -> dict:
+                start_degraded: bool = False, groups=None) -> dict:
     """The JSON-able policy (level 0 added in front of the given targets), not validated.
 
     Parameters
@@ -171,6 +211,9 @@ def policy_dict(*, config_path: str, config_sha256: str, n_classes: int, targets
         The level an unseen account gets while the ledger is down; None: refused.
     start_degraded : bool, optional
         Start without the ledger instead of refusing to start.
+    groups : Mapping of str to (int, float or None), optional
+        Group kinds: ``{kind: (escalate_after, expire_after)}``; written as the
+        ``groups`` object only when given (a file without it reads as before).
 
     Returns
     -------
@@ -180,7 +223,7 @@ def policy_dict(*, config_path: str, config_sha256: str, n_classes: int, targets
     levels = [{"level": 0, "target": None, "sigma": 0.0}]
     levels += [{"level": j, "target": int(t), "sigma": float(s)}
                for j, (t, s) in enumerate(zip(targets, sigmas), start=1)]
-    return {
+    doc = {
         "schema": SCHEMA,
         "config": {"path": str(config_path), "sha256": config_sha256, "n_classes": int(n_classes)},
         "levels": levels,
@@ -191,6 +234,10 @@ def policy_dict(*, config_path: str, config_sha256: str, n_classes: int, targets
         "on_store_error": {"serve": on_store_error, "unseen": "refuse" if unseen_level is None else int(unseen_level),
                            "start": "degraded" if start_degraded else "refuse"},
     }
+    if groups:
+        doc["groups"] = {str(name): {"escalation": {"after_queries": after}, "expiry": {"after_seconds": expire}}
+                         for name, (after, expire) in groups.items()}
+    return doc
 
 
 def _reject_constant(name):

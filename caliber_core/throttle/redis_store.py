@@ -11,6 +11,15 @@ account's fields and per-level counts (``q:<level>``, ``s:<level>`` for
 shadow), ``h:<fingerprint>`` its history (a list), ``flagged`` the set of
 flagged fingerprints.
 
+Groups (:mod:`.groups`) are kept apart, each in its own hash slot (a Redis
+Cluster keeps a group's keys on one node): ``{g:<kind>:<fingerprint>}:a``,
+``:h``, ``:u``, ``:r:<token>`` as for an account, ``:m`` the accounts seen in
+it (rows, first and last time) and ``:f`` its own flagged marker. All of them
+come from :func:`group_keys`. A request with groups runs one script per
+account and per group, pipelined on one connection (one round trip) and
+under one token: each is atomic and exactly once on its own; together they
+are not one transaction (see :meth:`RedisStore.record_request`).
+
 Exactly once, across restarts. Every request carries a random token, and
 the script keeps its reply under ``r:<token>`` for ten minutes (``TOKEN_SECONDS``): run again with the
 same token, it returns that reply without counting again. The retry rule:
@@ -40,7 +49,8 @@ import json
 import secrets
 import time
 
-from .ledger import AccountState, Decision, Event
+from .ledger import AccountState, Decision, Event, highest_segments, lifts
+from .groups import is_group_id
 from .ledger_store import StoreUnavailable
 
 PREFIX = "caliber:throttle:"
@@ -101,6 +111,24 @@ return out
 
 # Settle a request in doubt (or void a counted one whose answer failed). ARGV[1]: '1' the caller
 # was served, '0' it was told the request failed. Returns 1 if the request had been counted.
+# The record script for a group: the same rule, and the member's rows under the same token (KEYS[5], ARGV[9]).
+_MEMBER_LINES = """
+redis.call('HINCRBY', KEYS[5], ARGV[9], rows)
+redis.call('HSETNX', KEYS[5], 'first:' .. ARGV[9], ARGV[1])
+redis.call('HSET', KEYS[5], 'last:' .. ARGV[9], ARGV[1])
+"""
+_REPLY_LINE = "redis.call('SET', KEYS[4], cjson.encode(out), 'EX', tonumber(ARGV[8]))"
+GROUP_RECORD_SCRIPT = RECORD_SCRIPT.replace(_REPLY_LINE, _MEMBER_LINES.strip() + "\n" + _REPLY_LINE)
+assert GROUP_RECORD_SCRIPT != RECORD_SCRIPT
+
+# Rows a request's groups served above its account's own level, once per token (KEYS[2] marks it done).
+# ARGV: seconds to keep the mark, then (field, rows) pairs 'l:<own>:<served>'.
+LIFT_SCRIPT = """
+if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', tonumber(ARGV[1])) then return 0 end
+for i = 2, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], tonumber(ARGV[i + 1])) end
+return 1
+"""
+
 RESOLVE_SCRIPT = """
 local done = redis.call('GET', KEYS[2])
 if not done then redis.call('SET', KEYS[2], 'void', 'EX', tonumber(ARGV[2])) return 0 end
@@ -132,6 +160,28 @@ redis.call('RPUSH', KEYS[2], ARGV[4] .. '|' .. (flagged and 'flagged' or 'unflag
 if flagged then redis.call('SADD', KEYS[3], ARGV[5]) else redis.call('SREM', KEYS[3], ARGV[5]) end
 return 1
 """
+
+
+def group_keys(group: str, token: str | None = None) -> list[str]:
+    """A group's keys, all in the group's own hash slot: record, history, flagged marker[, reply], members, uncounted.
+
+    Parameters
+    ----------
+    group : str
+        The group's ledger name (``g:<kind>:<hex>``, :func:`.groups.group_fingerprint`).
+    token : str, optional
+        A request's token: its reply key is added fourth.
+
+    Returns
+    -------
+    list of str
+        ``[a, h, f]`` (+ ``[r:<token>]``) + ``[m, u]``.
+    """
+    tag = f"{PREFIX}{{{group}}}:"
+    keys = [f"{tag}a", f"{tag}h", f"{tag}f"]
+    if token is not None:
+        keys.append(f"{tag}r:{token}")
+    return keys + [f"{tag}m", f"{tag}u"]
 
 
 def _event(text) -> Event:
@@ -191,8 +241,10 @@ class RedisStore:
             self._client = redis.Redis(host=host, port=port, db=db, password=password, username=username,
                                        **options)
         self._record = self._client.register_script(RECORD_SCRIPT)
+        self._group_record = self._client.register_script(GROUP_RECORD_SCRIPT)
         self._flag = self._client.register_script(FLAG_SCRIPT)
         self._resolve = self._client.register_script(RESOLVE_SCRIPT)
+        self._lift = self._client.register_script(LIFT_SCRIPT)
         self._lost = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
     @classmethod
@@ -224,8 +276,14 @@ class RedisStore:
 
     @staticmethod
     def _keys(account: str, token: str | None = None) -> list[str]:
+        if is_group_id(account):
+            return group_keys(account, token)[:4 if token is not None else 3]
         keys = [f"{PREFIX}a:{account}", f"{PREFIX}h:{account}", f"{PREFIX}flagged"]
         return keys if token is None else keys + [f"{PREFIX}r:{token}"]
+
+    @staticmethod
+    def _uncounted_key(name: str) -> str:
+        return group_keys(name)[-1] if is_group_id(name) else f"{PREFIX}u:{name}"
 
     def close(self) -> None:
         """See :meth:`LedgerStore.close <caliber_core.throttle.ledger_store.LedgerStore.close>`."""
@@ -259,12 +317,13 @@ class RedisStore:
         args = self._record_args(account, now, rows, escalate_after, top, expire_after, shadow)
         return self._run_record(self._keys(account, token), args, token, sent=False)
 
-    def _run_record(self, keys, args, token: str, *, sent: bool) -> Decision:
+    def _run_record(self, keys, args, token: str, *, sent: bool, script=None) -> Decision:
         """Run the script; once it may have run (``sent``), retry lost replies with the same token."""
+        script = self._record if script is None else script
         delays = iter(RETRY_DELAYS)
         while True:
             try:
-                return self._decision(self._record(keys=keys, args=args), token)
+                return self._decision(script(keys=keys, args=args), token)
             except self._lost as exc:
                 # A refused connection sent nothing; a lost reply leaves the request in doubt.
                 sent = sent or not _refused(exc)
@@ -314,11 +373,129 @@ class RedisStore:
 
         return finish
 
+    def record_request(self, entries, *, rows: int, now: float, top: int, shadow: bool,
+                       token: str | None = None) -> list:
+        """Count one request for an account and its groups; one Decision per entry, in order.
+
+        See :meth:`begin_record_request`; this sends and reads at once.
+        """
+        return self.begin_record_request(entries, rows=rows, now=now, top=top, shadow=shadow, token=token)()
+
+    def begin_record_request(self, entries, *, rows: int, now: float, top: int, shadow: bool,
+                             token: str | None = None):
+        """Send one script per entry (account first, then its groups) now; ``finish()`` reads the Decisions.
+
+        Parameters
+        ----------
+        entries : sequence of (str, int, float or None, str or None)
+            ``(ledger name, escalate_after, expire_after, member)``: the account
+            (member None), then each group with the account as its member.
+        rows, now, top, shadow :
+            As :meth:`record` takes them.
+        token : str, optional
+            The request's token, shared by every entry (each keeps it in its own slot).
+
+        Returns
+        -------
+        callable
+            ``finish() -> list of Decision``.
+
+        Notes
+        -----
+        Each entry's script is atomic and runs at most once per token; the
+        scripts of one request are pipelined, not one transaction. A reply
+        lost for any of them is retried with the same token (never counted
+        twice); if one still fails, :class:`StoreUnavailable` carries the token
+        (``in_doubt``) and the caller settles every entry with :meth:`resolve`
+        (those counted are voided unless the request was served). Another
+        process may therefore see a group counted a moment before the account,
+        never a request counted twice or half-voided once settled.
+        """
+        token = self.new_token() if token is None else token
+        calls = []
+        for name, escalate_after, expire_after, member in entries:
+            args = self._record_args(name, now, rows, escalate_after, top, expire_after, shadow)
+            if member is None:
+                calls.append((self._record, self._keys(name, token), args))
+            else:
+                calls.append((self._group_record, group_keys(name, token)[:5], args + [member]))
+        pool = self._client.connection_pool
+        try:
+            conn = pool.get_connection()
+        except self._errors as exc:
+            raise self._fail(exc) from None
+
+        def one_by_one(sent: bool) -> list:
+            return with_lifts([self._run_record(keys, args, token, sent=sent, script=script)
+                               for script, keys, args in calls])
+
+        def with_lifts(decisions: list) -> list:
+            # What the account received above its own level: a second round trip, only when a group raised it.
+            raised = {} if shadow else lifts(decisions[0].segments, highest_segments(*(d.segments for d in decisions)))
+            if raised:
+                try:
+                    self.lift(entries[0][0], raised, token=token)
+                except StoreUnavailable as exc:
+                    import logging
+
+                    logging.getLogger("caliber_core.throttle").warning(
+                        "ledger store (%s): rows a group raised above an account's level were served but not "
+                        "added to its record (the group's record has them)", exc)
+            return decisions
+
+        try:
+            conn.send_packed_command(conn.pack_commands(
+                [("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in calls]))
+        except self._errors:
+            pool.release(conn)
+            conn.disconnect()
+            return lambda: one_by_one(True)
+
+        def finish() -> list:
+            replies = []
+            try:
+                for _ in calls:
+                    replies.append(conn.read_response())
+            except self._errors:
+                # A script the server lost (NoScriptError after a restart) or a lost reply: run each
+                # again with the same token; the ones that ran return their kept reply.
+                conn.disconnect()
+                pool.release(conn)
+                return one_by_one(True)
+            pool.release(conn)
+            return with_lifts([self._decision(reply, token) for reply in replies])
+
+        return finish
+
+    def lift(self, account: str, raised: dict, *, token: str, sign: int = 1) -> None:
+        """Add (``sign`` -1: take back) rows a group served above the account's own level, once per token.
+
+        A lost reply is retried with the same token (the script marks it done in the account's slot).
+        """
+        keys = self._keys(account, token)
+        mark = f"{keys[3]}:{'lift' if sign > 0 else 'unlift'}"
+        args = [TOKEN_SECONDS]
+        for (a, b), n in raised.items():
+            args += [f"l:{a}:{b}", sign * int(n)]
+        delays = iter(RETRY_DELAYS)
+        while True:
+            try:
+                self._lift(keys=[keys[0], mark], args=args)
+                return
+            except self._lost as exc:
+                delay = next(delays, None)
+                if delay is None:
+                    raise self._fail(exc) from None
+                time.sleep(delay)
+            except self._errors as exc:
+                raise self._fail(exc) from None
+
     def resolve(self, account: str, token: str, *, served: bool) -> bool:
         """Settle a request in doubt: True if it had been counted. One the caller was told failed
         (``served=False``) is moved from ``queries`` to ``failed``; one that never ran can no longer run."""
         try:
-            return bool(self._resolve(keys=[f"{PREFIX}a:{account}", f"{PREFIX}r:{token}"],
+            keys = self._keys(account, token)
+            return bool(self._resolve(keys=[keys[0], keys[3]],
                                       args=["1" if served else "0", TOKEN_SECONDS]))
         except self._errors as exc:
             raise self._fail(exc) from None
@@ -332,7 +509,7 @@ class RedisStore:
         entry = json.dumps({"process": process, "first": first, "last": last,
                             "queries": {str(k): int(v) for k, v in sorted(queries.items())}})
         try:
-            self._client.rpush(f"{PREFIX}u:{account}", entry)
+            self._client.rpush(self._uncounted_key(account), entry)
         except self._errors as exc:
             raise self._fail(exc) from None
 
@@ -365,7 +542,7 @@ class RedisStore:
             pipe = self._client.pipeline(transaction=True)
             pipe.hgetall(key)
             pipe.lrange(hist, 0, -1)
-            pipe.lrange(f"{PREFIX}u:{account}", 0, -1)
+            pipe.lrange(self._uncounted_key(account), 0, -1)
             fields, history, uncounted = pipe.execute()
         except self._errors as exc:
             raise self._fail(exc) from None
@@ -375,11 +552,13 @@ class RedisStore:
         queries = {int(k[2:]): int(v) for k, v in f.items() if k.startswith("q:")}
         shadow = {int(k[2:]): int(v) for k, v in f.items() if k.startswith("s:") and int(v)}
         failed = {int(k[2:]): int(v) for k, v in f.items() if k.startswith("f:") and int(v)}
+        lifted = {(int(k.split(":")[1]), int(k.split(":")[2])): int(v) for k, v in f.items()
+                  if k.startswith("l:") and int(v)}
         flagged_at = f.get("flagged_at") or None
         return AccountState(
             flagged=f.get("flagged") == "1", level=int(f.get("level", 0)), reason=f.get("reason", ""),
             flagged_at=None if flagged_at is None else float(flagged_at), at_level=int(f.get("at_level", 0)),
-            queries=queries, shadow=shadow, failed=failed,
+            queries=queries, shadow=shadow, failed=failed, lifted=lifted,
             uncounted=tuple(_uncounted(json.loads(u)) for u in uncounted),
             first_seen=float(f["first_seen"]) if f.get("first_seen") else None,
             last_seen=float(f["last_seen"]) if f.get("last_seen") else None,
@@ -393,3 +572,28 @@ class RedisStore:
             return sorted(k.decode()[len(PREFIX) + 2:] for k in self._client.scan_iter(f"{PREFIX}a:*", count=1000))
         except self._errors as exc:
             raise self._fail(exc) from None
+
+    def groups(self, *, flagged_only: bool = True) -> list[str]:
+        """The groups' ledger names (``g:<kind>:<hex>``), sorted; the flagged ones only by default."""
+        try:
+            names = sorted(k.decode()[len(PREFIX) + 1:-3]
+                           for k in self._client.scan_iter(f"{PREFIX}{{g:*}}:a", count=1000))
+            if not flagged_only or not names:
+                return names
+            pipe = self._client.pipeline(transaction=False)
+            for name in names:
+                pipe.hget(group_keys(name)[0], "flagged")
+            return [n for n, f in zip(names, pipe.execute()) if f == b"1"]
+        except self._errors as exc:
+            raise self._fail(exc) from None
+
+    def members(self, group: str) -> dict:
+        """The accounts seen in a group: ``{fingerprint: {"queries", "first_seen", "last_seen"}}``."""
+        try:
+            raw = self._client.hgetall(group_keys(group)[3])
+        except self._errors as exc:
+            raise self._fail(exc) from None
+        f = {k.decode(): v.decode() for k, v in raw.items()}
+        return {a: {"queries": int(n), "first_seen": float(f.get(f"first:{a}", "nan")),
+                    "last_seen": float(f.get(f"last:{a}", "nan"))}
+                for a, n in sorted(f.items()) if ":" not in a}

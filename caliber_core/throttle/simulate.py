@@ -10,6 +10,16 @@ rows spread evenly over ``duration`` simulated seconds, through a real
   whenever an expired flag leaves it unflagged);
 * ``sybil-NN`` the same campaign split over ``sybils`` accounts, each flagged
   only if its own share reaches ``detect_after``;
+* ``linked`` the same campaign split over ``sybils`` accounts that share one
+  group descriptor (a payment card, say): the accounts take turns, and the
+  detector flags the *group* once the group's total reaches
+  ``detect_after``; every member is served the group's level. Its
+  trajectory is plotted against the group's total queries, so it reaches
+  each level after the thief's number of queries when the kind's threshold
+  is the accounts' (within one request). A policy that declares no group
+  kind is simulated with one, ``link``, at the accounts' threshold and
+  expiry. The other accounts each carry a descriptor of their own, so the
+  benign user shows that nobody else's traffic moves an unlinked account.
 * ``repeater`` the campaign sent as ``repeats`` copies of each input. Exact
   repeats get identical answers under both seedings (no gain, but they
   count towards escalation). Near-duplicates differ by seeding: under
@@ -32,8 +42,11 @@ import math
 import os
 import tempfile
 
+from dataclasses import replace
+
 from .audit import audit_report
-from .ledger import account_fingerprint, expired
+from .ledger import AccountState, account_fingerprint, expired
+from .policy_schema import GroupKind
 from .throttle import Throttle
 
 DEFAULT_SYBILS = 20
@@ -112,10 +125,11 @@ def _in_force(throttle, name, now) -> bool:
     return state.flagged and not expired(state, now, throttle.policy.expire_after)
 
 
-def _run_account(throttle, name, *, queries, batch, duration, detect_after, flag_first, clock, start):
-    """Send ``queries`` rows for ``name``; return its trajectory [(queries so far, level of last row)]."""
+def _run_account(throttle, name, *, queries, batch, duration, detect_after, flag_first, clock, start, kind):
+    """Send ``queries`` rows for ``name`` (with a descriptor of its own); return its trajectory
+    [(queries so far, level of last row)] and the queries it had sent before its first row at each level."""
     n_requests = max(1, math.ceil(queries / batch))
-    sent, trajectory = 0, [(0, 0)]
+    sent, trajectory, first_at = 0, [(0, 0)], {}
     if flag_first:
         clock.now = start
         throttle.flag(name, level=1, reason="simulated: flagged by mistake")
@@ -125,16 +139,59 @@ def _run_account(throttle, name, *, queries, batch, duration, detect_after, flag
         if not flag_first and sent >= detect_after and not _in_force(throttle, name, clock.now):
             throttle.flag(name, level=1, reason="simulated detector")
         rows = min(batch, queries - sent)
-        decision = throttle.decide(name, rows)
+        decision = throttle.decide(name, rows, groups={kind: f"own-{name}"})
+        offset = sent
+        for level, n in decision.segments:
+            first_at.setdefault(level, offset)
+            offset += n
         sent += rows
         trajectory.append((sent, decision.segments[-1][0]))
-    return trajectory
+    return trajectory, first_at
+
+
+def _group_in_force(throttle, kind, value, now) -> bool:
+    state = throttle.group_state(kind, value)
+    return state.flagged and not expired(state, now, throttle.policy.group_kind(kind).expire_after)
+
+
+def _run_linked(throttle, names, *, share, batch, duration, detect_after, clock, start, kind):
+    """The accounts ``names`` take turns sending ``share`` rows each under one descriptor.
+
+    Returns the trajectory against the group's total [(total so far, level of last row)], the rows served
+    per level for each member, and the group's total before the first row at each level.
+    """
+    value = "campaign-1"
+    n_each = max(1, math.ceil(share / batch))
+    n_requests = n_each * len(names)
+    total, trajectory = 0, [(0, 0)]
+    sent = {name: 0 for name in names}
+    served = {name: {} for name in names}
+    first_at = {}
+    for k in range(n_requests):
+        name = names[k % len(names)]
+        if sent[name] >= share:
+            continue
+        clock.now = start + duration * k / n_requests
+        # The detector watches the group as it watches an account: it (re-)flags it once the group's total passes.
+        if total >= detect_after and not _group_in_force(throttle, kind, value, clock.now):
+            throttle.flag_group(kind, value, level=1, reason="simulated detector (linked accounts)")
+        rows = min(batch, share - sent[name])
+        decision = throttle.decide(name, rows, groups={kind: value})
+        offset = total
+        for level, n in decision.segments:
+            first_at.setdefault(level, offset)
+            served[name][level] = served[name].get(level, 0) + n
+            offset += n
+        sent[name] += rows
+        total += rows
+        trajectory.append((total, decision.segments[-1][0]))
+    return trajectory, served, first_at
 
 
 def simulate(policy, *, queries: int | None = None, detect_after: int | None = None, batch: int = 100,
              duration: float = DEFAULT_DURATION, sybils: int = DEFAULT_SYBILS, repeats: int = DEFAULT_REPEATS,
-             extraction: dict | None = None) -> dict:
-    """Replay the four scenarios through ``policy``; a JSON-able report.
+             extraction: dict | None = None, linked: bool = True) -> dict:
+    """Replay the scenarios through ``policy``; a JSON-able report.
 
     Parameters
     ----------
@@ -149,6 +206,19 @@ def simulate(policy, *, queries: int | None = None, detect_after: int | None = N
         Rows per request.
     duration : float, default 7 days
         Seconds over which each account spreads its queries (expiry can lapse inside it).
+    sybils, repeats : int
+        Accounts the campaign is split over; copies of each input the repeater sends.
+    extraction : dict, optional
+        A ``caliber.extraction/v1`` report (surrogate retention per level).
+    linked : bool, default True
+        Add the linked campaign (the sybils sharing one group descriptor).
+
+    Returns
+    -------
+    dict
+        The levels, one summary per account (``linked`` last, with its members'
+        top levels, and ``first_at_level``: the group's total queries before its
+        first row at each level; the thief's is there too).
     """
     e = policy.escalate_after
     queries = int(queries) if queries is not None else e * (policy.top + 1) + e
@@ -163,6 +233,9 @@ def simulate(policy, *, queries: int | None = None, detect_after: int | None = N
     share = max(1, queries // sybils)
     accounts += [(f"sybil-{i + 1:02d}", share, False) for i in range(sybils)]
     accounts += [("repeater", queries, False)]
+    if not policy.groups:  # the linked campaign needs a kind: one at the accounts' own rule
+        policy = replace(policy, groups=(GroupKind("link", policy.escalate_after, policy.expire_after),))
+    kind = policy.groups[0]
     clock = _Clock()
     with tempfile.TemporaryDirectory(prefix="caliber-simulate-") as folder:
         throttle = Throttle(policy, store=f"sqlite:///{os.path.join(folder, 'ledger.db')}", clock=clock,
@@ -170,11 +243,19 @@ def simulate(policy, *, queries: int | None = None, detect_after: int | None = N
         try:
             out = []
             for name, n, by_mistake in accounts:
-                trajectory = _run_account(throttle, name, queries=n, batch=batch, duration=duration,
-                                          detect_after=detect_after, flag_first=by_mistake, clock=clock, start=0.0)
+                trajectory, first_at = _run_account(throttle, name, queries=n, batch=batch, duration=duration,
+                                          detect_after=detect_after, flag_first=by_mistake, clock=clock, start=0.0,
+                                          kind=kind.name)
                 clock.now = duration
                 report = audit_report(policy, account_fingerprint(name), throttle.state(name), now=clock.now)
-                out.append(_account_summary(policy, name, report, trajectory, repeats))
+                out.append(_account_summary(policy, name, report, trajectory, repeats) | {"first_at_level": first_at})
+            if linked:
+                members = [f"linked-{i + 1:02d}" for i in range(sybils)]
+                trajectory, served, first_at = _run_linked(
+                    throttle, members, share=share, batch=batch, duration=duration, detect_after=detect_after,
+                    clock=clock, start=0.0, kind=kind.name)
+                clock.now = duration
+                out.append(_linked_summary(policy, throttle, kind, members, trajectory, served, first_at))
         finally:
             throttle.close()
     levels = [{"level": lv.index, "target": lv.target, "sigma": lv.sigma,
@@ -182,7 +263,29 @@ def simulate(policy, *, queries: int | None = None, detect_after: int | None = N
               for lv in policy.levels]
     return {"queries": queries, "detect_after": detect_after, "batch": batch, "duration": duration,
             "sybils": sybils, "repeats": repeats, "seeding": policy.seeding, "levels": levels, "accounts": out,
-            "extraction": None if extraction is None else extraction.get("model")}
+            "extraction": None if extraction is None else extraction.get("model"),
+            "group_kind": {"name": kind.name, "escalate_after": kind.escalate_after,
+                           "expire_after": kind.expire_after}}
+
+
+def _linked_summary(policy, throttle, kind, members, trajectory, served, first_at) -> dict:
+    """The linked campaign as one row: what its members received together, from the levels they were served."""
+    total = {}
+    for per in served.values():
+        for level, n in per.items():
+            total[level] = total.get(level, 0) + n
+    # What the members received (served levels), weighed as the audit weighs an account's.
+    shadow = total if policy.shadow else {}
+    report = audit_report(policy, "linked", AccountState(queries=total, shadow={k: v for k, v in shadow.items()
+                                                                                 if k > 0}), now=0.0)
+    group = throttle.group_state(kind.name, "campaign-1")
+    return {"account": "linked", "members": len(members), "max_level": max((lv for lv, n in total.items() if n),
+                                                                           default=0),
+            "queries_per_level": total, "flag_events": [e.event for e in group.history],
+            "accuracy_lost": report["loss_vs_clean"]["accuracy"], "retention_lost": report["loss_vs_clean"]["retention"],
+            "trajectory": trajectory, "first_at_level": first_at,
+            "member_max_levels": {name: max((lv for lv, n in per.items() if n), default=0)
+                                  for name, per in served.items()}}
 
 
 def _account_summary(policy, name, report, trajectory, repeats) -> dict:
@@ -225,6 +328,7 @@ def format_simulation(result: dict) -> str:
                                        + (f" (sd {sur['sd']:.1%} over {sur['n']} seeds)" if sur.get("n") else ""))
         lines.append(f"  level {lv['level']}: sigma {lv['sigma']:.4g}{text}")
     head = f"{'account':<10} {'top':>3}  {'queries per level':<34} {'accuracy lost (interval)':<26} events"
+    kind = result.get("group_kind")
     lines += ["", head]
     for a in result["accounts"]:
         per = ", ".join(f"L{lv}:{n:,}" for lv, n in sorted(a["queries_per_level"].items()) if n)
@@ -234,6 +338,13 @@ def format_simulation(result: dict) -> str:
         counts = {e: a["flag_events"].count(e) for e in dict.fromkeys(a["flag_events"])}
         events = ", ".join(f"{e} x{n}" if n > 1 else e for e, n in counts.items()) or "-"
         lines.append(f"{a['account']:<10} {a['max_level']:>3}  {per:<34} {acc_text:<26} {events}")
+        if a["account"] == "linked":
+            thief = next((t for t in result["accounts"] if t["account"] == "thief"), None)
+            reach = ", ".join(f"L{lv} after {n:,}" + ("" if thief is None or lv not in thief["first_at_level"] else
+                                                     f" (thief {thief['first_at_level'][lv]:,})")
+                              for lv, n in sorted(a["first_at_level"].items()) if lv > 0)
+            lines.append(f"{'':<10}     {a['members']} accounts sharing one {kind['name']} descriptor, flagged as a "
+                         f"group; reaches {reach or 'no flagged level'} queries in total (events are the group's)")
         if "effective_sigma_near_duplicates" in a:
             eff = ", ".join(f"L{lv}: {s:.4g}" for lv, s in sorted(a["effective_sigma_near_duplicates"].items()))
             why = ("each near-duplicate is a fresh draw" if result["seeding"] == "per-input" else

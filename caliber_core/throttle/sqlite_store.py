@@ -32,7 +32,7 @@ import os
 import sqlite3
 import threading
 
-from .ledger import AccountState, Event, advance, expired
+from .ledger import AccountState, Event, advance, expired, highest_segments, lifts
 from .ledger_store import StoreUnavailable
 
 _SCHEMA = """
@@ -53,6 +53,12 @@ CREATE TABLE IF NOT EXISTS uncounted (
     id INTEGER PRIMARY KEY, account TEXT NOT NULL, process TEXT NOT NULL, first REAL NOT NULL,
     last REAL NOT NULL, queries TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS uncounted_account ON uncounted (account, id);
+CREATE TABLE IF NOT EXISTS lifts (
+    account TEXT NOT NULL, own INTEGER NOT NULL, served INTEGER NOT NULL, queries INTEGER NOT NULL,
+    PRIMARY KEY (account, own, served)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS members (
+    grp TEXT NOT NULL, account TEXT NOT NULL, queries INTEGER NOT NULL, first_seen REAL NOT NULL,
+    last_seen REAL NOT NULL, PRIMARY KEY (grp, account)) WITHOUT ROWID;
 """
 #: The smallest -shm SQLite maps (one 32 KiB region): a live one is never shorter.
 _SHM_REGION = 32768
@@ -64,6 +70,10 @@ _UPSERT_ACCOUNT = (
 _ADD_COUNT = ("INSERT INTO counts VALUES (?, ?, ?, ?) ON CONFLICT (account, level) DO UPDATE SET "
               "queries=queries+excluded.queries, shadow=shadow+excluded.shadow")
 _ADD_EVENT = "INSERT INTO history (account, at, event, level, reason) VALUES (?, ?, ?, ?, ?)"
+_ADD_MEMBER = ("INSERT INTO members VALUES (?, ?, ?, ?, ?) ON CONFLICT (grp, account) DO UPDATE SET "
+               "queries=queries+excluded.queries, last_seen=excluded.last_seen")
+_ADD_LIFT = ("INSERT INTO lifts VALUES (?, ?, ?, ?) ON CONFLICT (account, own, served) DO UPDATE SET "
+             "queries=queries+excluded.queries")
 _GET = "SELECT flagged, level, reason, flagged_at, at_level, first_seen, last_seen FROM accounts WHERE account=?"
 
 
@@ -234,8 +244,10 @@ class SqliteStore:
             queries[level] = n
             if s:
                 shadow[level] = s
-        history, failed, uncounted = (), {}, ()
+        history, failed, uncounted, lifted = (), {}, (), {}
         if with_history:
+            lifted = {(a, b): n for a, b, n in conn.execute(
+                "SELECT own, served, queries FROM lifts WHERE account=? AND queries > 0", (account,))}
             history = tuple(Event(at, event, level, reason) for at, event, level, reason in conn.execute(
                 "SELECT at, event, level, reason FROM history WHERE account=? ORDER BY id", (account,)))
             failed = {level: n for level, n in conn.execute(
@@ -247,7 +259,7 @@ class SqliteStore:
                     "SELECT process, first, last, queries FROM uncounted WHERE account=? ORDER BY id", (account,)))
         return AccountState(flagged=bool(row[0]), level=row[1], reason=row[2], flagged_at=row[3],
                             at_level=row[4], queries=queries, shadow=shadow, first_seen=row[5],
-                            last_seen=row[6], history=history, failed=failed, uncounted=uncounted)
+                            last_seen=row[6], history=history, failed=failed, uncounted=uncounted, lifted=lifted)
 
     def get(self, account: str) -> AccountState | None:
         """See :meth:`LedgerStore.get <caliber_core.throttle.ledger_store.LedgerStore.get>`."""
@@ -258,9 +270,26 @@ class SqliteStore:
 
     def accounts(self, *, flagged_only: bool = True) -> list[str]:
         """See :meth:`LedgerStore.accounts <caliber_core.throttle.ledger_store.LedgerStore.accounts>`."""
-        where = " WHERE flagged=1" if flagged_only else ""
+        return self._names(flagged_only, groups=False)
+
+    def groups(self, *, flagged_only: bool = True) -> list[str]:
+        """The groups' ledger names (``g:<kind>:<hex>``), sorted; the flagged ones only by default."""
+        return self._names(flagged_only, groups=True)
+
+    def _names(self, flagged_only: bool, *, groups: bool) -> list[str]:
+        where = ("account LIKE 'g:%'" if groups else "account NOT LIKE 'g:%'") + (" AND flagged=1" if flagged_only else "")
         try:
-            return [r[0] for r in self._connect().execute(f"SELECT account FROM accounts{where} ORDER BY account")]
+            return [r[0] for r in self._connect().execute(f"SELECT account FROM accounts WHERE {where} ORDER BY account")]
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"sqlite store {self.path}: {exc}") from None
+
+    def members(self, group: str) -> dict:
+        """The accounts seen in a group: ``{fingerprint: {"queries", "first_seen", "last_seen"}}``."""
+        try:
+            return {a: {"queries": n, "first_seen": first, "last_seen": last}
+                    for a, n, first, last in self._connect().execute(
+                        "SELECT account, queries, first_seen, last_seen FROM members WHERE grp=? ORDER BY account",
+                        (group,))}
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"sqlite store {self.path}: {exc}") from None
 
@@ -271,6 +300,33 @@ class SqliteStore:
         ``full`` reads the account's counts and history too; the request path
         reads only its row (counts are added in SQL, so the state it sees has none).
         """
+
+        def run(conn):
+            if full:
+                state = self._read(conn, account, with_history=True) or AccountState()
+            else:
+                state = self._row(conn, account)
+            new, events, counts, result = change(state)
+            if new is None:  # a change that writes its own rows (void, uncounted)
+                for sql, params in counts:
+                    conn.execute(sql, params)
+                return result
+            self._put(conn, account, new, events, counts)
+            return result
+
+        return self._transaction(run)
+
+    @staticmethod
+    def _put(conn, account: str, new: AccountState, events, counts) -> None:
+        conn.execute(_UPSERT_ACCOUNT, (account, int(new.flagged), new.level, new.reason,
+                                       new.flagged_at, new.at_level, new.first_seen, new.last_seen))
+        for level, n, s in counts:
+            conn.execute(_ADD_COUNT, (account, level, n, s))
+        for e in events:
+            conn.execute(_ADD_EVENT, (account, e.at, e.event, e.level, e.reason))
+
+    def _transaction(self, run):
+        """``run(conn)`` inside one BEGIN IMMEDIATE transaction (committed, or rolled back if it raises)."""
         try:
             conn = self._connect()
             # Writers queue on an advisory file lock first: a blocked flock wakes
@@ -285,22 +341,7 @@ class SqliteStore:
                     if self._identity() != self._local.ident:  # replaced while we waited for the lock
                         conn.execute("ROLLBACK")
                         raise _Replaced
-                    if full:
-                        state = self._read(conn, account, with_history=True) or AccountState()
-                    else:
-                        state = self._row(conn, account)
-                    new, events, counts, result = change(state)
-                    if new is None:  # a change that writes its own rows (void, uncounted)
-                        for sql, params in counts:
-                            conn.execute(sql, params)
-                        conn.execute("COMMIT")
-                        return result
-                    conn.execute(_UPSERT_ACCOUNT, (account, int(new.flagged), new.level, new.reason,
-                                                   new.flagged_at, new.at_level, new.first_seen, new.last_seen))
-                    for level, n, s in counts:
-                        conn.execute(_ADD_COUNT, (account, level, n, s))
-                    for e in events:
-                        conn.execute(_ADD_EVENT, (account, e.at, e.event, e.level, e.reason))
+                    result = run(conn)
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
@@ -309,7 +350,7 @@ class SqliteStore:
             finally:
                 fcntl.flock(self._lock_fd(), fcntl.LOCK_UN)
         except _Replaced:
-            return self._write(account, full=full, change=change)  # _connect reopens (or raises)
+            return self._transaction(run)  # _connect reopens (or raises)
         except FileNotFoundError:
             raise StoreUnavailable(f"sqlite store {self.path}: the ledger file was deleted") from None
         except (sqlite3.Error, OSError) as exc:
@@ -343,6 +384,58 @@ class SqliteStore:
 
         return self._write(account, full=False, change=change)
 
+    def record_request(self, entries, *, rows: int, now: float, top: int, shadow: bool, token=None) -> list:
+        """Count one request for an account and its groups in one transaction: all of them, or none.
+
+        Parameters
+        ----------
+        entries : sequence of (str, int, float or None, str or None)
+            ``(ledger name, escalate_after, expire_after, member)``: the account
+            first (member None), then each group with the account as its member.
+        rows, now, top, shadow :
+            As :meth:`record` takes them.
+        token : str, optional
+            Unused: a SQLite transaction commits or does not, so nothing is left in doubt.
+
+        Returns
+        -------
+        list of Decision
+            One per entry, in order.
+        """
+
+        def run(conn):
+            names = [entry[0] for entry in entries]
+            # One read for every row of the request, then the writes batched: fewer calls into SQLite.
+            found = {r[0]: r[1:] for r in conn.execute(
+                f"SELECT account, flagged, level, reason, flagged_at, at_level, first_seen, last_seen FROM accounts "
+                f"WHERE account IN ({','.join('?' * len(names))})", names)}
+            out, counts, events, members = [], [], [], []
+            for name, escalate_after, expire_after, member in entries:
+                row = found.get(name)
+                state = AccountState() if row is None else AccountState(
+                    flagged=bool(row[0]), level=row[1], reason=row[2], flagged_at=row[3], at_level=row[4],
+                    first_seen=row[5], last_seen=row[6])
+                decision = advance(state, rows=rows, now=now, escalate_after=escalate_after, top=top,
+                                   expire_after=expire_after, shadow=shadow)
+                new = decision.state
+                conn.execute(_UPSERT_ACCOUNT, (name, int(new.flagged), new.level, new.reason, new.flagged_at,
+                                               new.at_level, new.first_seen, new.last_seen))
+                counts += [(name, level, n, n if shadow and level > 0 else 0) for level, n in decision.segments]
+                events += [(name, e.at, e.event, e.level, e.reason) for e in decision.events]
+                if member is not None:
+                    members.append((name, member, rows, now, now))
+                out.append(decision)
+            conn.executemany(_ADD_COUNT, counts)
+            conn.executemany(_ADD_MEMBER, members)
+            if events:
+                conn.executemany(_ADD_EVENT, events)
+            if len(out) > 1 and not shadow:  # what the account received above its own level, same transaction
+                raised = lifts(out[0].segments, highest_segments(*(d.segments for d in out)))
+                conn.executemany(_ADD_LIFT, [(names[0], a, b, n) for (a, b), n in raised.items()])
+            return out
+
+        return self._transaction(run)
+
     def void(self, account: str, decision) -> None:
         """A counted request whose answer was not produced: its rows move from ``queries`` to ``failed``."""
 
@@ -353,6 +446,14 @@ class SqliteStore:
                 writes.append(("INSERT INTO failed VALUES (?, ?, ?) ON CONFLICT (account, level) DO UPDATE SET "
                                "queries=queries+excluded.queries", (account, level, n)))
             return None, (), writes, None
+
+        self._write(account, full=False, change=change)
+
+    def lift(self, account: str, raised: dict, *, token=None, sign: int = 1) -> None:
+        """Add (``sign`` -1: take back, for a voided request) rows a group served above the account's own level."""
+
+        def change(state):
+            return None, (), [(_ADD_LIFT, (account, a, b, sign * n)) for (a, b), n in raised.items()], None
 
         self._write(account, full=False, change=change)
 

@@ -109,6 +109,7 @@ class Throttle(AccountBook):
         if not isinstance(self.store, LedgerStore):
             raise TypeError(f"store must be a store URL or a LedgerStore, got {type(store).__name__}")
         self._clock = clock
+        self._pipelined_for = self._pipelined = None  # _is_pipelined's cache
         self._levels = None
         if key is not None:
             from .levels import LevelNoise
@@ -180,11 +181,11 @@ class Throttle(AccountBook):
         return check_time(self._clock())
 
     # ------------------------------------------------------------------ outages
-    def _degraded(self, fp: str, rows: int, error: StoreUnavailable) -> tuple:
+    def _degraded(self, fp: str, rows: int, error: StoreUnavailable, groups: tuple = ()) -> tuple:
         """Segments for a request the store could not count (:meth:`.outages.Outages.decide`)."""
         if self._metrics:
             self._metrics.store_errors.inc()
-        return self._outages.decide(fp, rows, error, self._last_known)
+        return self._outages.decide(fp, rows, error, self._last_known, groups=groups)
 
     def _after_contact(self) -> None:
         if self._outages.pending():
@@ -225,15 +226,29 @@ class Throttle(AccountBook):
         ticket["voided"] = True
         decision = ticket["decision"]
         if decision is not None:
-            try:
-                self.store.void(ticket["fp"], decision)
-            except StoreUnavailable as exc:
-                if decision.token is not None:  # settled with the other requests in doubt
-                    self._outages.in_doubt.append((ticket["fp"], decision.token, False, None))
-                else:
-                    log.warning("ledger store unreachable (%s): a failed request stays counted", exc)
+            # The account's own decision and each group's (a request with groups counted each).
+            own = decision if not decision.groups else decision.own
+            if decision.groups and not self.policy.shadow:
+                from .ledger import lifts
+
+                raised = lifts(own.segments, decision.segments)
+                if raised:  # what a group raised, taken back with the rows
+                    try:
+                        self.store.lift(ticket["fp"], raised, token=own.token, sign=-1)
+                    except StoreUnavailable as exc:
+                        log.warning("ledger store unreachable (%s): a failed request's raised rows stay recorded",
+                                    exc)
+            for name, counted in ((ticket["fp"], own),) + decision.groups:
+                try:
+                    self.store.void(name, counted)
+                except StoreUnavailable as exc:
+                    if counted.token is not None:  # settled with the other requests in doubt
+                        self._outages.in_doubt.append((name, counted.token, False, None))
+                    else:
+                        log.warning("ledger store unreachable (%s): a failed request stays counted", exc)
         else:
-            self._outages.tally(ticket["fp"], response.segments, sign=-1)
+            for name in (ticket["fp"],) + ticket.get("groups", ()):
+                self._outages.tally(name, response.segments, sign=-1)
 
     # ------------------------------------------------------------------ flags
     # ------------------------------------------------------------------ serving
@@ -244,16 +259,74 @@ class Throttle(AccountBook):
         if len(cache) > LAST_KNOWN_CAPACITY:
             cache.popitem(last=False)
 
-    def _decide(self, fp: str, rows: int):
-        policy = self.policy
-        decision = self.store.record(fp, rows=rows, now=self._now(), escalate_after=policy.escalate_after,
-                                     top=policy.top, expire_after=policy.expire_after, shadow=policy.shadow)
-        self._remember(fp, decision.state.level if decision.state.flagged else 0)
+    def _decide(self, fp: str, rows: int, kinds: tuple = ()):
+        decision = self._begin(fp, rows, kinds)()
         self._after_contact()
         return decision
 
-    def decide(self, account, rows: int = 1):
-        """Count ``rows`` queries for ``account`` and return the Decision, without serving anything.
+    def _begin(self, fp: str, rows: int, kinds: tuple):
+        """Send the request's count to the store now; ``finish()`` reads its Decision.
+
+        ``kinds`` are the checked descriptors (:func:`.groups.check_groups`). Without
+        groups this is the account's one record; with them, one per account and group
+        (one SQLite transaction, one pipelined Redis round trip), the level of each row
+        the highest of them.
+        """
+        policy = self.policy
+        store = self.store
+        if not kinds:
+            request = dict(rows=rows, now=self._now(), escalate_after=policy.escalate_after, top=policy.top,
+                           expire_after=policy.expire_after, shadow=policy.shadow)
+            if self._is_pipelined():  # the round trip overlaps the draws
+                finish = store.begin_record(fp, **request)
+            else:
+                counted = store.record(fp, **request)
+                finish = lambda: counted  # noqa: E731
+        else:
+            entries = [(fp, policy.escalate_after, policy.expire_after, None)]
+            entries += [(name, kind.escalate_after, kind.expire_after, fp) for kind, name in kinds]
+            request = dict(rows=rows, now=self._now(), top=policy.top, shadow=policy.shadow)
+            if self._is_pipelined():
+                finish = store.begin_record_request(entries, **request)
+            else:
+                counted = store.record_request(entries, **request)
+                finish = lambda: counted  # noqa: E731
+
+        def decided():
+            result = finish()
+            if not kinds:
+                self._remember(fp, result.state.level if result.state.flagged else 0)
+                return result
+            return self._merge(fp, kinds, result)
+
+        return decided
+
+    def _is_pipelined(self) -> bool:
+        """Whether the store is a PipelinedLedgerStore, checked once per store object (a runtime
+        Protocol check walks every method name on each call)."""
+        store = self.store
+        if self._pipelined_for is not store:
+            self._pipelined_for, self._pipelined = store, isinstance(store, PipelinedLedgerStore)
+        return self._pipelined
+
+    def _merge(self, fp: str, kinds: tuple, decisions: list):
+        """One Decision for a request with groups: each row at the highest level of its account and groups."""
+        from .ledger import Decision, highest_segments
+
+        own, rest = decisions[0], decisions[1:]
+        for (_, name), counted in zip((("", fp),) + kinds, decisions):
+            self._remember(name, counted.state.level if counted.state.flagged else 0)
+        return Decision(highest_segments(*(d.segments for d in decisions)),
+                        own.events + tuple(e for d in rest for e in d.events), own.state, own.token,
+                        groups=tuple((name, d) for (_, name), d in zip(kinds, rest)), own=own)
+
+    def _kinds(self, groups) -> tuple:
+        from .groups import check_groups
+
+        return check_groups(self.policy, groups)
+
+    def decide(self, account, rows: int = 1, *, groups=None):
+        """Count ``rows`` queries for ``account`` (and its groups) and return the Decision, without serving anything.
 
         What ``respond`` does before adding noise; simulations and gateways
         that apply the noise elsewhere call it directly.
@@ -264,24 +337,31 @@ class Throttle(AccountBook):
             The account id (the ledger keeps its fingerprint only).
         rows : int, optional
             Rows (queries) in the request, 1..10**9.
+        groups : Mapping of str to str, optional
+            Group descriptors ``{kind: value}`` of kinds the policy declares
+            (:mod:`.groups`); each group is counted and escalated too.
 
         Returns
         -------
         Decision
-            The level of each of the request's rows, the flag events and the new state.
+            The level of each of the request's rows (the highest of its account's and
+            its groups'), the flag events and the account's new state; ``groups`` holds
+            each group's own decision.
 
         Raises
         ------
         TypeError, ValueError
-            A bad account id or row count.
+            A bad account id or row count, or descriptors refused (``DescriptorError``:
+            nothing is counted).
         StoreUnavailable
             The store cannot be reached (the outage rule does not apply here).
         """
         from .ledger import check_rows
 
-        return self._decide(account_fingerprint(account), check_rows(rows))
+        fp, rows, kinds = account_fingerprint(account), check_rows(rows), self._kinds(groups)
+        return self._decide(fp, rows, kinds)
 
-    def grant(self, account, *, rows: int, valid_minutes: float | None = None) -> str:
+    def grant(self, account, *, rows: int, valid_minutes: float | None = None, groups=None) -> str:
         """Count ``rows`` for ``account``, escalate as :meth:`respond` does, and return a signed grant token.
 
         Parameters
@@ -291,6 +371,9 @@ class Throttle(AccountBook):
             The positions the request may generate.
         valid_minutes : float, optional
             How long the engine honours the token (default ``grants.DEFAULT_VALID_MINUTES``).
+        groups : Mapping of str to str, optional
+            Group descriptors, as :meth:`decide` takes them: the grant carries the highest
+            level of the account and its groups.
 
         Returns
         -------
@@ -301,7 +384,7 @@ class Throttle(AccountBook):
         Raises
         ------
         ValueError
-            No key, bad ``rows`` or ``valid_minutes`` (nothing is counted).
+            No key, bad ``rows`` or ``valid_minutes``, or refused descriptors (nothing is counted).
         StoreUnavailable
             As for :meth:`respond`.
         """
@@ -311,19 +394,19 @@ class Throttle(AccountBook):
         if self._levels is None:
             raise ValueError("grant needs the seeding key: build the Throttle with key=<secret bytes>")
         rows, minutes = check_rows(rows), check_valid_minutes(valid_minutes)
-        fp, decision = account_fingerprint(account), None
+        fp, decision, kinds = account_fingerprint(account), None, self._kinds(groups)
         try:
-            decision = self._decide(fp, rows)
+            decision = self._decide(fp, rows, kinds)
             segments = decision.segments
         except StoreUnavailable as exc:
-            segments = self._degraded(fp, rows, exc)
+            segments = self._degraded(fp, rows, exc, tuple(name for _, name in kinds))
         if self._metrics:
             self._metrics.observe(segments, decision, shadow=self.policy.shadow)
         level = 0 if self.policy.shadow else max(level for level, _ in segments)
         return sign_grant(level=level, digest=self._policy_digest, rows=rows, signing_key=self._grant_key,
                           now=self._now(), valid_minutes=minutes)
 
-    def respond(self, account, logits, ids=None) -> Response:
+    def respond(self, account, logits, ids=None, *, groups=None) -> Response:
         """Serve ``logits`` for ``account``: count the rows, escalate if due, add the level's noise.
 
         Parameters
@@ -334,11 +417,15 @@ class Throttle(AccountBook):
             K must be the config's n_classes.
         ids : sequence of str/bytes, or one for a single row
             Per-input seeding ids (required with per-input seeding).
+        groups : Mapping of str to str, optional
+            Group descriptors ``{kind: value}`` (kinds the policy declares; values are
+            kept as fingerprints only). Every row is served the highest level of its
+            account and its groups, and each group is counted and escalated.
 
         Raises
         ------
         ValueError, TypeError
-            Bad logits or ids (nothing is counted).
+            Bad logits, ids or descriptors (``DescriptorError``, one line): nothing is counted.
         StoreUnavailable
             The store is unreachable and the policy's outage rule refuses the request
             (``on_store_error.serve`` "refuse", or an account this process has not seen and
@@ -349,16 +436,11 @@ class Throttle(AccountBook):
         rows = self._rows(logits, ids)
         checked = self._levels.check(logits, ids)  # every check before anything is counted
         fp = account_fingerprint(account)
+        kinds = self._kinds(groups)
         policy = self.policy
         finish = error = None
         try:
-            request = dict(rows=rows, now=self._now(), escalate_after=policy.escalate_after, top=policy.top,
-                           expire_after=policy.expire_after, shadow=policy.shadow)
-            if isinstance(self.store, PipelinedLedgerStore):  # the round trip overlaps the draws below
-                finish = self.store.begin_record(fp, **request)
-            else:
-                counted = self.store.record(fp, **request)
-                finish = lambda: counted  # noqa: E731
+            finish = self._begin(fp, rows, kinds)  # a Redis round trip overlaps the draws below
         except StoreUnavailable as exc:
             error = exc
         prepared = self._levels.prepare(checked)  # while the store works, if it can
@@ -368,12 +450,12 @@ class Throttle(AccountBook):
                 decision = finish()
             except StoreUnavailable as exc:
                 error = exc
+        names = tuple(name for _, name in kinds)
         if decision is not None:
-            self._remember(fp, decision.state.level if decision.state.flagged else 0)
             segments = decision.segments
         else:
-            segments = self._degraded(fp, rows, error)
-        ticket = {"fp": fp, "decision": decision, "voided": False}
+            segments = self._degraded(fp, rows, error, names)
+        ticket = {"fp": fp, "decision": decision, "voided": False, "groups": names}
         try:
             served = self._levels.assemble(prepared, segments, shadow=policy.shadow)
         except BaseException:

@@ -39,6 +39,12 @@ expire_hours = c2.number_input("Flags expire after (hours; 0 = never)", min_valu
                                key=f"policy_expire_{data.sha256[:12]}")
 shadow = c3.checkbox("Shadow mode (decide and record, serve clean)", value=saved["shadow"],
                      key=f"policy_shadow_{data.sha256[:12]}")
+groups_text = st.text_input(
+    "Group kinds (descriptors that link accounts)", value=saved["groups"], key=f"policy_groups_{data.sha256[:12]}",
+    help="Comma-separated kinds your auth layer attaches to each request, e.g. `card, org=50000`: each group "
+    "(one card, one organisation) is counted, flagged and escalated like an account, and every member is served "
+    "at least its group's level. A kind alone escalates after the accounts' threshold. Empty: accounts only "
+    "(the simulation then links its campaign by a kind called link, at the accounts' rule).")
 
 uploaded = st.file_uploader(
     "Or serve a config calibrated with your key (consistent seeding)", type=["json"], key="policy_config_upload",
@@ -57,13 +63,16 @@ try:
         config_name = f"{data.name}.caliber.json"
     doc, policy = policy_for_config_text(
         config_text, config_name=config_name, targets=view.level_targets(config),
-        escalate_after=int(escalate_after), expire_after=view.expire_seconds(expire_hours), shadow=shadow)
+        escalate_after=int(escalate_after), expire_after=view.expire_seconds(expire_hours), shadow=shadow,
+        groups=view.group_kinds(groups_text, escalate_after=int(escalate_after),
+                                expire_after=view.expire_seconds(expire_hours)) or None)
 except (ValueError, PolicyError) as exc:
     st.error(ui.plain(str(exc)))
     st.stop()
 st.caption(ui.plain(view.seeding_caption(policy)))
 state.set_model_option(data.sha256, "policy", {"retention": retention_text, "escalate_after": int(escalate_after),
-                                               "expire_hours": float(expire_hours), "shadow": bool(shadow)})
+                                               "expire_hours": float(expire_hours), "shadow": bool(shadow),
+                                               "groups": groups_text})
 
 archive = runs.archives().get(data.sha256)
 latest = None if archive is None or not view.config_matches(config, data.sha256) else runs.latest(archive)
@@ -99,9 +108,19 @@ st.dataframe(view.outcome_table(result), hide_index=True, width="stretch")
 st.caption(ui.plain(
     f"Each account sends its queries in requests of {result['batch']} over seven simulated days: a heavy "
     f"benign user flagged by mistake, one thief, the same campaign split over {result['sybils']} sybils (each "
-    f"flagged only once its own share passes the detector), and a repeater who sends each input "
-    f"{result['repeats']} times. Accuracy lost is query-weighted over the levels served, with the interval "
-    "the config's per-level intervals give."))
+    f"flagged only once its own share passes the detector), a repeater who sends each input "
+    f"{result['repeats']} times, and the sybils' campaign again with every account carrying one shared "
+    f"{result['group_kind']['name']} descriptor (the detector flags the group once the group's total passes). "
+    "Every other account carries a descriptor of its own, so the benign user's levels come from its own "
+    "traffic only. Accuracy lost is query-weighted over the levels served, with the interval the config's "
+    "per-level intervals give."))
+reach = view.reach_table(result)
+if reach is not None:
+    st.dataframe(reach, hide_index=True, width="stretch")
+    st.caption(ui.plain(
+        "Linked, the split campaign reaches each level after the same total as the single thief when the kind's "
+        "threshold is the accounts'. Linking cannot catch sybils that share no descriptor (the unlinked rows "
+        "above), and a false link escalates every member of the group."))
 
 st.subheader("Export")
 st.caption(ui.plain(f"Save both files in one folder: the policy names the config as {config_name} "

@@ -13,8 +13,30 @@ import plotly.graph_objects as go
 
 from caliber_core.throttle.simulate import surrogate_at
 
-DEFAULT_CHOICES = {"retention": "90, 70, 50", "escalate_after": 10_000, "expire_hours": 720.0, "shadow": False}
-SCENARIO_COLOURS = {"benign": "#2a9d8f", "thief": "#e63946", "repeater": "#f4a261"}
+DEFAULT_CHOICES = {"retention": "90, 70, 50", "escalate_after": 10_000, "expire_hours": 720.0, "shadow": False,
+                   "groups": ""}
+SCENARIO_COLOURS = {"benign": "#2a9d8f", "thief": "#e63946", "repeater": "#f4a261", "linked": "#6a4c93"}
+
+
+def group_kinds(text: str, *, escalate_after: int, expire_after) -> dict:
+    """The page's group kinds, ``card, org=5000``: each kind's threshold (default: the accounts'), their expiry.
+
+    Returns ``{kind: (escalate_after, expire_after)}``; ValueError in one line for a malformed entry
+    (the kind's name itself is checked by the policy).
+    """
+    out = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        kind, sep, threshold = (x.strip() for x in entry.partition("="))
+        try:
+            after = int(threshold) if sep else int(escalate_after)
+        except ValueError:
+            raise ValueError(f"group kind {kind[:32]!r}: the threshold must be a whole number of queries") from None
+        if kind in out:
+            raise ValueError(f"group kind {kind[:32]!r} is listed twice")
+        out[kind] = (after, expire_after)
+    return out
 
 
 def level_targets(config: dict) -> list[int]:
@@ -124,7 +146,8 @@ def trajectory_figure(result: dict) -> go.Figure:
             legendgroup="sybils" if sybil else name, showlegend=show, line=style))
     top = max(lv["level"] for lv in result["levels"])
     # The legend above the plot: below it, a horizontal legend shares its row with the x-axis title.
-    fig.update_layout(xaxis_title="queries sent by the account", yaxis_title="level served",
+    fig.update_layout(xaxis_title="queries sent by the account (the linked campaign: by all its accounts together)",
+                      yaxis_title="level served",
                       yaxis={"tickmode": "linear", "dtick": 1, "range": [-0.2, top + 0.2]},
                       height=380, margin={"t": 60, "b": 50},
                       legend={"orientation": "h", "x": 0.0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"})
@@ -134,13 +157,25 @@ def trajectory_figure(result: dict) -> go.Figure:
 _DASHES = ("solid", "dash", "dot", "dashdot")
 
 
+def reach_table(result: dict) -> pd.DataFrame | None:
+    """When the thief and the linked campaign first reach each level (queries in total), side by side."""
+    by = {a["account"]: a for a in result["accounts"]}
+    if "linked" not in by or "thief" not in by:
+        return None
+    levels = sorted(set(by["thief"]["first_at_level"]) | set(by["linked"]["first_at_level"]) - {0})
+    return pd.DataFrame([{"level": lv, "thief reaches it after": by["thief"]["first_at_level"].get(lv),
+                          "linked campaign after (all accounts)": by["linked"]["first_at_level"].get(lv)}
+                         for lv in levels])
+
+
 def outcome_table(result: dict) -> pd.DataFrame:
     """Per account: top level, queries per level, accuracy lost against clean (with its interval)."""
     rows = []
     for a in result["accounts"]:
         lost = a["accuracy_lost"]
         text = "n/a" if lost is None else _pct(lost["value"], lost["interval"])
-        rows.append({"account": a["account"], "highest level": a["max_level"],
+        name = a["account"] if a["account"] != "linked" else f"linked ({a['members']} accounts, one descriptor)"
+        rows.append({"account": name, "highest level": a["max_level"],
                      "queries per level": ", ".join(f"L{lv}: {n:,}" for lv, n in sorted(a["queries_per_level"].items())
                                                     if n),
                      "accuracy lost vs clean": text,
