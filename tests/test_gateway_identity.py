@@ -129,17 +129,19 @@ def test_campaign_descriptors_come_from_the_trusted_proxy_only():
         authenticate(headers(("X-Account", "acct-7"), ("X-Card", "fp_91c2")), "10.9.9.9")
 
 
-class GroupRecordingThrottle(Throttle):
-    """A throttle whose grant takes campaign descriptors, as the campaigns work adds; records them."""
+def _group_policy(tmp_path):
+    import json
 
-    def grant(self, account, *, rows, groups=None, valid_minutes=None):
-        self.granted_groups = groups
-        return super().grant(account, rows=rows, valid_minutes=valid_minutes)
+    path = write_policy(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["groups"] = {"org": {"escalation": {"after_queries": 1000}, "expiry": {"after_seconds": None}}}
+    path.write_text(json.dumps(doc))
+    return load_policy(path)
 
 
 def test_the_gateway_serves_the_proxy_named_account_and_hands_its_descriptors_to_the_grant(tmp_path):
-    policy = load_policy(write_policy(tmp_path))
-    throttle = GroupRecordingThrottle(policy, key=KEY, store=f"sqlite:///{tmp_path / 'l.db'}", metrics=False)
+    policy = _group_policy(tmp_path)
+    throttle = Throttle(policy, key=KEY, store=f"sqlite:///{tmp_path / 'l.db'}", metrics=False)
     throttle.flag("acct-7", level=2)
     seen = []
     trusted = HeaderAccounts("X-Account", parse_trusted_proxies("127.0.0.1"), group_headers={"org": "X-Org"})
@@ -149,7 +151,7 @@ def test_the_gateway_serves_the_proxy_named_account_and_hands_its_descriptors_to
             serve(create_app(throttle, key=KEY, upstream=upstream, authenticate=untrusted)) as elsewhere:
         r = httpx.post(base + "/v1/completions", json={"prompt": "w4", "max_tokens": 2},
                        headers={"X-Account": "acct-7", "X-Org": "acme"}, timeout=30)
-        assert r.status_code == 200 and throttle.granted_groups == {"org": "acme"}
+        assert r.status_code == 200 and sum(throttle.group_state("org", "acme").queries.values()) == 2
         level = verify_grant(seen[-1]["body"]["vllm_xargs"]["caliber"], signing_key=grant_key(KEY),
                              digest=policy_digest(policy), top=policy.top).level
         assert level == 2 and throttle.state("acct-7").queries == {2: 2}
@@ -161,3 +163,51 @@ def test_the_gateway_serves_the_proxy_named_account_and_hands_its_descriptors_to
         assert r.status_code == 401 and r.json()["error"]["message"] == (
             "this gateway serves requests from its authenticating proxy only")
     assert len(seen) == 1 and throttle.state("acct-7").queries == {2: 2}
+
+
+def test_a_flagged_campaign_is_served_its_level_through_the_gateway(tmp_path):
+    policy = _group_policy(tmp_path)
+    throttle = Throttle(policy, key=KEY, store=f"sqlite:///{tmp_path / 'l.db'}", metrics=False)
+    throttle.flag_group("org", "acme", level=1)
+    seen = []
+    trusted = HeaderAccounts("X-Account", parse_trusted_proxies("127.0.0.1"), group_headers={"org": "X-Org"})
+    with serve(recording_upstream(seen)) as upstream, \
+            serve(create_app(throttle, key=KEY, upstream=upstream, authenticate=trusted)) as base:
+        def level_of(headers_):
+            r = httpx.post(base + "/v1/completions", json={"prompt": "w4", "max_tokens": 1}, headers=headers_,
+                           timeout=30)
+            assert r.status_code == 200
+            return verify_grant(seen[-1]["body"]["vllm_xargs"]["caliber"], signing_key=grant_key(KEY),
+                                digest=policy_digest(policy), top=policy.top).level
+
+        # A member never flagged itself gets the campaign's level; without the descriptor, its own.
+        assert level_of({"X-Account": "fresh-member", "X-Org": "acme"}) == 1
+        assert level_of({"X-Account": "fresh-member"}) == 0
+        assert level_of({"X-Account": "other", "X-Org": "someone-else"}) == 0
+        # A value the throttle refuses (over 256 bytes) is a 400 that quotes nothing; nothing counted.
+        before = throttle.state("fresh-member").queries
+        r = httpx.post(base + "/v1/completions", json={"prompt": "w4", "max_tokens": 1},
+                       headers={"X-Account": "fresh-member", "X-Org": "v" * 300}, timeout=30)
+        assert r.status_code == 400 and "vvvv" not in r.text and "fresh-member" not in r.text
+        assert throttle.state("fresh-member").queries == before
+
+
+def test_group_headers_are_checked_against_the_policy_at_start(tmp_path):
+    from caliber_core.cli import build_parser
+    from caliber_core.cli.gateway import build_app
+
+    policy_path = tmp_path / "policy.json"
+    _group_policy(tmp_path)
+    from caliber_core.serving.keys import write_key_file
+
+    key_file = tmp_path / "k.key"
+    write_key_file(key_file)
+    base = ["gateway", "--upstream", "http://127.0.0.1:9", "--policy", str(policy_path), "--key-file",
+            str(key_file), "--store", f"sqlite:///{tmp_path / 'l.db'}", "--account-header", "X-Account",
+            "--trusted-proxy", "127.0.0.1"]
+    with pytest.raises(ValueError, match="kind 'card' is not declared"):
+        build_app(build_parser().parse_args(base + ["--group-header", "card=X-Card"]))
+    with pytest.raises(ValueError, match="must be KIND=HEADER"):
+        build_app(build_parser().parse_args(base + ["--group-header", "org"]))
+    app = build_app(build_parser().parse_args(base + ["--group-header", "org=X-Org"]))
+    assert app is not None

@@ -55,6 +55,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                           "--trusted-proxy)")
     who.add_argument("--trusted-proxy", metavar="ADDR[,ADDR...]",
                      help="the addresses or networks of that proxy: the header is believed from them only")
+    who.add_argument("--group-header", metavar="KIND=HEADER", action="append", default=[],
+                     help="a campaign descriptor that proxy sets, e.g. card=X-Caliber-Group-Card; KIND must be "
+                          "declared in the policy's groups (repeatable; needs --account-header)")
     gateway.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     gateway.add_argument("--port", type=positive_int, default=8080, help="port to listen on (default 8080)")
     gateway.add_argument("--default-max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS,
@@ -101,13 +104,49 @@ def build_authenticator(args):
     if args.accounts is not None and args.account_header is not None:
         raise ValueError("give --accounts or --account-header, not both")
     if args.accounts is not None:
+        if args.group_header:
+            raise ValueError("--group-header goes with --account-header: descriptors come from the "
+                             "authenticating proxy only")
         if args.trusted_proxy is not None:
             raise ValueError("--trusted-proxy goes with --account-header (API keys need no proxy)")
         return KeyAccounts(AccountsFile(args.accounts))
     if args.trusted_proxy is None:
         raise ValueError("--account-header needs --trusted-proxy ADDR[,ADDR...]: the header is believed from the "
                          "authenticating proxy only")
-    return HeaderAccounts(args.account_header, parse_trusted_proxies(args.trusted_proxy))
+    return HeaderAccounts(args.account_header, parse_trusted_proxies(args.trusted_proxy),
+                          group_headers=parse_group_headers(args.group_header))
+
+
+def parse_group_headers(specs) -> dict:
+    """``KIND=HEADER`` options as {kind: header name}; one line naming the bad option otherwise.
+
+    Parameters
+    ----------
+    specs : list of str
+        The ``--group-header`` values.
+
+    Returns
+    -------
+    dict of str to str
+        Descriptor kind -> the header the trusted proxy sets it in.
+
+    Raises
+    ------
+    ValueError
+        Not ``KIND=HEADER``, a header name that is not a token, or a kind given twice.
+    """
+    import re
+
+    out = {}
+    for spec in specs:
+        kind, sep, header = spec.partition("=")
+        kind, header = kind.strip(), header.strip()
+        if not sep or not kind or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}", header):
+            raise ValueError(f"--group-header must be KIND=HEADER (e.g. card=X-Caliber-Group-Card), got {spec!r}")
+        if kind in out:
+            raise ValueError(f"--group-header: kind {kind!r} given twice")
+        out[kind] = header
+    return out
 
 
 def build_app(args, authenticate=None):
@@ -156,6 +195,10 @@ def build_app(args, authenticate=None):
         raise ValueError(f"--upstream must be an http:// or https:// URL, got {args.upstream!r}")
     minutes = check_valid_minutes(args.valid_minutes)
     throttle = Throttle.from_files(args.policy, key=key, store=args.store)
+    undeclared = [kind for kind in getattr(authenticate, "group_headers", {})
+                  if throttle.policy.group_kind(kind) is None]
+    if undeclared:
+        raise ValueError(f"--group-header: kind {undeclared[0]!r} is not declared in the policy's groups")
     return create_app(throttle, key=key, upstream=args.upstream, authenticate=authenticate,
                       default_max_tokens=args.default_max_tokens, max_body_bytes=args.max_body_bytes,
                       refuse_prompt_logprobs=args.refuse_prompt_logprobs, refuse_non_text=args.refuse_non_text,

@@ -38,6 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..throttle.grants import PREFIX, grant_key, policy_digest, verify_grant
+from ..throttle.groups import DescriptorError
 from ..throttle.stores import StoreUnavailable
 from .request_rules import (CHAT, COMPLETIONS, DEFAULT_MAX_TOKENS, MAX_BODY_BYTES, GatewayRefusal, check_level_rules,
                             needs_level, parse_body, rows_of)
@@ -216,6 +217,8 @@ def create_app(throttle, *, key: bytes, upstream: str, authenticate, default_max
                 token = grant(identity, rows)
             except StoreUnavailable:
                 return _error(503, "the service cannot decide this request now; try again later")
+            except DescriptorError:  # the proxy's descriptor, not the client's: never quoted back
+                return _error(400, "a campaign descriptor of this request was refused")
             level = verify_grant(token, signing_key=signing_key, digest=digest, top=top).level
             check_level_rules(path, body, level=level, **rules)  # this request's own rows may have escalated it
         except GatewayRefusal as refusal:
