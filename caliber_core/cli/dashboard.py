@@ -47,6 +47,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     dash.add_argument("--port", "--server.port", dest="port", type=positive_int, default=8501,
                       help="the port (default 8501)")
     dash.add_argument("--headless", action="store_true", help="do not open a browser")
+    dash.add_argument("--data-root", dest="data_root", default=None, metavar="DIR",
+                      help="a directory whose logits files the Data page lists and opens in place "
+                           "(sets CALIBER_DATA_ROOT; off by default)")
     dash.add_argument("streamlit_args", nargs=argparse.REMAINDER,
                       help="further options passed to `streamlit run` (after --)")
     return dash
@@ -94,6 +97,24 @@ def command(args) -> list[str]:
             *SERVER_FLAGS, *extra]
 
 
+def environment(args, base=None) -> dict:
+    """The server's environment: ``base`` (default ``os.environ``) plus ``CALIBER_DATA_ROOT`` from ``--data-root``.
+
+    Raises
+    ------
+    ValueError
+        ``--data-root`` is not a directory (one line).
+    """
+    env = dict(os.environ if base is None else base)
+    root = getattr(args, "data_root", None)
+    if root is not None:
+        path = Path(root).expanduser()
+        if not path.is_dir():
+            raise ValueError(f"--data-root {root}: not a directory")
+        env["CALIBER_DATA_ROOT"] = str(path.resolve())
+    return env
+
+
 def run(args) -> int:
     """Run the server until it stops.
 
@@ -114,6 +135,6 @@ def run(args) -> int:
     """
     cmd = command(args)
     try:
-        return subprocess.call(cmd, env=os.environ.copy())
+        return subprocess.call(cmd, env=environment(args))
     except KeyboardInterrupt:
         return 130

@@ -97,7 +97,12 @@ def _restore() -> None:
         restored = workspace.restore_uploads()
     for data in restored.models:
         add_model(data)
-    ss[WARNINGS] = restored.warnings + [
+    from caliber_dashboard.data import server_files  # files opened in place from the data root
+
+    served, served_warnings = server_files.restore()
+    for data in served:
+        add_model(data)
+    ss[WARNINGS] = restored.warnings + served_warnings + [
         f"Skipped unreadable stored choices ({what})." for what in bad + bad_options]
     ss[OPTIONS] = {sha: o for sha, o in options.items() if isinstance(o, dict)}
     targets = stored.get("targets")
@@ -188,9 +193,16 @@ def remove_models(shas: Iterable[str]) -> None:
             hidden.add(sha)
         else:
             _guard("remove the file from the workspace", workspace.forget_upload, sha)
+            _guard("remove the server file's record", _forget_server_file, sha)
         _guard("remove its choices", workspace.delete_result, OPTIONS_KIND, sha)
         st.session_state.get(_SAVED, {}).pop(("options", sha), None)
     _save_setting("demo_hidden", sorted(hidden))
+
+
+def _forget_server_file(sha256: str) -> None:
+    from caliber_dashboard.data import server_files
+
+    server_files.forget(sha256)
 
 
 def clear_models() -> None:

@@ -8,7 +8,7 @@ from caliber_core.loading import DEFAULT_MAX_ELEMENTS, LABELS_EXTENSIONS, SUPPOR
 from caliber_core.config import config_to_json
 from caliber_dashboard import navigation
 from caliber_dashboard.common import cache, figures, state, tables, ui
-from caliber_dashboard.data import logprob_log, uploads
+from caliber_dashboard.data import logprob_log, server_panel, uploads
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 
@@ -61,6 +61,7 @@ with messages:
     for level, text in uploads.process(logits_uploads, labels_upload):  # a no-op after the callback
         getattr(st, level)(ui.plain(text), icon=_ICONS[level])
 
+server_panel.draw()  # files under the data root, when the server has one
 models = state.models()
 
 
