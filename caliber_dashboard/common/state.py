@@ -167,7 +167,18 @@ def add_model(data: LogitsData) -> bool:
     if not is_new(data):
         return False
     models()[data.sha256] = data
+    _precalibrate(data)
     return True
+
+
+def _precalibrate(data: LogitsData) -> None:
+    """Start the model's calibration in the background (inside a server only), with its statistic."""
+    from caliber_dashboard.common import precalibrate
+
+    if data.sha256 in {d.sha256 for d in demo_models()}:
+        return  # the server's warm-up calibrates the demo set
+    statistic = model_options(data.sha256).get("statistic")
+    precalibrate.start(data, statistic=statistic if statistic in MARGIN_STATISTICS else "median")
 
 
 def is_new(data: LogitsData) -> bool:

@@ -8,7 +8,7 @@ from caliber_dashboard import navigation
 from caliber_dashboard.calibrate import plots as calibrate_plots
 from caliber_dashboard.calibrate import thief
 from caliber_dashboard.calibrate.verification import check_verification, verify_realizations, verify_sigma
-from caliber_dashboard.common import background, cache, figures, readouts, state, tables, ui
+from caliber_dashboard.common import background, cache, figures, precalibrate, readouts, state, tables, ui
 from caliber_dashboard.common.targets import percent_to_fraction, slider_range
 from caliber_dashboard.common.ui import fmt
 from caliber_dashboard.data import log_store, logprob_log
@@ -51,6 +51,7 @@ with c2:
     statistic = st.selectbox("Margin statistic for S", MARGIN_STATISTICS, key="calibrate_statistic",
                              help="The paper uses the median; mean and 10%-trimmed mean for the ablation.")
 
+precalibrate.wait_with_progress(data, statistic=statistic)  # started when the file was loaded
 try:
     cal = cache.calibration(data, statistic=statistic)
 except ValueError as exc:
