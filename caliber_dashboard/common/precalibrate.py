@@ -6,8 +6,8 @@ who then waited for it. Now :func:`start` is called whenever a model joins a
 session (an upload, a file opened from the data root, a restored workspace):
 one background worker fills the same process-wide slots the page reads
 (:func:`.cache.fill_calibration` with the model's margin statistic, then the
-curves, the bootstrap and the default view's figure), while the visitor is
-still looking at the Data page. A visitor who reaches the
+curves, the bootstrap, the default view's figure and the Policy page's default
+config), while the visitor is still looking at the Data page. A visitor who reaches the
 Calibrate page first sees the job's own progress bar
 (:func:`wait_with_progress`) instead of a second computation.
 
@@ -100,6 +100,11 @@ def _run(ctx, job: Job, data: LogitsData, statistic: str) -> None:
             cache.estimator(data, cal)
             job.fraction = 0.96
             cache.figure(data, cal, calibrate_plots.VIEWS[0])
+            if data.has_labels and statistic == "median":  # the Policy page's default levels
+                from caliber_dashboard.common.targets import target_list
+                from caliber_dashboard.policy.view import DEFAULT_CHOICES
+
+                cache.config(data, target_list(DEFAULT_CHOICES["retention"], "", ""))
     except Exception:  # noqa: BLE001  (the page computes again and shows the error where it belongs)
         _LOG.info("background calibration of a model failed; the Calibrate page will report it", exc_info=True)
     finally:
