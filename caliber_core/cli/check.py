@@ -15,7 +15,6 @@ import json
 import sys
 
 from .arguments import add_confidence, add_max_elements, load
-from .check_log import check_log, is_log_config
 
 EXIT_DRIFT = 3
 
@@ -82,6 +81,8 @@ def run(args) -> int:
         raise ValueError(f"{args.config} is calibrated for consistent seeding with one key; check measures "
                          "per-input noise and cannot judge it: recalibrate on the new sample with "
                          "calibrate --seeding consistent --key-file KEYFILE and compare the sigmas")
+    from .check_log import is_log_config
+
     if is_log_config(config):  # a top-k logprob log's config: compared with a new log
         return _check_log(config, args)
     data = load(args.file, args, labels_path=args.labels)
@@ -106,6 +107,7 @@ def run(args) -> int:
 def _check_log(config: dict, args) -> int:
     """``check`` of a logprob log's config against a new log (``check_log``)."""
     from ..calibration.llm_inputs import read_llm_file
+    from .check_log import check_log
 
     if args.labels:
         raise ValueError("a top-k logprob log has no labels: --labels does not apply to its config")

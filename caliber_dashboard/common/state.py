@@ -99,7 +99,8 @@ def _restore() -> None:
         add_model(data)
     from caliber_dashboard.data import server_files  # files opened in place from the data root
 
-    served, served_warnings = server_files.restore()
+    with st.spinner("Reopening this workspace's files from the data root…"):
+        served, served_warnings = server_files.restore()
     for data in served:
         add_model(data)
     ss[WARNINGS] = restored.warnings + served_warnings + [
