@@ -175,10 +175,10 @@ with st.expander("Calibrate an API log of top-k logprobs", expanded=False):
     with lc1:
         log_upload = st.file_uploader("Log file (.jsonl, .json)", key="upload_logprob_log")
     with lc2:
-        log_vocab = st.number_input("Vocabulary size V", min_value=3, value=32_000, step=1,
+        st.number_input("Vocabulary size V", min_value=3, value=32_000, step=1,
                                     key="logprob_log_vocab")
     with lc3:
-        log_side = st.selectbox("Side", ["at-least", "point", "at-most"], key="logprob_log_side")
+        st.selectbox("Side", ["at-least", "point", "at-most"], key="logprob_log_side")
     log_targets = st.multiselect("Agreement targets", [0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6],
                                  default=[0.9, 0.8], key="logprob_log_targets")
     if log_upload is not None and log_targets:
