@@ -42,10 +42,12 @@ _MAX_JOBS = 64
 
 @dataclass
 class Job:
-    """One background calibration: its progress (0..1) and whether it has ended."""
+    """One background calibration: its progress (0..1), whether the Calibrate page's part is ready,
+    and whether the whole job (the Policy page's default config too) has ended."""
 
     name: str
     fraction: float = 0.0
+    ready: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
     started: float = field(default_factory=time.monotonic)
 
@@ -100,6 +102,8 @@ def _run(ctx, job: Job, data: LogitsData, statistic: str) -> None:
             cache.estimator(data, cal)
             job.fraction = 0.96
             cache.figure(data, cal, calibrate_plots.VIEWS[0])
+            job.fraction = 1.0
+            job.ready.set()  # a visitor waiting on the Calibrate page goes on from here
             if data.has_labels and statistic == "median":  # the Policy page's default levels
                 from caliber_dashboard.common.targets import target_list
                 from caliber_dashboard.policy.view import DEFAULT_CHOICES
@@ -109,14 +113,15 @@ def _run(ctx, job: Job, data: LogitsData, statistic: str) -> None:
         _LOG.info("background calibration of a model failed; the Calibrate page will report it", exc_info=True)
     finally:
         job.fraction = 1.0
+        job.ready.set()
         job.done.set()
 
 
 def running(data: LogitsData, *, statistic: str = "median") -> Job | None:
-    """The unfinished background job for this model and statistic, if any."""
+    """The background job for this model and statistic while the Calibrate page's part is not ready."""
     with _lock:
         job = _jobs.get(_key(data, statistic))
-    return job if job is not None and not job.done.is_set() else None
+    return job if job is not None and not job.ready.is_set() else None
 
 
 def wait_with_progress(data: LogitsData, *, statistic: str = "median", poll_s: float = 0.2) -> None:
@@ -131,7 +136,7 @@ def wait_with_progress(data: LogitsData, *, statistic: str = "median", poll_s: f
     text = f"Calibrating {data.name}: noise sweep over {data.n_samples:,} inputs (started when it was loaded)…"
     bar = st.progress(job.fraction, text=text)
     try:
-        while not job.done.wait(poll_s):
+        while not job.ready.wait(poll_s):
             bar.progress(job.fraction, text=text)
     finally:
         bar.empty()
