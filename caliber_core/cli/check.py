@@ -81,6 +81,10 @@ def run(args) -> int:
         raise ValueError(f"{args.config} is calibrated for consistent seeding with one key; check measures "
                          "per-input noise and cannot judge it: recalibrate on the new sample with "
                          "calibrate --seeding consistent --key-file KEYFILE and compare the sigmas")
+    from .check_log import is_log_config
+
+    if is_log_config(config):  # a top-k logprob log's config: compared with a new log
+        return _check_log(config, args)
     data = load(args.file, args, labels_path=args.labels)
     for warning in data.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -98,3 +102,19 @@ def run(args) -> int:
         for finding in report.problems:
             print(finding.message)
     return 0 if report.consistent else EXIT_DRIFT
+
+
+def _check_log(config: dict, args) -> int:
+    """``check`` of a logprob log's config against a new log (``check_log``)."""
+    from ..calibration.llm_inputs import read_llm_file
+    from .check_log import check_log
+
+    if args.labels:
+        raise ValueError("a top-k logprob log has no labels: --labels does not apply to its config")
+    consistent, lines = check_log(config, read_llm_file(args.file, max_elements=args.max_elements), args.file,
+                                  confidence=args.confidence)
+    if args.json:
+        print(json.dumps({"consistent": consistent, "lines": lines}, indent=2))
+    else:
+        print("\n".join(lines))
+    return 0 if consistent else EXIT_DRIFT

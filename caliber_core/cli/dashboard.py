@@ -51,6 +51,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     dash.add_argument("--port", "--server.port", dest="port", type=positive_int, default=8501,
                       help="the port (default 8501)")
     dash.add_argument("--headless", action="store_true", help="do not open a browser")
+    dash.add_argument("--data-root", dest="data_root", default=None, metavar="DIR",
+                      help="a directory whose logits files the Data page lists and opens in place "
+                           "(sets CALIBER_DATA_ROOT; off by default)")
     dash.add_argument("streamlit_args", nargs=argparse.REMAINDER,
                       help="further options passed to `streamlit run` (after --)")
     return dash
@@ -139,6 +142,24 @@ def open_browser_when_healthy(url: str, *, timeout: float = 120.0, opener=webbro
         return False
 
 
+def environment(args, base=None) -> dict:
+    """The server's environment: ``base`` (default ``os.environ``) plus ``CALIBER_DATA_ROOT`` from ``--data-root``.
+
+    Raises
+    ------
+    ValueError
+        ``--data-root`` is not a directory (one line).
+    """
+    env = dict(os.environ if base is None else base)
+    root = getattr(args, "data_root", None)
+    if root is not None:
+        path = Path(root).expanduser()
+        if not path.is_dir():
+            raise ValueError(f"--data-root {root}: not a directory")
+        env["CALIBER_DATA_ROOT"] = str(path.resolve())
+    return env
+
+
 def run(args) -> int:
     """Run the server until it stops.
 
@@ -158,10 +179,11 @@ def run(args) -> int:
         The dashboard extra or package is not installed.
     """
     cmd = command(args)
+    env = environment(args)  # a bad --data-root is refused before anything starts
     url = local_url(args)
     print(f"Caliber dashboard: {url} (Ctrl-C stops it)", file=sys.stderr, flush=True)
     # stdin is closed for the server: nothing it runs may wait on a prompt.
-    proc = subprocess.Popen(cmd, env=os.environ.copy(), stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
     if not args.headless and has_display():
         threading.Thread(target=open_browser_when_healthy, args=(url,), daemon=True).start()
     try:

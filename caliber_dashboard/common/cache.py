@@ -191,6 +191,35 @@ def calibration(data: LogitsData, *, statistic: str = "median", seed: int = 0,
     )
 
 
+def has_calibration(data: LogitsData, *, statistic: str = "median", seed: int = 0,
+                    realizations: int | None = None) -> bool:
+    """Whether :func:`calibration` would answer from this process's cache at once."""
+    key = (data_digest(data), statistic, seed, _realizations(realizations))
+    return _calibration_slot(key).value is not _EMPTY
+
+
+def fill_calibration(data: LogitsData, *, statistic: str = "median", seed: int = 0,
+                     realizations: int | None = None,
+                     progress: Callable[[float], None] | None = None) -> Calibration:
+    """:func:`calibration` without drawing, reporting to ``progress``: for a background thread.
+
+    Fills the same slot (the workspace's stored copy, else computed and stored),
+    so the page that asks later reads the result.
+    """
+    from caliber_dashboard.common import calibration_store
+
+    slot = _calibration_slot((data_digest(data), statistic, seed, _realizations(realizations)))
+    if slot.value is not _EMPTY:
+        return slot.value
+    with slot.lock:
+        if slot.value is _EMPTY:
+            slot.value = calibration_store.stored_or_computed(
+                data, statistic=statistic, seed=seed, realizations=realizations,
+                compute=lambda: pipeline.calibrate_data(data, statistic=statistic, seed=seed,
+                                                        realizations=realizations, progress=progress))
+        return slot.value
+
+
 def _model_key(data: LogitsData, cal: Calibration) -> tuple:
     return (data_digest(data), cal.statistic, cal.seed, cal.intervals.realizations)
 

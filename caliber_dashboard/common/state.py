@@ -97,7 +97,13 @@ def _restore() -> None:
         restored = workspace.restore_uploads()
     for data in restored.models:
         add_model(data)
-    ss[WARNINGS] = restored.warnings + [
+    from caliber_dashboard.data import server_files  # files opened in place from the data root
+
+    with st.spinner("Reopening this workspace's files from the data root…"):
+        served, served_warnings = server_files.restore()
+    for data in served:
+        add_model(data)
+    ss[WARNINGS] = restored.warnings + served_warnings + [
         f"Skipped unreadable stored choices ({what})." for what in bad + bad_options]
     ss[OPTIONS] = {sha: o for sha, o in options.items() if isinstance(o, dict)}
     targets = stored.get("targets")
@@ -162,7 +168,18 @@ def add_model(data: LogitsData) -> bool:
     if not is_new(data):
         return False
     models()[data.sha256] = data
+    _precalibrate(data)
     return True
+
+
+def _precalibrate(data: LogitsData) -> None:
+    """Start the model's calibration in the background (inside a server only), with its statistic."""
+    from caliber_dashboard.common import precalibrate
+
+    if data.sha256 in {d.sha256 for d in demo_models()}:
+        return  # the server's warm-up calibrates the demo set
+    statistic = model_options(data.sha256).get("statistic")
+    precalibrate.start(data, statistic=statistic if statistic in MARGIN_STATISTICS else "median")
 
 
 def is_new(data: LogitsData) -> bool:
@@ -188,9 +205,16 @@ def remove_models(shas: Iterable[str]) -> None:
             hidden.add(sha)
         else:
             _guard("remove the file from the workspace", workspace.forget_upload, sha)
+            _guard("remove the server file's record", _forget_server_file, sha)
         _guard("remove its choices", workspace.delete_result, OPTIONS_KIND, sha)
         st.session_state.get(_SAVED, {}).pop(("options", sha), None)
     _save_setting("demo_hidden", sorted(hidden))
+
+
+def _forget_server_file(sha256: str) -> None:
+    from caliber_dashboard.data import server_files
+
+    server_files.forget(sha256)
 
 
 def clear_models() -> None:

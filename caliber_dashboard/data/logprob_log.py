@@ -3,10 +3,11 @@
 A log holds no labels and no full rows, so it is not a workspace model (no
 logits matrix to sweep): the Data page calibrates it on its own (the same call
 as ``calibrate LOG --vocab-size V``, the same one-line errors) and keeps the
-result in the session under :data:`LOG_RESULT`; the Data and Calibrate pages
+last result in the session under :data:`LOG_RESULT`; :mod:`.log_store` keeps
+every calibrated log's config in the workspace. The Data and Calibrate pages
 both show the certified bounds of the agreement curve as a band
-(:func:`band_panel`), the Data page with the config to download. Nothing in
-the workspace changes, whatever the file holds.
+(:func:`band_panel`), the Data page with the config to download. A log that
+fails to calibrate changes nothing in the workspace.
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ from caliber_dashboard import navigation
 from caliber_dashboard.calibrate import plots as calibrate_plots
 from caliber_dashboard.calibrate import thief
 from caliber_dashboard.calibrate.verification import check_verification, verify_realizations, verify_sigma
-from caliber_dashboard.common import background, cache, figures, readouts, state, tables, ui
+from caliber_dashboard.common import background, cache, figures, precalibrate, readouts, state, tables, ui
 from caliber_dashboard.common.targets import percent_to_fraction, slider_range
 from caliber_dashboard.common.ui import fmt
-from caliber_dashboard.data import logprob_log
+from caliber_dashboard.data import log_store, logprob_log
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 
@@ -36,7 +36,7 @@ st.caption(
     "(Ã = (A − 1/K)/(A0 − 1/K)); a logistic law Ã(v) fits the sweep; a target in, σ* out."
 )
 
-log_config, _ = st.session_state.get(logprob_log.LOG_RESULT, (None, None))
+log_config = log_store.current()  # this session's last log, else the workspace's latest
 if log_config:  # calibrated on the Data page: a log is no model (no logits to sweep), its band shows here
     with st.expander(f"Top-k logprob log {log_config['model']}: certified agreement band", expanded=True):
         logprob_log.band_panel(log_config, key="calibrate_logprob_log_band")
@@ -51,6 +51,7 @@ with c2:
     statistic = st.selectbox("Margin statistic for S", MARGIN_STATISTICS, key="calibrate_statistic",
                              help="The paper uses the median; mean and 10%-trimmed mean for the ablation.")
 
+precalibrate.wait_with_progress(data, statistic=statistic)  # started when the file was loaded
 try:
     cal = cache.calibration(data, statistic=statistic)
 except ValueError as exc:

@@ -8,7 +8,7 @@ from caliber_core.loading import DEFAULT_MAX_ELEMENTS, LABELS_EXTENSIONS, SUPPOR
 from caliber_core.config import config_to_json
 from caliber_dashboard import navigation
 from caliber_dashboard.common import cache, figures, state, tables, ui
-from caliber_dashboard.data import logprob_log, uploads
+from caliber_dashboard.data import log_store, logprob_log, server_panel, uploads
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 
@@ -61,6 +61,7 @@ with messages:
     for level, text in uploads.process(logits_uploads, labels_upload):  # a no-op after the callback
         getattr(st, level)(ui.plain(text), icon=_ICONS[level])
 
+server_panel.draw()  # files under the data root, when the server has one
 models = state.models()
 
 
@@ -146,6 +147,22 @@ if models:
         st.caption("Histogram drawn from evenly spaced rows of the larger files (every row "
                    "enters S and the table): " + ui.plain(", ".join(sampled)) + ".")
 
+def _calibrate_log():
+    # A callback: the result and its workspace record exist before the page is drawn.
+    ss = st.session_state
+    upload, targets = ss.get("upload_logprob_log"), ss.get("logprob_log_targets")
+    if upload is None or not targets:
+        return
+    vocab, side = int(ss.get("logprob_log_vocab", 32_000)), ss.get("logprob_log_side", "at-least")
+    ss[logprob_log.LOG_RESULT] = logprob_log.calibrate_log(
+        upload.getvalue(), upload.name, vocab_size=vocab, targets=sorted(targets, reverse=True), side=side)
+    if ss[logprob_log.LOG_RESULT][0]:  # a workspace member, like a model
+        note = log_store.save(ss[logprob_log.LOG_RESULT][0], filename=upload.name, vocab_size=vocab,
+                              side=side, targets=targets)
+        if note:
+            state.add_warning(note)
+
+
 st.subheader("Top-k logprob log (agreement only)")
 with st.expander("Calibrate an API log of top-k logprobs", expanded=False):
     st.caption(
@@ -158,22 +175,23 @@ with st.expander("Calibrate an API log of top-k logprobs", expanded=False):
     with lc1:
         log_upload = st.file_uploader("Log file (.jsonl, .json)", key="upload_logprob_log")
     with lc2:
-        log_vocab = st.number_input("Vocabulary size V", min_value=3, value=32_000, step=1,
+        st.number_input("Vocabulary size V", min_value=3, value=32_000, step=1,
                                     key="logprob_log_vocab")
     with lc3:
-        log_side = st.selectbox("Side", ["at-least", "point", "at-most"], key="logprob_log_side")
+        st.selectbox("Side", ["at-least", "point", "at-most"], key="logprob_log_side")
     log_targets = st.multiselect("Agreement targets", [0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6],
                                  default=[0.9, 0.8], key="logprob_log_targets")
-    if log_upload is not None and log_targets and st.button("Calibrate log", key="logprob_log_btn"):
-        with st.spinner("Solving the certified bounds"):
-            st.session_state[logprob_log.LOG_RESULT] = logprob_log.calibrate_log(
-                log_upload.getvalue(), log_upload.name, vocab_size=int(log_vocab),
-                targets=sorted(log_targets, reverse=True), side=log_side)
+    if log_upload is not None and log_targets:
+        st.button("Calibrate log", key="logprob_log_btn", on_click=_calibrate_log)
     log_config, log_error = st.session_state.get(logprob_log.LOG_RESULT, (None, None))
     if log_error:
         st.error(ui.plain(log_error), icon=_ICONS["error"])
     elif log_config:
         logprob_log.band_panel(log_config, key="logprob_log_band")
-        st.caption("The Calibrate page shows this band too, for as long as this session keeps it.")
+        st.caption("Kept in this workspace: the Calibrate page shows this band, Export offers the config "
+                   "and Policy can serve its targets.")
         st.download_button("Config (JSON)", config_to_json(log_config), file_name="logprob_log.caliber.json",
                            mime="application/json", key="logprob_log_download")
+    if log_store.logs():
+        st.caption("Calibrated logs in this workspace:")
+        log_store.members_panel(key="logprob_logs")

@@ -20,6 +20,7 @@ from caliber_dashboard.export import review as export_review
 from caliber_dashboard.extraction import runs
 from caliber_dashboard.extraction import view
 from caliber_dashboard.extraction.codec import run_key
+from caliber_dashboard.data import log_store
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 
@@ -29,6 +30,8 @@ st.caption(
     "`python -m caliber_core calibrate FILE --retention …`: the same file and targets give the "
     "same σ* here and there."
 )
+
+log_store.export_panel()  # calibrated top-k logprob logs: configs of their own, no model needed
 
 data = ui.model_selector("Model", key="export_model")
 if data is None:

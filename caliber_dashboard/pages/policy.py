@@ -8,6 +8,7 @@ from caliber_core.throttle.simulate import simulate
 from caliber_dashboard import navigation
 from caliber_dashboard.common import cache, state, ui
 from caliber_dashboard.common.targets import target_list
+from caliber_dashboard.data import log_store
 from caliber_dashboard.extraction import runs
 from caliber_dashboard.policy import view
 
@@ -50,10 +51,14 @@ uploaded = st.file_uploader(
     "Or serve a config calibrated with your key (consistent seeding)", type=["json"], key="policy_config_upload",
     help="A config from `caliber calibrate --seeding consistent --key-file KEY`: its noise is calibrated for that "
     "key, so it is made on the command line, never here. Its targets become the levels.")
+served_log = log_store.choose_for_policy(key="policy_log") if uploaded is None else None
 try:
     if uploaded is not None:
         config_text, config = view.config_from_upload(uploaded.getvalue(), name=uploaded.name)
         config_name = uploaded.name
+    elif served_log is not None:  # a calibrated top-k logprob log: its agreement targets are the levels
+        config = served_log["config"]
+        config_text, config_name = config_to_json(config), log_store.config_name(served_log)
     else:
         targets = target_list(retention_text, "", "")
         if not targets:

@@ -1,0 +1,140 @@
+"""A large labelled dump opened from the data root: open, calibrate, export, check; peak memory.
+
+Run:  python benchmarks/bench_data_root.py [--rows 2000] [--vocab 32000] [--no-write]
+
+Writes a ``--rows`` x ``--vocab`` float32 ``.npy`` of LLM-like next-token logits
+and its labels ``.npy`` into a temporary data root (never committed), then
+drives the dashboard in this process with Streamlit's ``AppTest`` (the same
+script runs as under ``streamlit run``; this process plays the server): the
+Data page opens the file from the root, the Calibrate page calibrates it, the
+Export page shows the config; ``caliber check`` (a separate process) is run on
+that config and the file. Printed: each step's wall time, the process's
+resident memory after start-up and its peak (``VmHWM``), against the file's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from figure_files import transcript  # noqa: E402
+
+APP = str(ROOT / "caliber_dashboard" / "app.py")
+
+
+def _status_mb(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _write_dump(root: Path, rows: int, vocab: int) -> tuple[Path, Path]:
+    from caliber_core.simulation.llm_like import llm_like_logits
+
+    (root / "evals").mkdir(parents=True)
+    z = llm_like_logits(rows, vocab, seed=1, dtype=np.float32)
+    rng = np.random.default_rng(2)
+    top = np.argpartition(-z, 4, axis=1)[:, :5]
+    # The next token is the model's top one about 60% of the time, else one of its next four.
+    pick = np.where(rng.random(rows) < 0.6, 0, rng.integers(1, 5, rows))
+    order = np.take_along_axis(top, np.argsort(-np.take_along_axis(z, top, axis=1), axis=1), axis=1)
+    labels = order[np.arange(rows), pick].astype(np.int64)
+    logits_path, labels_path = root / "evals" / "next_token.npy", root / "evals" / "next_token_labels.npy"
+    np.save(logits_path, z)
+    np.save(labels_path, labels)
+    return logits_path, labels_path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=2000)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--no-write", action="store_true", help="print only; do not write docs/figures/")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        root = tmp / "root"
+        logits_path, labels_path = _write_dump(root, args.rows, args.vocab)
+        os.environ["CALIBER_DATA_ROOT"] = str(root)
+        os.environ["CALIBER_DATA_DIR"] = str(tmp / "workspaces")
+        size_mb = logits_path.stat().st_size / 1e6
+
+        from streamlit.testing.v1 import AppTest
+
+        from caliber_dashboard.common import state
+        from caliber_dashboard.data import server_panel
+
+        at = AppTest.from_file(APP, default_timeout=3600)
+        at.switch_page("pages/data.py")
+        at.run()
+        started_mb = _status_mb("VmRSS")
+        times = {}
+        t = time.perf_counter()
+        at.selectbox(key=server_panel.FILE_KEY).set_value("evals/next_token.npy")
+        at.selectbox(key=server_panel.LABELS_KEY).set_value("evals/next_token_labels.npy")
+        at.button(key="server_open_btn").click().run()
+        times["open from the root (Data page)"] = time.perf_counter() - t
+        assert not at.exception, at.exception
+        data = at.session_state[state.MODELS][at.session_state[state.SELECTED]]
+        assert data.n_classes == args.vocab and data.has_labels
+        t = time.perf_counter()
+        at.switch_page("pages/calibrate.py").run()
+        times["Calibrate (first visit: the calibration)"] = time.perf_counter() - t
+        assert not at.exception, at.exception
+        t = time.perf_counter()
+        at.switch_page("pages/export.py").run()
+        times["Export (config)"] = time.perf_counter() - t
+        assert not at.exception, at.exception
+        config_path = tmp / "cfg.json"
+        config_path.write_text(at.code[0].value)
+        peak_mb = _status_mb("VmHWM")
+        t = time.perf_counter()
+        check = subprocess.run([sys.executable, "-m", "caliber_core", "check", str(config_path), str(logits_path),
+                                "--labels", str(labels_path)], capture_output=True, text=True, cwd=ROOT,
+                               env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        times["caliber check (separate process)"] = time.perf_counter() - t
+        targets = json.loads(config_path.read_text())["targets"]
+
+    with transcript("data-root", "A large labelled dump opened from the data root",
+                    note="One run (each step is timed once: a spread needs repeated runs, which a "
+                         "calibration of this size makes too long here). Memory is this process's "
+                         "(it plays the server), from /proc/self/status.") if not args.no_write \
+            else _Nothing():
+        print(f"file: {args.rows:,} x {args.vocab:,} float32 .npy, {size_mb:,.1f} MB, with a labels .npy")
+        for what, seconds in times.items():
+            print(f"  {what:<42} {seconds:8.1f} s")
+        print(f"  caliber check exit status {check.returncode} "
+              f"({(check.stdout or check.stderr).strip().splitlines()[-1] if (check.stdout or check.stderr).strip() else ''})")
+        print(f"  targets: " + ", ".join(f"{t['kind']} {t['requested']:g}: sigma {t['sigma']:.4g}" for t in targets))
+        print(f"memory: resident after start-up {started_mb:,.0f} MB; peak {peak_mb:,.0f} MB; "
+              f"peak above start-up {peak_mb - started_mb:,.0f} MB = {(peak_mb - started_mb) / size_mb:.2f} x the file "
+              f"(peak {peak_mb / size_mb:.2f} x the file)")
+    if check.returncode != 0:
+        print(check.stdout, check.stderr)
+        sys.exit(1)
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    main()

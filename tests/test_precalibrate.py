@@ -1,0 +1,91 @@
+"""A model is calibrated in the background as soon as it is loaded; Calibrate then reads the result."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import numpy as np
+from streamlit.testing.v1 import AppTest
+
+from caliber_dashboard.common import background, cache, calibration_store, precalibrate, state
+from caliber_dashboard.workspace import SQLiteStore, from_environment
+
+APP = str(Path(__file__).resolve().parent.parent / "caliber_dashboard" / "app.py")
+
+
+def _npz(seed: int, n: int = 600, k: int = 12) -> bytes:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, k, n)
+    z = rng.normal(size=(n, k))
+    z[np.arange(n), y] += 2.5
+    buf = io.BytesIO()
+    np.savez(buf, logits=z, labels=y)
+    return buf.getvalue()
+
+
+def _wait(data, timeout=240.0) -> None:
+    end = time.monotonic() + timeout
+    while precalibrate.running(data) is not None:
+        assert time.monotonic() < end, "the background calibration did not end"
+        time.sleep(0.1)
+
+
+def test_an_upload_starts_its_calibration_and_the_page_reads_it(monkeypatch):
+    monkeypatch.setattr(background, "serving", lambda: True)  # as inside `streamlit run`
+    at = AppTest.from_file(APP, default_timeout=240)
+    at.run()
+    at.file_uploader(key="upload_logits").set_value(("bg.npz", _npz(1), "application/octet-stream")).run()
+    assert not at.exception
+    data = at.session_state[state.MODELS][at.session_state[state.SELECTED]]
+    _wait(data)
+    assert cache.has_calibration(data)  # filled before anyone opened Calibrate
+    # ... in the workspace too, under the key the page looks for (a restart reads it back).
+    kind, key = calibration_store.store_key(data, statistic="median", seed=0, realizations=None)
+    cfg = from_environment()
+    token = at.query_params["ws"]
+    token = token[0] if isinstance(token, list) else token
+    assert SQLiteStore(cfg.data_dir, limits=cfg.limits).load_result(token, kind, key) is not None
+    computed = []
+    monkeypatch.setattr(cache.pipeline, "calibrate_data", lambda *a, **k: computed.append(1))
+    at.switch_page("pages/calibrate.py").run()
+    assert not at.exception and not computed  # read, not computed again
+    assert any(m.label == "inputs N" and m.value == "600" for m in at.metric)
+
+
+def test_a_visitor_who_arrives_first_waits_for_the_same_job(monkeypatch):
+    monkeypatch.setattr(background, "serving", lambda: True)
+    release = __import__("threading").Event()
+    real = cache.pipeline.calibrate_data
+    calls = []
+
+    def slow(*args, **kwargs):  # hold the job until the page is waiting for it
+        calls.append(1)
+        release.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cache.pipeline, "calibrate_data", slow)
+    shown = []
+    original = precalibrate.wait_with_progress
+
+    def watching(data, **kwargs):
+        shown.append(precalibrate.running(data, **kwargs) is not None)
+        release.set()
+        return original(data, **kwargs)
+
+    monkeypatch.setattr(precalibrate, "wait_with_progress", watching)
+    at = AppTest.from_file(APP, default_timeout=240)
+    at.run()
+    at.file_uploader(key="upload_logits").set_value(("first.npz", _npz(2), "application/octet-stream")).run()
+    at.switch_page("pages/calibrate.py").run()
+    assert not at.exception
+    assert shown == [True] and calls == [1]  # the page found the job running and did not start another
+
+
+def test_nothing_starts_outside_a_server():
+    at = AppTest.from_file(APP, default_timeout=240)
+    at.run()
+    at.file_uploader(key="upload_logits").set_value(("plain.npz", _npz(3), "application/octet-stream")).run()
+    data = at.session_state[state.MODELS][at.session_state[state.SELECTED]]
+    assert precalibrate.running(data) is None and not cache.has_calibration(data)
