@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import __version__
 from ..config import SCHEMA, SIDES, TargetRecord
-from ..loading.row_stream import RowSource, open_rows
+from ..loading.row_stream import BLOCK_BYTES, MappedMatrix, RowSource, can_map, open_rows
 from ..loading.safety import DEFAULT_MAX_ELEMENTS, display_name, fail
 from . import margins
 from .fit import fit_logistic
@@ -74,32 +74,61 @@ def reduce_file(path, *, m: int = TOP_GAPS, max_elements: int = DEFAULT_MAX_ELEM
     out = [top_gaps, counts]
     if labels is not None:
         out += [np.empty(source.n_rows), np.empty(source.n_rows, dtype=np.int32)]
-    digest = hashlib.sha256()
-    with open(source.path, "rb") as fh:
-        digest.update(fh.read(source.offset))
-    # Three threads share the work: this one reads, one hashes the bytes as read (hashlib lets go of
-    # the interpreter lock), one reduces; a buffer is reused only once both are done with it.
-    hashing = source.dtype == "float32"  # other dtypes are converted in place: hashed from the file
-    in_flight: list = []
-    with ThreadPoolExecutor(max_workers=1) as hasher, ThreadPoolExecutor(max_workers=1) as reducer:
-        for start, block in source.blocks(buffers=_BUFFERS):
-            if len(in_flight) == _BUFFERS - 1:
-                _finish(in_flight.pop(0), out, src, progress, source.n_rows)
-            digest_job = hasher.submit(digest.update, block.view(np.uint8)) if hashing else None
-            y = None if labels is None else labels[start : start + block.shape[0]]
-            in_flight.append((start, block, digest_job, reducer.submit(_reduce_after, digest_job, block, m, y)))
-        while in_flight:
-            _finish(in_flight.pop(0), out, src, progress, source.n_rows)
-    if source.dtype == "float32":
-        with open(source.path, "rb") as fh:  # whatever follows the matrix (other tensors)
-            fh.seek(source.offset + source.n_rows * source.n_classes * source.itemsize)
-            for chunk in iter(lambda: fh.read(1 << 24), b""):
-                digest.update(chunk)
-    sha = digest.hexdigest() if source.dtype == "float32" else _file_sha256(source.path)
+    if can_map(source):
+        sha = _reduce_mapped(source, m, labels, out, src, progress)
+    else:
+        _reduce_read(source, m, labels, out, src, progress)
+        sha = _file_sha256(source.path)  # converted blocks are not the file's bytes: hashed from the file
     return ReducedRows(top_gaps, counts, source.n_classes, *out[2:]), source, sha
 
 
 _BUFFERS = 3
+#: Threads that reduce blocks (numpy lets go of the interpreter lock in the row work).
+REDUCERS = 2
+
+
+def _reduce_mapped(source: RowSource, m: int, labels, out, src, progress) -> str:
+    """Reduce a float32 matrix read in place through a memory map; return the file's SHA-256.
+
+    One thread hashes the file's bytes in order (hashlib lets go of the interpreter lock), others
+    reduce blocks of rows; a block's pages are let go once both are done with it, so the resident
+    set holds the blocks in flight only.
+    """
+    digest = hashlib.sha256()
+    per_block = max(1, BLOCK_BYTES // (source.n_classes * 4))
+    workers = max(1, min(REDUCERS, os.cpu_count() or 1))
+    in_flight: list = []
+    with MappedMatrix(source) as mapped, ThreadPoolExecutor(max_workers=1) as hasher, \
+            ThreadPoolExecutor(max_workers=workers) as reducers:
+        hasher.submit(digest.update, mapped.bytes_between(0, source.offset))
+        for start in range(0, source.n_rows, per_block):
+            stop = min(source.n_rows, start + per_block)
+            lo, hi = source.offset + start * mapped.row_bytes, source.offset + stop * mapped.row_bytes
+            hashed = hasher.submit(digest.update, mapped.bytes_between(lo, hi))
+            block = mapped.rows[start:stop]
+            y = None if labels is None else labels[start:stop]
+            in_flight.append((start, block, hashed, reducers.submit(_reduce, block, m, y)))
+            if len(in_flight) > 2 * workers:
+                _finish(in_flight.pop(0), out, src, progress, source.n_rows, mapped)
+        while in_flight:
+            _finish(in_flight.pop(0), out, src, progress, source.n_rows, mapped)
+        end = source.offset + source.n_rows * mapped.row_bytes
+        hasher.submit(digest.update, mapped.bytes_between(end, mapped.size)).result()
+        del block
+    return digest.hexdigest()
+
+
+def _reduce_read(source: RowSource, m: int, labels, out, src, progress) -> None:
+    """Reduce a matrix read (and converted to float32) into reused buffers, one thread reading, one reducing."""
+    in_flight: list = []
+    with ThreadPoolExecutor(max_workers=1) as reducer:
+        for start, block in source.blocks(buffers=_BUFFERS):
+            if len(in_flight) == _BUFFERS - 1:
+                _finish(in_flight.pop(0), out, src, progress, source.n_rows)
+            y = None if labels is None else labels[start : start + block.shape[0]]
+            in_flight.append((start, block, None, reducer.submit(_reduce, block, m, y)))
+        while in_flight:
+            _finish(in_flight.pop(0), out, src, progress, source.n_rows)
 
 
 def check_kept_size(source: RowSource, *, m: int = TOP_GAPS, max_elements: int = DEFAULT_MAX_ELEMENTS) -> int:
@@ -125,19 +154,20 @@ def check_kept_size(source: RowSource, *, m: int = TOP_GAPS, max_elements: int =
     return m
 
 
-def _reduce_after(digest_job, block: np.ndarray, m: int, labels):
-    """Reduce a block once its bytes are hashed (the reduction overwrites them)."""
-    if digest_job is not None:
-        digest_job.result()
+def _reduce(block: np.ndarray, m: int, labels):
     try:
         return reduce_block(block, m=m, labels=labels)
     except ValueError:
-        return None  # a NaN or +inf row: the block is untouched, _finish names the row
+        return None  # a NaN or +inf row: _finish names it
 
 
-def _finish(job, out, src, progress, n_rows) -> None:
-    start, block, _, reduce_job = job
+def _finish(job, out, src, progress, n_rows, mapped=None) -> None:
+    start, block, hashed, reduce_job = job
     result = reduce_job.result()
+    if hashed is not None:
+        hashed.result()
+    if mapped is not None and result is not None:
+        mapped.release(start, start + block.shape[0])
     if result is None:
         row = start + int(np.argmax(~np.isfinite(block.max(axis=1))))
         raise fail(src, f"row {row} holds NaN or +inf (every logit must be finite or -inf)")
@@ -300,7 +330,7 @@ def guess_sigma(grid, lower, upper, target: float, *, side: str = "point") -> fl
 
 
 def sigma_for_agreement(reduced: ReducedRows, target: float, *, side: str = "point",
-                        rel_tol: float = 1e-6, guess: float | None = None) -> float:
+                        rel_tol: float = 1e-5, guess: float | None = None) -> float:
     """sigma at which the side's bound of the mean agreement equals ``target`` (:func:`sigma_for`).
 
     Returns
@@ -315,7 +345,7 @@ SEARCH_REACH = 1e4
 
 
 def sigma_for(reduced: ReducedRows, target: float, *, kind: str = "agreement", side: str = "point",
-              rel_tol: float = 1e-6, guess: float | None = None, slope: float | None = None) -> float:
+              rel_tol: float = 1e-5, guess: float | None = None, slope: float | None = None) -> float:
     """sigma at which the side's bound of the mean ``kind`` equals ``target`` (Brent's method).
 
     ``guess`` (from :func:`guess_sigma` on evenly spaced rows) starts a 3% bracket,
@@ -329,7 +359,7 @@ def sigma_for(reduced: ReducedRows, target: float, *, kind: str = "agreement", s
     kind : {"agreement", "accuracy", "retention"}, default "agreement"
     side : {"point", "at-least", "at-most"}, default "point"
         The bounds' midpoint, or the bound that keeps the target.
-    rel_tol : float, default 1e-6
+    rel_tol : float, default 1e-5
         Brent's relative tolerance, and the step by which the root is moved to the side.
     guess : float, optional
         Without it, a large reduction is first solved on :func:`subset` rows.

@@ -115,6 +115,75 @@ class RowSource:
                 yield start, out[:count].reshape(rows, self.n_classes)
 
 
+class MappedMatrix:
+    """A float32 matrix read through a read-only memory map, its pages let go block by block.
+
+    Mapped pages count in the process's resident memory while they stay mapped:
+    :meth:`release` drops a span once it has been used (the page cache keeps
+    it), so the resident set holds only the blocks in flight. Use as a context
+    manager.
+
+    Attributes
+    ----------
+    rows : ndarray of shape (n_rows, n_classes), float32, read-only
+    """
+
+    def __init__(self, source: RowSource):
+        import mmap
+
+        self.source = source
+        with open(source.path, "rb") as fh:
+            self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        if hasattr(mmap, "MADV_SEQUENTIAL"):
+            self._map.madvise(mmap.MADV_SEQUENTIAL)
+        self.row_bytes = source.n_classes * 4
+        self.rows = np.frombuffer(self._map, dtype="<f4", count=source.n_rows * source.n_classes,
+                                  offset=source.offset).reshape(source.n_rows, source.n_classes)
+
+    def bytes_between(self, start: int, stop: int) -> memoryview:
+        """The file's bytes [start, stop) (for hashing)."""
+        return memoryview(self._map)[start:stop]
+
+    @property
+    def size(self) -> int:
+        """The file's size in bytes."""
+        return len(self._map)
+
+    def release(self, first_row: int, stop_row: int) -> None:
+        """Let go of the pages that hold rows [first_row, stop_row) (whole pages inside the span)."""
+        import mmap
+
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        lo = -(-(self.source.offset + first_row * self.row_bytes) // page) * page
+        hi = (self.source.offset + stop_row * self.row_bytes) // page * page
+        if hi > lo:
+            self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.rows = None
+        try:
+            self._map.close()
+        except BufferError:  # a view still held elsewhere: the map closes when it goes
+            pass
+
+
+def can_map(source: RowSource) -> bool:
+    """Whether the matrix can be read in place (float32, little-endian platform): no copy, no conversion.
+
+    Returns
+    -------
+    bool
+    """
+    import sys
+
+    return source.dtype == "float32" and sys.byteorder == "little"
+
+
 def _matrix_check(src: str, shape, dtype: str, *, what: str) -> tuple[int, int]:
     if len(shape) != 2:
         raise fail(src, f"{what} must be 2-D (positions x vocabulary), got shape {tuple(shape)}")
