@@ -183,6 +183,9 @@ def test_labelled_bounds_contain_the_exact_accuracy_and_agreement_rows():
         assert np.all(b.agree_lo <= agree + 1e-9) and np.all(agree <= b.agree_hi + 1e-9), sigma
         assert np.all(b.acc_lo <= acc + 1e-9) and np.all(acc <= b.acc_hi + 1e-9), sigma
         np.testing.assert_array_equal(b.acc_lo[red.label_slots == LABEL_IS_TOP], b.agree_lo[red.correct])
+        only = row_bounds(red, sigma, agreement=False)  # the accuracy rows alone: the same bounds (float32 tail sums)
+        np.testing.assert_allclose(only.acc_lo, b.acc_lo, rtol=1e-6, atol=1e-13)
+        np.testing.assert_allclose(only.acc_hi, b.acc_hi, rtol=1e-6, atol=1e-13)
         assert abs(0.5 * (b.acc_lo + b.acc_hi).mean() - acc.mean()) < 2e-4 * max(acc.mean(), 1e-3)
 
 

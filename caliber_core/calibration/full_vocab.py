@@ -567,14 +567,12 @@ def config_for_full_vocab(
         "bounds": {"method": "streamed gap histogram (bin edges bound the tail); the sigma grid's bounds "
                              f"from {shown.n_rows} evenly spaced rows (display)", "k": int(reduced.top_gaps.shape[1]),
                    "vocab_size": reduced.n_classes, "side": side, "widths": width,
-                   "sigma": [float(x) for x in grid],
-                   "agreement_lower": [float(x) for x in curves["agreement"][0]],
-                   "agreement_upper": [float(x) for x in curves["agreement"][1]]},
+                   "sigma": [float(x) for x in grid]},
         "targets": [r.to_dict() for r in records],
     }
-    if labelled:
-        config["bounds"]["accuracy_lower"] = [float(x) for x in curves["accuracy"][0]]
-        config["bounds"]["accuracy_upper"] = [float(x) for x in curves["accuracy"][1]]
+    shown_kind = "accuracy" if labelled else "agreement"
+    config["bounds"][f"{shown_kind}_lower"] = [float(x) for x in curves[shown_kind][0]]
+    config["bounds"][f"{shown_kind}_upper"] = [float(x) for x in curves[shown_kind][1]]
     return records, config
 
 
@@ -602,7 +600,8 @@ def _curves(reduced: ReducedRows, grid) -> dict[str, tuple[np.ndarray, np.ndarra
         a0 = clean_accuracy(reduced)
         out["accuracy"] = (np.empty(grid.size), np.empty(grid.size))
     for i, s in enumerate(grid):
-        b = row_bounds(reduced, s)
+        # With labels only the accuracy is drawn and solved: the wrong rows' agreement is not computed.
+        b = row_bounds(reduced, s, agreement=not reduced.has_labels)
         out["agreement"][0][i], out["agreement"][1][i] = b.agree_lo.mean(), b.agree_hi.mean()
         if reduced.has_labels:
             out["accuracy"][0][i], out["accuracy"][1][i] = b.acc_lo.mean(), b.acc_hi.mean()
