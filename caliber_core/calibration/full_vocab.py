@@ -1,12 +1,15 @@
-"""Full-vocabulary dumps to agreement targets: one streaming pass, then sigma* on the reduced rows.
+"""Full-vocabulary dumps to targets: one streaming pass, then sigma* on the reduced rows.
 
-:func:`reduce_file` reads a ``.npy``/``.safetensors``/``.pt`` matrix block by
-block (:mod:`caliber_core.loading.row_stream`) and keeps, per row, the top gaps
-and a gap histogram (:mod:`.gap_histogram`): 4,000 x 128,000 float32 (2 GB)
-becomes 4,000 x (32 + 1,282) numbers. :func:`config_for_full_vocab` solves each
-agreement target on the reduced rows, whose bounds bracket the full
-vocabulary's agreement; the side picks the bound (lower for at-least, upper
-for at-most, the midpoint for point) and the config records both bounds.
+:func:`reduce_file` reads a ``.npy``/``.safetensors``/``.pt``/stored ``.npz``
+matrix block by block (:mod:`caliber_core.loading.row_stream`; float32 in place
+through a memory map) and keeps, per row, the top gaps, a gap histogram and,
+with labels, the label's gap (:mod:`.gap_histogram`): 4,000 x 128,000 float32
+(2 GB) becomes 4,000 x (32 + 1,282) numbers. :func:`config_for_full_vocab`
+solves each target on the reduced rows, whose bounds bracket the full
+vocabulary's agreement and (with labels) expected accuracy: the classes far
+below the top, which cannot win, enter only through the bounds. The side picks
+the bound (lower for at-least, upper for at-most, the midpoint for point) and
+the config records both bounds.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from ..loading.row_stream import BLOCK_BYTES, MappedMatrix, RowSource, can_map, 
 from ..loading.safety import DEFAULT_MAX_ELEMENTS, display_name, fail
 from . import margins
 from .fit import fit_logistic
-from .gap_histogram import TOP_GAPS, ReducedRows, agreement_bounds, reduce_block, row_bounds
+from .gap_histogram import TOP_GAPS, ReducedRows, reduce_block, row_bounds
 
 METHOD = "full-vocabulary-streamed-agreement"
 #: Below this many classes a matrix is read whole as before; from here on it streams.
