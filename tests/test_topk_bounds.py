@@ -113,7 +113,7 @@ def test_at_least_serves_a_sigma_whose_true_agreement_is_at_least_and_near_the_t
 
 
 def test_ignoring_the_tail_would_overshoot(full):
-    # The upper bound (tail ignored) inverted for at-least would serve too much noise.
+    # The upper bound (the even-split tail) inverted for at-least would serve too much noise.
     rows = top_k_rows(full)
     sigma = sigma_for_agreement_bound(rows, 0.8, side="at-most")
     lo, _ = mean_agreement_bounds(rows, sigma)
@@ -137,3 +137,29 @@ def test_bad_rows_and_targets_are_refused():
     tied = TopKRows.from_logprobs([[-0.7, -0.7, -9.0]], vocab_size=100)
     with pytest.raises(ValueError, match="above the lower bound at every sigma"):
         sigma_for_agreement_bound(tied, 0.9)
+
+
+def even_split_agreement(rows, i, sigma):
+    """Exact agreement of row i with its unseen mass spread evenly (m classes at r / m), by a fine quadrature."""
+    from scipy.special import log_ndtr as lnd
+
+    u = np.arange(-9.0, 9.0, 0.01)
+    w = np.full(u.shape, 0.01) * np.exp(-0.5 * u * u) / np.sqrt(2 * np.pi)
+    g = rows.gaps[i][np.isfinite(rows.gaps[i])]
+    log_f = lnd(g[:, None] / sigma + u[None, :]).sum(axis=0)
+    r, m = rows.tail_mass[i], float(rows.unseen[i])
+    if r > 0:
+        log_f += m * lnd((rows.top_logprob[i] - np.log(r / m)) / sigma + u)
+    return float(np.exp(log_f) @ w)
+
+
+def test_the_upper_bound_is_attained_by_the_even_split_tail(full):
+    """Each row's upper bound is the exact agreement of a tail the log allows: no method can do better."""
+    rows = top_k_rows(full)
+    for sigma in (0.3, 0.8, 1.5):  # mean agreement from ~1 down to ~0.6
+        _, hi = agreement_bounds(rows, sigma)
+        for i in range(rows.n_rows):
+            assert abs(even_split_agreement(rows, i, sigma) - hi[i]) < 1e-4, (sigma, i)
+    for sigma in (0.3, 1.5, 3.0):  # and it still bounds the true vocabulary's agreement from above
+        _, hi = agreement_bounds(rows, sigma)
+        assert np.all(exact_agreement(full, sigma, step=0.1) <= hi + 1e-6)
