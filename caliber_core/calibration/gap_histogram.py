@@ -31,9 +31,12 @@ from ..validation import as_sigmas
 from .survival import U_MAX
 
 TOP_GAPS = 32
+#: ``label_slots`` values: the label is the clean argmax, or its gap was taken out of the histogram.
+LABEL_IS_TOP, LABEL_BINNED = -2, -1
 SHIFT = 17
 #: Gaps below 2 ** LOW_EXP share one bin [0, 2 ** LOW_EXP); gaps of 2 ** HIGH_EXP and more one [2 ** HIGH_EXP, inf).
 LOW_EXP, HIGH_EXP = -12, 8
+_PHI_ONE = 8.3  # ndtr(x) == 1.0 in float64 for x above
 _STEP = 0.2
 _NODES = np.arange(-U_MAX, U_MAX + _STEP / 2, _STEP)
 _WEIGHTS = np.full(_NODES.shape, _STEP) * np.exp(-0.5 * _NODES**2) / np.sqrt(2 * np.pi)
@@ -67,13 +70,31 @@ class ReducedRows:
     top_gaps : ndarray of shape (n_rows, m), float64, ascending
         Each row's m smallest gaps to its top logit (the top itself excluded).
     counts : ndarray of shape (n_rows, N_BINS), int32
-        How many of the other gaps fall in each bin of :func:`bin_edges`.
+        How many of the other gaps fall in each bin of :func:`bin_edges` (the label's
+        own gap excluded when labels were reduced: it is kept exactly in ``label_gaps``).
     n_classes : int
+    label_gaps : ndarray of shape (n_rows,), float64, optional
+        h_i = z_top - z_label >= 0 (0 on correct rows), exactly.
+    label_slots : ndarray of shape (n_rows,), int32, optional
+        Where the label's gap is: ``LABEL_IS_TOP`` (the clean argmax is the label),
+        ``LABEL_BINNED`` (taken out of ``counts``) or its column in ``top_gaps``.
     """
 
     top_gaps: np.ndarray
     counts: np.ndarray
     n_classes: int
+    label_gaps: np.ndarray | None = None
+    label_slots: np.ndarray | None = None
+
+    @property
+    def has_labels(self) -> bool:
+        """Whether each row's label was reduced with it (accuracy rows can be bounded)."""
+        return self.label_gaps is not None
+
+    @property
+    def correct(self) -> np.ndarray | None:
+        """c_i: the clean argmax is the label (None without labels)."""
+        return None if self.label_slots is None else self.label_slots == LABEL_IS_TOP
 
     @property
     def n_rows(self) -> int:
@@ -86,19 +107,28 @@ class ReducedRows:
         return int(self.top_gaps.size + self.counts.size)
 
 
-def reduce_block(block: np.ndarray, *, m: int = TOP_GAPS) -> tuple[np.ndarray, np.ndarray]:
+def reduce_block(block: np.ndarray, *, m: int = TOP_GAPS, labels: np.ndarray | None = None) -> tuple:
     """Top m gaps and the tail histogram of each row of a float32 block.
+
+    Row by row, so that one row's gaps and bins (0.8 MB at V = 128,000) stay in
+    cache while they are binned, counted and searched; the block itself is only read
+    (it may be a read-only memory map).
 
     Parameters
     ----------
-    block : ndarray of shape (n_rows, V), float32, C-contiguous
-        Overwritten: it becomes the rows' gaps.
+    block : ndarray of shape (n_rows, V), float32
+        Not modified.
     m : int, default TOP_GAPS
+    labels : ndarray of shape (n_rows,), int, optional
+        Each row's label in [0, V) (checked by the caller). With them the label's
+        gap is kept exactly and taken out of the histogram.
 
     Returns
     -------
     top_gaps : ndarray (n_rows, m) float64 ascending
     counts : ndarray (n_rows, N_BINS) int32
+    label_gaps, label_slots : ndarray (n_rows,)
+        Only with ``labels``: see :class:`ReducedRows`.
 
     Raises
     ------
@@ -107,40 +137,52 @@ def reduce_block(block: np.ndarray, *, m: int = TOP_GAPS) -> tuple[np.ndarray, n
     """
     n, v = block.shape
     m = min(m, v - 1)
-    top = block.max(axis=1)
-    if not np.all(np.isfinite(top)):
-        i = int(np.argmax(~np.isfinite(top)))
-        raise ValueError(f"row {i} holds NaN or +inf (every logit must be finite or -inf)")
-    zero_top = top == 0.0
-    if zero_top.any():
-        block[zero_top] += 0.0  # -0.0 -> +0.0, so that a tie at a zero top has gap +0.0
-    np.subtract(top[:, None], block, out=block)  # the gaps, >= 0 (+inf for a -inf logit)
-    # A gap's bin: its float32 bits >> SHIFT (geometric bins); everything from 2^HIGH_EXP on is one bin.
-    idx = np.right_shift(block.view(np.uint32), SHIFT)
-    np.minimum(idx, _HI_BIN, out=idx)
-    raw = np.empty((n, _HI_BIN + 1), dtype=np.int32)
-    for i in range(n):
-        raw[i] = np.bincount(idx[i], minlength=_HI_BIN + 1)
-    # The m + 1 smallest gaps (the top's own 0 among them), exactly: every gap in a bin at or
-    # below the one where the cumulative count reaches m + 1.
-    threshold = np.argmax(np.cumsum(raw, axis=1) >= m + 1, axis=1).astype(np.uint32)
-    # flatnonzero of the mask, split by divmod: the same (row, col) pairs as np.nonzero on 2-D,
-    # at a sixth of its cost (2-D nonzero dominated the pass: 4.5 against 0.7 ns per element).
-    rows, cols = np.divmod(np.flatnonzero(idx <= threshold[:, None]), v)
-    values = block[rows, cols]
-    order = np.lexsort((values, rows))
-    rows, values = rows[order], values[order]
-    starts = np.searchsorted(rows, np.arange(n))
-    pick = starts[:, None] + np.arange(1, m + 1)[None, :]  # skip each row's smallest gap: the top itself
-    top_gaps = values[pick].astype(np.float64)
-    # Take the kept gaps (and the top's own) out of the histogram.
-    kept = values[np.concatenate([starts[:, None], pick], axis=1)].astype(np.float32)
-    kept_bins = np.minimum(kept.view(np.uint32) >> SHIFT, _HI_BIN)
-    np.subtract.at(raw, (np.repeat(np.arange(n), m + 1), kept_bins.ravel()), 1)
+    top_gaps = np.empty((n, m))
     counts = np.empty((n, N_BINS), dtype=np.int32)
-    counts[:, 0] = raw[:, :_LO_BIN].sum(axis=1)
-    counts[:, 1:] = raw[:, _LO_BIN:]
-    return top_gaps, counts
+    label_gaps = np.empty(n) if labels is not None else None
+    slots = np.empty(n, dtype=np.int32) if labels is not None else None
+    gaps = np.empty(v, dtype=np.float32)
+    bins = np.empty(v, dtype=np.uint32)
+    for i in range(n):
+        z = block[i]
+        pred = int(z.argmax())  # the first largest, as the loader's argmax (a NaN is its own argmax)
+        top = z[pred]
+        if not np.isfinite(top):
+            raise ValueError(f"row {i} holds NaN or +inf (every logit must be finite or -inf)")
+        if top == 0.0:
+            top = np.float32(0.0)  # -0.0 -> +0.0, so that a tie at a zero top has gap +0.0
+        np.subtract(top, z, out=gaps)  # >= 0 (+inf for a -inf logit)
+        # A gap's bin: its float32 bits >> SHIFT (geometric bins); everything from 2^HIGH_EXP on is one bin.
+        np.right_shift(gaps.view(np.uint32), SHIFT, out=bins)
+        np.minimum(bins, _HI_BIN, out=bins)
+        raw = np.bincount(bins, minlength=_HI_BIN + 1)
+        # The m + 1 smallest gaps (the top's own 0 among them), exactly: every gap in a bin at or
+        # below the one where the cumulative count reaches m + 1.
+        threshold = int(np.searchsorted(np.cumsum(raw), m + 1))
+        values = np.sort(gaps[bins <= threshold])[: m + 1]
+        top_gaps[i] = values[1:]  # the smallest is the top itself
+        # Take the kept gaps (and the top's own) out of the histogram.
+        np.subtract.at(raw, np.minimum(values.view(np.uint32) >> SHIFT, _HI_BIN), 1)
+        if labels is not None:
+            y = int(labels[i])
+            h = gaps[y]
+            label_gaps[i] = h
+            if pred == y:
+                slots[i] = LABEL_IS_TOP
+            else:
+                # A wrong row's label among the kept gaps: the first kept gap equal to h (equal gaps
+                # are interchangeable in the product); otherwise its count leaves the histogram.
+                pos = int(np.searchsorted(values[1:], h))
+                if pos < m and values[1 + pos] == h:
+                    slots[i] = pos
+                else:
+                    slots[i] = LABEL_BINNED
+                    raw[min(int(h.view(np.uint32)) >> SHIFT, _HI_BIN)] -= 1
+        counts[i, 0] = raw[:_LO_BIN].sum()
+        counts[i, 1:] = raw[_LO_BIN:]
+    if labels is None:
+        return top_gaps, counts
+    return top_gaps, counts, label_gaps, slots
 
 
 def _rule(step: float) -> tuple[np.ndarray, np.ndarray]:
@@ -160,36 +202,153 @@ def agreement_bounds(reduced: ReducedRows, sigma: float, *, step: float = _STEP)
     -------
     lower, upper : ndarray of shape (n_rows,)
     """
+    bounds = row_bounds(reduced, sigma, step=step, accuracy=False)
+    return bounds.agree_lo, bounds.agree_hi
+
+
+#: A wrong row whose label trails the top by more than this many sigma has accuracy
+#: below Phi(-H_CUT / sqrt 2) = 1.6e-9 (the label must beat the top): bounded by that, not integrated.
+H_CUT = 8.5
+
+
+@dataclass(frozen=True)
+class RowBounds:
+    """Per-row bounds at one sigma (:func:`row_bounds`).
+
+    Attributes
+    ----------
+    agree_lo, agree_hi : ndarray (n_rows,)
+        pi_i(sigma), the clean argmax surviving.
+    acc_lo, acc_hi : ndarray (n_rows,) or None
+        a_i(sigma), the label winning; None without labels.
+    """
+
+    agree_lo: np.ndarray
+    agree_hi: np.ndarray
+    acc_lo: np.ndarray | None
+    acc_hi: np.ndarray | None
+
+
+def row_bounds(reduced: ReducedRows, sigma: float, *, step: float = _STEP,
+               accuracy: bool = True, agreement: bool = True) -> RowBounds:
+    """Per-row bounds of the agreement and, with labels, the accuracy at sigma (Eq. top1-exact).
+
+    A wrong row's accuracy is the same integral with the label as the reference:
+    substituting w = u - h / sigma (h the label's gap to the top),
+
+        a_i(sigma) = int phi(w + h / sigma) Phi(w) prod_{j != top, label} Phi(g_j / sigma + w) dw,
+
+    so it reads the same per-gap factors as the agreement, on the same nodes,
+    with shifted Gaussian weights. The label's own factor is left out exactly;
+    the top's, Phi(w), comes in, and bounds the integrand by Phi(-U_MAX) ~ 6e-16
+    below the nodes, so they need no extension. The tail bins bound it from both
+    sides as they bound the agreement. A row whose label trails by more than
+    ``H_CUT`` sigma is bounded by [0, Phi(-h / (sigma sqrt 2))] (the label must beat the top).
+
+    Parameters
+    ----------
+    reduced : ReducedRows
+    sigma : float
+        >= 0.
+    step : float, default 0.2
+        Trapezoid spacing.
+    accuracy : bool, default True
+        Also bound the accuracy rows (when the reduction has labels).
+    agreement : bool, default True
+        Bound every row's agreement; False (with labels) bounds it on the correct rows
+        only, where it is their accuracy, and leaves the wrong rows' NaN.
+
+    Returns
+    -------
+    RowBounds
+
+    Raises
+    ------
+    ValueError
+        An invalid sigma.
+    """
     from scipy.special import log_ndtr, ndtr
 
     s = float(as_sigmas(sigma)[0])
     n = reduced.n_rows
+    labelled = accuracy and reduced.has_labels
     if s == 0.0:
         one = np.where(reduced.top_gaps[:, 0] > 0, 1.0, 0.5)
-        return one, one.copy()
+        acc = reduced.correct.astype(np.float64) if labelled else None
+        return RowBounds(one, one.copy(), acc, None if acc is None else acc.copy())
     nodes, weights = (_NODES, _WEIGHTS) if step == _STEP else _rule(step)
+    h_sig = None if not reduced.has_labels else reduced.label_gaps / s
     lower_edge, upper_edge = bin_edges()
-    cut = (8.3 + U_MAX) * s  # Phi == 1 in float64 beyond, on every node
+    cut = (_PHI_ONE + U_MAX) * s  # Phi == 1 in float64 beyond, on every node
     live = lower_edge < cut
-    counts = reduced.counts[:, live].astype(np.float32)  # float32 matmul: counts are exact, sums to ~1e-7
+    every = np.arange(n)
+    if labelled and not agreement:  # the rows an accuracy needs: correct ones and labels within H_CUT
+        every = np.flatnonzero((reduced.label_slots == LABEL_IS_TOP) | (h_sig <= H_CUT))
+    counts = reduced.counts[every][:, live].astype(np.float32)  # float32 matmul: counts are exact
     lo_tail = (counts @ log_ndtr(lower_edge[live, None] / s + nodes[None, :]).astype(np.float32)).astype(np.float64)
     hi_edges = np.where(np.isfinite(upper_edge[live]), upper_edge[live], 1e300)
     hi_tail = (counts @ log_ndtr(hi_edges[:, None] / s + nodes[None, :]).astype(np.float32)).astype(np.float64)
-    lower, upper = np.empty(n), np.empty(n)
+    lower, upper = np.full(n, np.nan), np.full(n, np.nan)
+    acc_lo = np.zeros(n) if labelled else None
+    acc_hi = np.zeros(n) if labelled else None
+    if labelled:
+        far = (reduced.label_slots != LABEL_IS_TOP) & (h_sig > H_CUT)
+        acc_hi[far] = ndtr(-h_sig[far] / np.sqrt(2.0))  # the label must at least beat the top
     per_chunk = max(1, 2_000_000 // (reduced.top_gaps.shape[1] * nodes.size))
+    log_top = log_ndtr(nodes)  # the top's own factor in a wrong row's accuracy
+    end_weights = np.ones(nodes.size)
+    end_weights[[0, -1]] = 0.5
 
     def rows(a: int) -> None:
-        b = min(n, a + per_chunk)
-        g = reduced.top_gaps[a:b]
+        b = min(every.size, a + per_chunk)
+        r = every[a:b]  # the rows of this chunk; the tails are indexed by position a:b
+        g = reduced.top_gaps[r]
         k = max(1, int(np.max(np.sum(g < cut, axis=1))))
-        head = np.log(np.maximum(np.prod(ndtr(g[:, :k, None] / s + nodes[None, None, :]), axis=1), 1e-300))
-        lower[a:b] = np.exp(head + lo_tail[a:b]) @ weights
-        upper[a:b] = np.exp(head + hi_tail[a:b]) @ weights
+        x = g[:, :k, None] / s + nodes[None, None, :]
+        live = x < _PHI_ONE  # Phi is 1.0 in float64 beyond: those factors need no evaluation
+        if labelled and not agreement:
+            # A wrong row's weight phi(u + h / sigma) is below phi(U_MAX) past u = U_MAX - h / sigma:
+            # its factors there are left at 1 (the integrand moves by < 1e-14 of the weights' mass).
+            skip = (reduced.label_slots[r] != LABEL_IS_TOP)[:, None] & (
+                nodes[None, :] > U_MAX - h_sig[r][:, None])
+            live &= ~skip[:, None, :]
+        factors = np.ones(x.shape)
+        factors[live] = ndtr(x[live])
+        head = np.log(np.maximum(np.prod(factors, axis=1), 1e-300))
+        agree = head
+        if h_sig is not None:
+            slots = reduced.label_slots[r]
+            binned = np.flatnonzero(slots == LABEL_BINNED)
+            if binned.size:  # a binned label left the histogram: its exact factor comes back
+                agree = agree.copy()
+                agree[binned] += log_ndtr(h_sig[r][binned, None] + nodes[None, :])
+        lower[r] = np.exp(agree + lo_tail[a:b]) @ weights
+        upper[r] = np.exp(agree + hi_tail[a:b]) @ weights
+        if not labelled:
+            return
+        correct = slots == LABEL_IS_TOP
+        if not agreement:
+            lower[r[~correct]] = upper[r[~correct]] = np.nan
+        acc_lo[r[correct]] = lower[r[correct]]
+        acc_hi[r[correct]] = upper[r[correct]]
+        hs = h_sig[r]
+        near = np.flatnonzero(~correct & (hs <= H_CUT))
+        if near.size == 0:
+            return
+        in_head = near[(slots[near] >= 0) & (slots[near] < k)]
+        if in_head.size:  # the label's own factor leaves the product
+            factors[in_head, slots[in_head], :] = 1.0
+            head[in_head] = np.log(np.maximum(np.prod(factors[in_head], axis=1), 1e-300))
+        w = step * end_weights * np.exp(-0.5 * (nodes[None, :] + hs[near, None]) ** 2) / np.sqrt(2 * np.pi)
+        base = head[near] + log_top[None, :]
+        acc_lo[r[near]] = np.sum(np.exp(base + lo_tail[a:b][near]) * w, axis=1)
+        acc_hi[r[near]] = np.sum(np.exp(base + hi_tail[a:b][near]) * w, axis=1)
 
-    starts = range(0, n, per_chunk)
+    starts = range(0, every.size, per_chunk)
     if len(starts) == 1:
         rows(0)
     else:  # chunks are independent and numpy releases the GIL: one thread per core, same numbers
         with ThreadPoolExecutor(max_workers=min(len(starts), os.cpu_count() or 1)) as pool:
             list(pool.map(rows, starts))
-    return np.clip(lower, 0.0, 1.0), np.clip(upper, 0.0, 1.0)
+    clip = (lambda x: None if x is None else np.clip(x, 0.0, 1.0))
+    return RowBounds(clip(lower), clip(upper), clip(acc_lo), clip(acc_hi))

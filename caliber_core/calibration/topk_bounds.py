@@ -10,8 +10,14 @@ r = 1 - sum of the shown probabilities. The agreement of the position,
 with g_j = l_top - l_j (logprob differences are logit differences), is then
 known only up to the tail. For every tail consistent with the row:
 
-* **upper bound**: every unseen factor is at most 1, so the product over the
-  shown classes alone bounds pi from above (the tail ignored);
+* **upper bound**: at each node the tail contributes at most m * f(r / m),
+  the even split, wherever the tangent of f at r / m lies above f on all of
+  [0, p_k] (f concave at r / m and the tangent above f(p_k): f is concave and
+  then convex, so the tangent then dominates f everywhere and sum_i f(p_i) <=
+  sum_i of the tangent = m f(r / m)); at a node where that check fails the tail
+  is bounded by 0 (every factor at most 1). Where the check holds at every
+  node, the even-split tail (m classes at r / m each) is consistent with the
+  row and attains the bound exactly: no tail, hence no method, does better;
 * **lower bound**: at each quadrature node u the tail contributes
   sum_unseen f(p_i) with f(p) = log Phi((l_top - log p) / sigma + u), and
 
@@ -218,6 +224,32 @@ def _tail_floor(rows: TopKRows, sl: slice, sigma: float, y_star: float, nodes: n
     return np.where(r > 0, out, 0.0)
 
 
+def _tail_ceiling(rows: TopKRows, sl: slice, sigma: float, nodes: np.ndarray) -> np.ndarray:
+    """Upper bound of sum_unseen log Phi(G_i / sigma + u) per (row, node): m f(r / m), or 0 where unproven.
+
+    With x = (l_top - log p) / sigma + u and lambda = phi / Phi, f'(p) = -lambda(x) / (sigma p) and
+    f''(p) <= 0 iff x + lambda(x) >= sigma. The tangent at r / m bounds f on [0, p_k] when f is
+    concave there and the tangent is above f(p_k) (module docstring).
+    """
+    from scipy.special import log_ndtr
+
+    r = rows.tail_mass[sl, None]
+    m = rows.unseen[sl, None].astype(np.float64)
+    top = rows.top_logprob[sl, None]
+    with np.errstate(divide="ignore"):
+        p = r / m
+        x = (top - np.log(p)) / sigma + nodes[None, :]
+    f = m * log_ndtr(x)  # the even split's sum
+    lam = np.exp(-0.5 * x * x - 0.5 * np.log(2 * np.pi) - log_ndtr(x))
+    concave = x + lam >= sigma
+    p_k = np.exp(top - rows.floor_gap[sl, None])
+    f_k = log_ndtr(rows.floor_gap[sl, None] / sigma + nodes[None, :])
+    # Tangent at p: f(p) + f'(p) (p_k - p) >= f(p_k), with a hair of slack for rounding.
+    above = log_ndtr(x) - lam / (sigma * p) * (p_k - p) >= f_k + 1e-12 * np.abs(f_k)
+    ok = (r > 0) & (p <= p_k) & concave & above & np.isfinite(f)
+    return np.where(ok, f, 0.0)
+
+
 def agreement_bounds(rows: TopKRows, sigma: float) -> tuple[np.ndarray, np.ndarray]:
     """Per-row lower and upper bounds of pi(sigma) over every tail consistent with the row.
 
@@ -249,7 +281,7 @@ def agreement_bounds(rows: TopKRows, sigma: float) -> tuple[np.ndarray, np.ndarr
     for start in range(0, n, per_row):
         sl = slice(start, min(n, start + per_row))
         seen = log_ndtr(rows.gaps[sl, :, None] / s + _NODES[None, None, :]).sum(axis=1)
-        upper[sl] = np.exp(seen) @ _WEIGHTS
+        upper[sl] = np.exp(seen + _tail_ceiling(rows, sl, s, _NODES)) @ _WEIGHTS
         lower[sl] = np.exp(seen + _tail_floor(rows, sl, s, y_star, _NODES)) @ _WEIGHTS
     return np.clip(lower, 0.0, 1.0), np.clip(upper, 0.0, 1.0)
 

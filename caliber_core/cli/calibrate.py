@@ -184,7 +184,7 @@ def _run_llm(args) -> int:
 
 
 def _is_full_vocabulary(path) -> bool:
-    """A .npy/.safetensors/.pt matrix of at least STREAM_MIN_CLASSES classes: streamed, never loaded."""
+    """A .npy/.safetensors/.pt/stored .npz matrix of at least STREAM_MIN_CLASSES classes: streamed, never loaded."""
     from ..calibration.full_vocab import STREAM_MIN_CLASSES
     from ..loading.row_stream import STREAM_EXTENSIONS, declared_shape
 
@@ -201,21 +201,22 @@ def _run_full_vocab(args) -> int:
     from ..config import config_to_json
     from ..loading import DEFAULT_MAX_ELEMENTS
 
-    if args.labels or args.seeding != "per-input" or args.key_file:
-        raise ValueError("a full-vocabulary dump calibrates agreement targets only: --labels and consistent "
-                         "seeding do not apply")
+    if args.seeding != "per-input" or args.key_file:
+        raise ValueError("a full-vocabulary dump is calibrated per-input: consistent seeding does not apply")
     targets = getattr(args, "targets", None) or list(DEFAULT_TARGETS)
     _, config = config_for_vocab_file(
         args.file, targets, side=args.side, progress=progress(not args.quiet, "streaming rows"),
-        max_elements=DEFAULT_MAX_ELEMENTS if args.max_elements is None else args.max_elements)
+        max_elements=DEFAULT_MAX_ELEMENTS if args.max_elements is None else args.max_elements,
+        labels_path=args.labels)
     text = config_to_json(config)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
             fh.write(text)
         print(_target_table(config))
         widths = ", ".join(f"{w:.2g}" for w in config["bounds"]["widths"])
+        what = "agreement" if config["clean_accuracy"] is None else "certified"
         print(f"full vocabulary streamed (V={config['n_classes']}, top {config['bounds']['k']} gaps exact, "
-              f"the rest binned): agreement bound width at each target {widths}")
+              f"the rest binned): {what} bound width at each target {widths}")
         print(f"config written to {args.out}")
     else:
         sys.stdout.write(text)

@@ -30,7 +30,7 @@ import numpy as np
 from . import npy
 from .safety import clean_name, display_name, fail
 
-STREAM_EXTENSIONS = (".npy", ".safetensors", ".pt", ".pth")
+STREAM_EXTENSIONS = (".npy", ".safetensors", ".pt", ".pth", ".npz")
 #: Bytes read per block (the buffer is reused; the float32 copy is the same size or twice it).
 BLOCK_BYTES = 32 * 1024 * 1024
 _NUMPY_DTYPES = {"float32": "<f4", "float16": "<f2", "float64": "<f8", "bfloat16": "<u2"}
@@ -113,6 +113,75 @@ class RowSource:
                 elif self.dtype != "float32":
                     out[:count] = raw[:count]
                 yield start, out[:count].reshape(rows, self.n_classes)
+
+
+class MappedMatrix:
+    """A float32 matrix read through a read-only memory map, its pages let go block by block.
+
+    Mapped pages count in the process's resident memory while they stay mapped:
+    :meth:`release` drops a span once it has been used (the page cache keeps
+    it), so the resident set holds only the blocks in flight. Use as a context
+    manager.
+
+    Attributes
+    ----------
+    rows : ndarray of shape (n_rows, n_classes), float32, read-only
+    """
+
+    def __init__(self, source: RowSource):
+        import mmap
+
+        self.source = source
+        with open(source.path, "rb") as fh:
+            self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        if hasattr(mmap, "MADV_SEQUENTIAL"):
+            self._map.madvise(mmap.MADV_SEQUENTIAL)
+        self.row_bytes = source.n_classes * 4
+        self.rows = np.frombuffer(self._map, dtype="<f4", count=source.n_rows * source.n_classes,
+                                  offset=source.offset).reshape(source.n_rows, source.n_classes)
+
+    def bytes_between(self, start: int, stop: int) -> memoryview:
+        """The file's bytes [start, stop) (for hashing)."""
+        return memoryview(self._map)[start:stop]
+
+    @property
+    def size(self) -> int:
+        """The file's size in bytes."""
+        return len(self._map)
+
+    def release(self, first_row: int, stop_row: int) -> None:
+        """Let go of the pages that hold rows [first_row, stop_row) (whole pages inside the span)."""
+        import mmap
+
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        lo = -(-(self.source.offset + first_row * self.row_bytes) // page) * page
+        hi = (self.source.offset + stop_row * self.row_bytes) // page * page
+        if hi > lo:
+            self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.rows = None
+        try:
+            self._map.close()
+        except BufferError:  # a view still held elsewhere: the map closes when it goes
+            pass
+
+
+def can_map(source: RowSource) -> bool:
+    """Whether the matrix can be read in place (float32, little-endian platform): no copy, no conversion.
+
+    Returns
+    -------
+    bool
+    """
+    import sys
+
+    return source.dtype == "float32" and sys.byteorder == "little"
 
 
 def _matrix_check(src: str, shape, dtype: str, *, what: str) -> tuple[int, int]:
@@ -253,7 +322,77 @@ def open_rows(path) -> RowSource:
         return _open_npy(path, src, size)
     if ext == ".safetensors":
         return _open_safetensors(path, src, size)
+    if ext == ".npz":
+        return _open_npz(path, src, size)
     return _open_pt(path, src, size)
+
+
+def _member_start(fh, info: zipfile.ZipInfo) -> int:
+    """Byte offset of a stored zip member's data (past its local header)."""
+    fh.seek(info.header_offset)
+    local = fh.read(30)
+    name_len, extra_len = struct.unpack("<HH", local[26:30])
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def _open_npz(path: str, src: str, size: int) -> RowSource:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            members = {i.filename: i for i in zf.infolist()}
+    except (zipfile.BadZipFile, OSError):
+        raise fail(src, "not a valid npz archive") from None
+    info = members.get("logits.npy")
+    if info is None:
+        raise fail(src, "no `logits` array in the npz")
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise fail(src, "the `logits` array is compressed in the npz; it cannot be streamed")
+    with open(path, "rb") as fh:
+        start = _member_start(fh, info)
+        fh.seek(start)
+        head = fh.read(min(info.file_size, npy.HEAD_BYTES))
+    header = npy.read_header(io.BytesIO(head), src=src, where="npz member logits.npy")
+    if header.fortran_order:
+        raise fail(src, "the logits array is stored column-major (fortran order); a streamed vocabulary "
+                   "needs rows contiguous (save it with np.ascontiguousarray)")
+    dtype = {np.dtype("<f4"): "float32", np.dtype("<f2"): "float16",
+             np.dtype("<f8"): "float64"}.get(header.dtype, str(header.dtype))
+    n, v = _matrix_check(src, header.shape, dtype, what="the logits array")
+    itemsize = np.dtype(_NUMPY_DTYPES[dtype]).itemsize
+    if header.data_offset + n * v * itemsize > info.file_size:
+        raise fail(src, f"the logits header declares {n:,} x {v:,} values but the member holds "
+                   f"{info.file_size - header.data_offset:,} bytes (truncated?)")
+    _check_span(src, size, start + header.data_offset, n, v, itemsize)
+    return RowSource(path, n, v, dtype, start + header.data_offset, _stem(path))
+
+
+def npz_labels(source: RowSource, *, max_elements: int):
+    """The ``labels`` array of a streamed ``.npz``, or None (another format, or no such array).
+
+    Parameters
+    ----------
+    source : RowSource
+    max_elements : int
+        The element budget of the member read.
+
+    Returns
+    -------
+    ndarray or None
+        As stored (validated by the caller against the logits).
+
+    Raises
+    ------
+    LogitsFileError
+        A labels member that is not a valid array.
+    """
+    from .npz import read_member
+
+    if not source.path.lower().endswith(".npz"):
+        return None
+    with zipfile.ZipFile(source.path) as zf:
+        info = next((i for i in zf.infolist() if i.filename == "labels.npy"), None)
+        if info is None:
+            return None
+        return read_member(zf, info, src=display_name(source.path), field="labels", max_elements=max_elements)
 
 
 def declared_shape(path) -> tuple[int, int] | None:

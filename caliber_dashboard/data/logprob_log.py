@@ -52,7 +52,7 @@ def bounds_figure(config: dict) -> go.Figure:
     b = config["bounds"]
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=b["sigma"], y=b["agreement_upper"], mode="lines", line=dict(width=1, color=PALETTE[0]),
-                             name="upper bound (tail ignored)",
+                             name="upper bound (tail spread evenly)",
                              hovertemplate="σ=%{x:.4g}<br>upper agreement=%{y:.4f}<extra></extra>"))
     fig.add_trace(go.Scatter(x=b["sigma"], y=b["agreement_lower"], mode="lines", line=dict(width=1, color=PALETTE[1]),
                              fill="tonexty", fillcolor=INTERVAL_FILL, name="lower bound (worst unseen tail)",
