@@ -82,35 +82,53 @@ def side_sigma(cal: Calibration, record: TargetRecord, estimator: BootstrapInter
     Returns
     -------
     sigma : float
+        0 only where the clean model's own bound keeps the target (at-least:
+        its lower bound >= the target; at-most: its upper bound <= it).
     saturated : bool
 
     Raises
     ------
     ValueError
         An unknown side, or a bound that never reaches the target (at-least: not
-        even the clean model's lower bound; at-most: not even the largest sigma)
-        where ``saturate`` does not apply.
+        even the clean model's lower bound, sigma* = 0 included; at-most: not even
+        the largest sigma) where ``saturate`` does not apply.
     """
     check_side(side)
     if side == "point":
         return record.sigma, record.saturated
     value = _quantity_target(record)
-    if side == "at-least":
-        if record.sigma == 0.0:
-            return 0.0, False  # the target asks for no degradation: no noise is served
-        bound = float(estimator.bound(0.0, kind=record.kind, side=side)[0])
-        if bound < value:
-            raise ValueError(
-                f"{record.kind} target {record.requested:g} cannot be guaranteed at-least at "
-                f"{estimator.confidence:.0%} confidence: even without noise the lower bound is "
-                f"{bound:.4f} (N={cal.n_samples}; more rows raise it)")
+    # The clean model's own bound first, whatever sigma* is: a target that asks for no
+    # degradation (sigma* = 0) is still a claim about the population, and the sample may refute it.
+    clean = float(estimator.bound(0.0, kind=record.kind, side=side)[0])
+    if side == "at-least" and clean < value:
+        raise ValueError(
+            f"{record.kind} target {record.requested:g} cannot be guaranteed at-least at "
+            f"{estimator.confidence:.0%} confidence: even without noise the lower bound is "
+            f"{clean:.4f} (N={cal.n_samples}; more rows raise it)")
+    if record.sigma == 0.0 and _keeps(clean, value, side):
+        return 0.0, False  # no noise, and the clean model's bound already keeps the target
     guess = record.sigma if record.sigma > 0 else float(cal.sweep.sigma[0])
     try:
-        return estimator.sigma_for_bound(value, kind=record.kind, side=side, guess=guess), False
+        sigma = estimator.sigma_for_bound(value, kind=record.kind, side=side, guess=guess)
     except ValueError:
         if side == "at-most" and saturate:
             return saturated_sigma(cal), True
         raise
+    # The one rule every path shares: a one-sided sigma is served only where its own bound keeps
+    # the target (the solver settles on that side; this states it where the guarantee is made).
+    bound = float(estimator.bound(sigma, kind=record.kind, side=side)[0])
+    if not _keeps(bound, value, side):
+        word = "lower" if side == "at-least" else "upper"
+        raise ValueError(
+            f"{record.kind} target {record.requested:g} cannot be guaranteed {side} at "
+            f"{estimator.confidence:.0%} confidence: the {word} bound at sigma {sigma:.4g} is "
+            f"{bound:.4f} (N={cal.n_samples})")
+    return sigma, False
+
+
+def _keeps(bound: float, value: float, side: str) -> bool:
+    """Whether a one-sided bound is on the target's safe side (at-least: >=, at-most: <=)."""
+    return bound >= value if side == "at-least" else bound <= value
 
 
 def with_interval(cal: Calibration, record: TargetRecord, estimator: BootstrapIntervals, *,
