@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .. import __version__
-from ..config import SCHEMA, SIDES, TargetRecord
+from ..config import CERTIFIED_LEVEL, SCHEMA, SIDES, TargetRecord
 from ..loading.row_stream import RowSource, open_rows
 from ..loading.safety import DEFAULT_MAX_ELEMENTS, display_name, fail
 from . import margins
@@ -334,7 +334,7 @@ def config_for_full_vocab(
         sigma = sigma_for_agreement(reduced, value, side=side,
                                     guess=guess_sigma(grid, bounds[:, 0], bounds[:, 1], value, side=side))
         lo, hi = mean_bounds(reduced, sigma)
-        interval = {"level": 0.999999, "method": "bounds from the reduced rows' bin edges "
+        interval = {"level": CERTIFIED_LEVEL, "method": "bounds from the reduced rows' bin edges "
                     f"(top {reduced.top_gaps.shape[1]} gaps exact)", "accuracy": None, "retention": None,
                     "agreement": [lo, hi]}
         records.append(TargetRecord(
