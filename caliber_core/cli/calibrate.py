@@ -123,8 +123,12 @@ def run(args) -> int:
     for warning in data.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     targets = getattr(args, "targets", None) or list(DEFAULT_TARGETS)
-    if any(kind != "agreement" for kind, _ in targets):
-        require_labels(data, "an accuracy or retention target")  # before the sweep, not after it
+    if any(kind != "agreement" for kind, _ in targets):  # before the sweep, not after it
+        asked = getattr(args, "targets", None)
+        defaults = ", ".join(f"{v:g}" for _, v in DEFAULT_TARGETS)
+        require_labels(data, "an accuracy or retention target" if asked else
+                       f"each default target (retention {defaults})",
+                       instead="ask for agreement targets, which need none: --agreement 0.9 0.8")
     cal = calibrate_data(data, statistic=args.margin_stat, seed=args.seed, realizations=args.realizations,
                          progress=progress(not args.quiet, "sweeping noise"))
     results, config = config_from_calibration(cal, data, targets, inversion=args.inversion,
