@@ -72,7 +72,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                      help="an unreachable target serves the largest sigma the sweep measured "
                      "(marked saturated, with a warning) instead of failing")
     cal.add_argument("--out", help="write the config JSON here (default: print it)")
-    cal.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    cal.add_argument("--quiet", action="store_true",
+                     help="no progress bar on stderr; the table, the advice line and warnings still print")
     _add_seeding(cal)
     add_max_elements(cal)
     cal.add_argument("--vocab-size", type=int, default=None, metavar="V",
