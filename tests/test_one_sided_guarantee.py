@@ -137,3 +137,17 @@ def test_cli_serves_an_at_most_target_the_clean_bound_keeps(tmp_path, capsys):
     target = json.loads(out.read_text())["targets"][0]
     assert target["sigma"] == 0.0 and target["side"] == "at-most"
     assert "accuracy <= 99.0% (one-sided 95%)" in capsys.readouterr().out
+
+
+def test_an_at_most_target_no_noise_reaches_is_refused_or_marked_without_a_guarantee(tmp_path, capsys):
+    """Below chance (1/K = 0.1) no sigma's upper bound gets there: one line and exit 2, or with
+    --saturate the largest sigma swept, printed as no guarantee."""
+    out = tmp_path / "g.json"
+    assert main(["calibrate", str(CNN), "--target-accuracy", "0.05", "--side", "at-most", "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert len(captured.err.splitlines()) == 1 and not out.exists()
+    assert main(["calibrate", str(CNN), "--target-accuracy", "0.05", "--side", "at-most", "--saturate",
+                 "--quiet", "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    target = json.loads(out.read_text())["targets"][0]
+    assert target["saturated"] and "no guarantee (saturated)" in stdout and "<= 5.0%" not in stdout
