@@ -35,7 +35,7 @@ from collections.abc import Mapping
 
 from .frozen_json import FrozenDict, frozen, json_depth, nested_deeper, refuse
 from .target_record import (  # noqa: F401  (re-exported: the config's public names)
-    CALIBRATED_KINDS, SIDES, TARGET_KINDS, TargetRecord, inversion_of_method, plain_values)
+    CALIBRATED_KINDS, CERTIFIED_LEVEL, SIDES, TARGET_KINDS, TargetRecord, inversion_of_method, plain_values)
 
 SCHEMA = "caliber.config/v2"
 SCHEMA_V1 = "caliber.config/v1"

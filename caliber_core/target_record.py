@@ -20,6 +20,9 @@ CALIBRATED_KINDS = tuple(k for k in TARGET_KINDS if k != "surrogate-retention")
 SIDES = ("point", "at-least", "at-most")
 #: The confidence level of every target's interval and side unless one is asked for.
 DEFAULT_CONFIDENCE = 0.95
+#: The ``level`` a certified bound records (top-k logs, full-vocabulary dumps): bounds that hold
+#: over every unseen or binned tail, not a sampling interval; the schema wants a level in (0, 1).
+CERTIFIED_LEVEL = 0.999999
 
 
 def check_side(side) -> str:

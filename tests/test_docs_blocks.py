@@ -7,6 +7,10 @@ in the same folder with the project's Python first on PATH (so ``caliber`` is th
 checkout's command). A block preceded by a line ``<!-- not-run: REASON -->`` is not
 run; the reason is shown on the page. The counts are printed at the end of the
 module and kept in each test's properties.
+
+On the tutorial's pages every Python block claims to be whole: it runs in a fresh
+namespace, unless the line above it is ``<!-- continues: WHAT -->``, and then the
+paragraph above must say so to the reader too (a sentence with "continues").
 """
 
 from __future__ import annotations
@@ -29,6 +33,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md")
                                      if "figures" not in p.relative_to(ROOT / "docs").parts)]
 NOT_RUN = re.compile(r"^<!--\s*not-run:\s*(\S.*?)\s*-->\s*$")
+CONTINUES = re.compile(r"^<!--\s*continues:\s*(\S.*?)\s*-->\s*$")
+#: Pages whose Python blocks each run on their own unless marked as continuing.
+WHOLE_BLOCK_PAGES = ROOT / "docs" / "tutorial"
+# The hook's markers: a generated block's command must be visible in the page source.
+OUTPUT_OF = re.compile(r"^<!-- output-of(?: exit=\d+)?(:| -->)", re.M)
+VISIBLE_OUTPUT_OF = re.compile(r"^<!-- output-of(?: exit=\d+)? -->\n```text\n\$ [^\n]+\n```$", re.M)
 # Fences that look runnable but that no parser here would run: refused, so a block
 # cannot escape the test by its spelling.
 EVASIVE_FENCE = re.compile(r"^\s*```\s*(py|sh|shell|console|zsh|python3|pycon)\s*$", re.M)
@@ -39,6 +49,28 @@ def _not_run_reason(example) -> str | None:
     before = example.document.text[: example.start].rstrip("\n").splitlines()
     match = NOT_RUN.match(before[-1]) if before else None
     return match.group(1) if match else None
+
+
+def _continues(example) -> str | None:
+    """What a block says it continues from (the marker on the line above it), else None.
+
+    The marker alone is not enough: the paragraph above the block must tell the reader.
+    """
+    before = example.document.text[: example.start].rstrip("\n").splitlines()
+    match = CONTINUES.match(before[-1]) if before else None
+    if match is None:
+        return None
+    paragraph = "\n".join(before[:-1]).rstrip().split("\n\n")[-1]
+    assert "continues" in paragraph.lower(), (
+        f"block at line {example.line}: the paragraph above a <!-- continues --> block must say what it "
+        "continues from")
+    return match.group(1)
+
+
+def _claims_to_be_whole(example) -> bool:
+    """A Python block that is run and does not say it continues an earlier one."""
+    return (example.document.text.startswith("```python", example.start)
+            and _not_run_reason(example) is None and _continues(example) is None)
 
 
 def _shell_env() -> dict[str, str]:
@@ -102,7 +134,10 @@ def test_page_blocks_run(page, tmp_path, monkeypatch, counts, record_property):
         reasons[f"{page.relative_to(ROOT)}: {reason}"] += 1
 
     document.push_evaluator(not_run)
+    whole_blocks = WHOLE_BLOCK_PAGES in page.parents
     for example in document.examples():
+        if whole_blocks and _claims_to_be_whole(example):
+            document.namespace.clear()  # a block that claims to be whole sees no earlier block's names
         example.evaluate()
         if _not_run_reason(example) is None:
             page_counts["run"] += 1
@@ -127,3 +162,33 @@ def test_a_failing_block_fails_its_page(tmp_path, monkeypatch):
     (example,) = SYBIL.parse(page).examples()
     with pytest.raises(Exception, match="exited 2"):
         example.evaluate()
+
+
+def test_generated_blocks_show_their_command_in_the_source():
+    """An output-of block (docs/hooks/generated.py) keeps its command in a visible block of the
+    page source, not only inside the comment the build replaces."""
+    markers = {p: len(OUTPUT_OF.findall(p.read_text())) for p in PAGES}
+    assert sum(markers.values()) >= 4
+    hidden = [str(p.relative_to(ROOT)) for p, n in markers.items() if len(VISIBLE_OUTPUT_OF.findall(p.read_text())) != n]
+    assert not hidden, f"output-of markers without their '$ COMMAND' block below them: {hidden}"
+
+
+def test_a_tutorial_block_that_leans_on_an_earlier_one_fails_unless_it_says_so(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    text = "```python\nx = 1\n```\n\n```python\nassert x == 1\n```\n"
+
+    def run(markdown):
+        path = tmp_path / "page.md"
+        path.write_text(markdown)
+        document = SYBIL.parse(path)
+        for example in document.examples():
+            if _claims_to_be_whole(example):
+                document.namespace.clear()
+            example.evaluate()
+
+    with pytest.raises(NameError):
+        run(text)
+    marked = "\n\n<!-- continues: the block above -->\n```python\nassert"
+    with pytest.raises(AssertionError, match="must say what it continues from"):
+        run(text.replace("\n\n```python\nassert", marked))  # the marker without a word to the reader
+    run(text.replace("\n\n```python\nassert", "\n\nThis block continues the one above." + marked))

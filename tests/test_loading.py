@@ -322,8 +322,12 @@ def test_describe_and_require_labels(tmp_path):
         require_labels(without, "an accuracy target")
     assert str(info.value) == (
         f"{tmp_path / 'nolab.npy'}: no labels in the file; an accuracy target needs labels "
-        "(add a `labels` array or pass a labels file)"
+        "(pass a labels file: --labels FILE on the command line)"
     )
+    np.savez(tmp_path / "nolab.npz", logits=z)
+    with pytest.raises(LogitsFileError, match=r"needs labels \(add a `labels` array or pass a labels file; "
+                       r"or use agreement\)$"):
+        require_labels(load_logits(tmp_path / "nolab.npz"), "an accuracy target", instead="use agreement")
 
 
 def test_public_constants():

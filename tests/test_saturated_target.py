@@ -31,7 +31,7 @@ PAGE = (ROOT / "docs" / "how-to" / "calibrate-classifier.md").read_text(encoding
 
 def _docs_example() -> list[str]:
     """The docs' --saturate example: the arguments after ``caliber``."""
-    marker = re.search(r"<!-- output-of exit=0: caliber (calibrate [^\n]*--saturate[^\n]*?) -->", PAGE)
+    marker = re.search(r"<!-- output-of exit=0 -->\n```text\n\$ caliber (calibrate [^\n]*--saturate[^\n]*)\n```", PAGE)
     assert marker, "docs/how-to/calibrate-classifier.md has no --saturate example"
     return shlex.split(marker.group(1))
 

@@ -153,3 +153,24 @@ def test_init_refuses_levels_that_do_not_add_noise_and_missing_targets(tmp_path)
         build_policy(str(config) + "\x00", targets=[0], escalate_after=5)
     with pytest.raises(PolicyError, match="'seeding' must be one of .* got 'fresh'"):
         build_policy(config, targets=[0], escalate_after=5, seeding="fresh")
+
+
+@pytest.mark.parametrize("change, shown", [
+    (lambda d: d["escalation"].update(after_querys=5), "policy escalation has unknown field(s): after_querys = 5"),
+    (lambda d: d.update(note="x" * 500), "policy has unknown field(s): note = '" + "x" * 36 + "..."),
+    (lambda d: d["levels"][1].update(extra={"a": 1, "b": 2}), "levels[1] has unknown field(s): extra = an object of 2"),
+    (lambda d: d.update(redis_password="hunter2"), "redis_password = withheld: it may be a credential"),
+    (lambda d: d.update(store="redis://admin:hunter2@cache:6379/0"), "store = withheld: it may be a credential"),
+    (lambda d: d.update(a=1, b="two\nlines"), "policy has unknown field(s): a = 1, b = 'two\\\\nlines'"),
+])
+def test_an_unknown_field_is_refused_naming_the_field_and_its_value(tmp_path, change, shown, capsys):
+    """As the policy reference says: one line naming the field and the value, cut short, and
+    never a value that may be a credential."""
+    bad = _hostile(tmp_path, change)
+    with pytest.raises(PolicyError) as info:
+        load_policy(bad)
+    assert shown in str(info.value)
+    assert "hunter2" not in str(info.value) and "x" * 40 not in str(info.value)
+    assert main(["throttle", "status", "--policy", str(bad), "--store", f"sqlite:///{tmp_path / 'l.db'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "hunter2" not in err

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .. import __version__
-from ..config import SCHEMA, SIDES, TargetRecord
+from ..config import CERTIFIED_LEVEL, SCHEMA, SIDES, TargetRecord
 from ..loading.row_stream import BLOCK_BYTES, MappedMatrix, RowSource, can_map, open_rows
 from ..loading.safety import DEFAULT_MAX_ELEMENTS, display_name, fail
 from . import margins
@@ -625,7 +625,7 @@ def _record(reduced: ReducedRows, kind: str, value: float, sigma: float, side: s
     b = bounds_at(reduced, sigma, agreement=kind == "agreement")
     agree = None if kind != "agreement" else [float(b.agree_lo.mean()), float(b.agree_hi.mean())]
     acc = None if a0 is None else [float(b.acc_lo.mean()), float(b.acc_hi.mean())]
-    interval = {"level": 0.999999, "method": "bounds from the reduced rows' bin edges "
+    interval = {"level": CERTIFIED_LEVEL, "method": "bounds from the reduced rows' bin edges "
                 f"(top {reduced.top_gaps.shape[1]} gaps exact)", "agreement": agree,
                 "accuracy": acc, "retention": None if acc is None else [x / a0 for x in acc]}
     if kind == "agreement":

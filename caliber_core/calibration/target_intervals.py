@@ -22,10 +22,11 @@ once (the Calibrate page caches it per model and asks it for any sigma).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ..target_record import TargetRecord, check_side
+from ..target_record import CERTIFIED_LEVEL, TargetRecord, check_side
 from .calibrate import Calibration, saturated_sigma
 from .drift import target_reference
 from .intervals import (
@@ -82,35 +83,53 @@ def side_sigma(cal: Calibration, record: TargetRecord, estimator: BootstrapInter
     Returns
     -------
     sigma : float
+        0 only where the clean model's own bound keeps the target (at-least:
+        its lower bound >= the target; at-most: its upper bound <= it).
     saturated : bool
 
     Raises
     ------
     ValueError
         An unknown side, or a bound that never reaches the target (at-least: not
-        even the clean model's lower bound; at-most: not even the largest sigma)
-        where ``saturate`` does not apply.
+        even the clean model's lower bound, sigma* = 0 included; at-most: not even
+        the largest sigma) where ``saturate`` does not apply.
     """
     check_side(side)
     if side == "point":
         return record.sigma, record.saturated
     value = _quantity_target(record)
-    if side == "at-least":
-        if record.sigma == 0.0:
-            return 0.0, False  # the target asks for no degradation: no noise is served
-        bound = float(estimator.bound(0.0, kind=record.kind, side=side)[0])
-        if bound < value:
-            raise ValueError(
-                f"{record.kind} target {record.requested:g} cannot be guaranteed at-least at "
-                f"{estimator.confidence:.0%} confidence: even without noise the lower bound is "
-                f"{bound:.4f} (N={cal.n_samples}; more rows raise it)")
+    # The clean model's own bound first, whatever sigma* is: a target that asks for no
+    # degradation (sigma* = 0) is still a claim about the population, and the sample may refute it.
+    clean = float(estimator.bound(0.0, kind=record.kind, side=side)[0])
+    if side == "at-least" and clean < value:
+        raise ValueError(
+            f"{record.kind} target {record.requested:g} cannot be guaranteed at-least at "
+            f"{estimator.confidence:.0%} confidence: even without noise the lower bound is "
+            f"{clean:.4f} (N={cal.n_samples}; more rows raise it)")
+    if record.sigma == 0.0 and _keeps(clean, value, side):
+        return 0.0, False  # no noise, and the clean model's bound already keeps the target
     guess = record.sigma if record.sigma > 0 else float(cal.sweep.sigma[0])
     try:
-        return estimator.sigma_for_bound(value, kind=record.kind, side=side, guess=guess), False
+        sigma = estimator.sigma_for_bound(value, kind=record.kind, side=side, guess=guess)
     except ValueError:
         if side == "at-most" and saturate:
             return saturated_sigma(cal), True
         raise
+    # The one rule every path shares: a one-sided sigma is served only where its own bound keeps
+    # the target (the solver settles on that side; this states it where the guarantee is made).
+    bound = float(estimator.bound(sigma, kind=record.kind, side=side)[0])
+    if not _keeps(bound, value, side):
+        word = "lower" if side == "at-least" else "upper"
+        raise ValueError(
+            f"{record.kind} target {record.requested:g} cannot be guaranteed {side} at "
+            f"{estimator.confidence:.0%} confidence: the {word} bound at sigma {sigma:.4g} is "
+            f"{bound:.4f} (N={cal.n_samples})")
+    return sigma, False
+
+
+def _keeps(bound: float, value: float, side: str) -> bool:
+    """Whether a one-sided bound is on the target's safe side (at-least: >=, at-most: <=)."""
+    return bound >= value if side == "at-least" else bound <= value
 
 
 def with_interval(cal: Calibration, record: TargetRecord, estimator: BootstrapIntervals, *,
@@ -150,30 +169,54 @@ def with_interval(cal: Calibration, record: TargetRecord, estimator: BootstrapIn
 
 
 def interval_notes(config: Mapping) -> tuple[str | None, str | None]:
-    """The sample-size advice line and the wide-interval warning of a config's targets.
+    """The sample-size advice line and the wide-interval warning of any config ``calibrate`` writes.
 
-    Each target's own quantity is read from its ``interval``; both lines are
-    about the widest one, and the warning appears when it is wider than
-    ±``WIDE_HALF_WIDTH`` (2 points).
+    The one rule for every input (matrices, lm-eval samples, top-k logprob logs,
+    full-vocabulary dumps): the advice is about the widest sampling interval of the
+    targets' own quantities, with the rows that would narrow it (1/sqrt(N)), and the
+    warning appears when some interval is wider than ±``WIDE_HALF_WIDTH`` (2 points).
+
+    A config whose targets carry certified bounds (top-k logs, dumps: it has
+    ``bounds``) has no bootstrap: its sampling half-width is bounded from the bounds
+    themselves (a per-row agreement in [0, 1] with mean mu has variance at most
+    mu (1 - mu), taken at the worst mu inside the bound), and the line also states the
+    certified bound's width, which more rows do not narrow.
+
+    Parameters
+    ----------
+    config : mapping
+        A config as :func:`.pipeline.config_from_calibration` (or the log and dump
+        paths) builds it.
 
     Returns
     -------
     advice : str or None
-        E.g. "retention 0.8: ±2.9% at N=500; about 1,100 rows for ±2.0%, about
-        4,200 rows for ±1.0%"; None when no target has an interval for its quantity.
+        The line as printed, e.g. "interval half-width, widest target: retention 0.8:
+        ±2.9% at N=500; about 1,100 rows for ±2.0%, about 4,200 rows for ±1.0%"; None when
+        no target has an interval for its quantity.
     warning : str or None
+        E.g. "1 of 1 target intervals (95%) are wider than ±2%, the widest retention 0.8:
+        ±2.9% at N=500; about 1,100 rows for ±2.0%"; None when none is.
     """
     n = int(config["n_samples"])
+    certified = any(is_certified(t.get("interval") or {}) for t in config["targets"])
     halves = []
     for t in config["targets"]:
         iv = t.get("interval") or {}
         bounds = iv.get(t["kind"]) if t["kind"] in QUANTITIES else None
-        if bounds is not None:
-            halves.append((0.5 * (bounds[1] - bounds[0]), f"{t['kind']} {t['requested']:g}", iv["level"]))
+        if bounds is None:
+            continue
+        label = f"{t['kind']} {t['requested']:g}"
+        if certified:
+            halves.append((_sampling_half_width(bounds, n), label, DEFAULT_CONFIDENCE))
+        else:
+            halves.append((0.5 * (bounds[1] - bounds[0]), label, iv["level"]))
     if not halves:
         return None, None
     half, label, level = max(halves)
-    advice = f"{label}: {sample_size_advice(half, n)}"
+    advice = f"interval half-width, widest target: {label}: {sample_size_advice(half, n)}"
+    if certified and config.get("bounds"):
+        advice += f" (at most: the rows' spread is bounded, not measured); {_certified_widths(config)}"
     wide = sum(h > WIDE_HALF_WIDTH for h, _, _ in halves)
     warning = None
     if wide:
@@ -181,6 +224,30 @@ def interval_notes(config: Mapping) -> tuple[str | None, str | None]:
                    f"±{100 * WIDE_HALF_WIDTH:.0f}%, the widest {label}: "
                    f"{sample_size_advice(half, n, goals=[WIDE_HALF_WIDTH])}")
     return advice, warning
+
+
+def _sampling_half_width(bounds, n_samples: int, confidence: float = DEFAULT_CONFIDENCE) -> float:
+    """Largest normal half-width of a mean of N values in [0, 1] whose mean lies in ``bounds``.
+
+    Var <= mu (1 - mu) for values in [0, 1] with mean mu (Bhatia-Davis), at its
+    largest over mu in the bound.
+    """
+    from scipy.special import ndtri
+
+    lo, hi = float(bounds[0]), float(bounds[1])
+    mu = min(max(0.5, lo), hi)  # the worst mean inside [lo, hi]
+    return float(ndtri(0.5 + confidence / 2)) * math.sqrt(mu * (1.0 - mu) / n_samples)
+
+
+def _certified_widths(config: Mapping) -> str:
+    """The certified bound's width at each target, and where it comes from."""
+    b = config["bounds"]
+    widths = ", ".join(f"{w:.2g}" if w < 1e-3 else f"{w:.4f}" for w in b["widths"])
+    if str(b.get("method", "")).startswith("streamed"):  # a full-vocabulary dump
+        return (f"full vocabulary streamed (V={b['vocab_size']}, top {b['k']} gaps exact, the rest binned): "
+                f"agreement bound width at each target {widths}, from the binning, which more rows do not narrow")
+    return (f"certified agreement bounds (k={b['k']}, V={b['vocab_size']}): width at each target {widths}, "
+            "from the unseen tail, which more rows do not narrow")
 
 
 def describe_interval(target: Mapping) -> str:
@@ -206,5 +273,22 @@ def describe_interval(target: Mapping) -> str:
     bounds, value = iv.get(kind), ref.get(kind, target.get(kind))
     if kind not in QUANTITIES or bounds is None or value is None:
         return ""
-    return (f"{kind} {100 * value:.1f}% ({iv['level']:.0%}: {100 * bounds[0]:.1f}-"
-            f"{100 * bounds[1]:.1f}%)")
+    # Certified bounds (top-k logs, dumps) are not a sampling interval: say so rather than "100%".
+    level = "certified" if is_certified(iv) else f"{iv['level']:.0%}"
+    return f"{kind} {100 * value:.1f}% ({level}: {100 * bounds[0]:.1f}-{100 * bounds[1]:.1f}%)"
+
+
+def is_certified(interval: Mapping) -> bool:
+    """Whether a target's ``interval`` holds certified bounds (over every unseen or binned tail)
+    rather than a confidence interval of the sampling error.
+
+    Parameters
+    ----------
+    interval : mapping
+        A config target's ``interval``.
+
+    Returns
+    -------
+    bool
+    """
+    return float(interval.get("level", 0.0)) >= CERTIFIED_LEVEL

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .. import __version__
-from ..config import SCHEMA, SIDES, TargetRecord
+from ..config import CERTIFIED_LEVEL, SCHEMA, SIDES, TargetRecord
 from . import margins
 from .fit import fit_logistic
 from .full_vocab import guess_sigma
@@ -75,7 +75,7 @@ def config_for_logs(
                                           guess=guess_sigma(grid, lo, hi, value, side=side))
         at_lo, at_hi = mean_agreement_bounds(rows, sigma)
         interval = {
-            "level": 0.999999,  # a certified bound, not a sampling interval; the schema wants (0, 1)
+            "level": CERTIFIED_LEVEL,  # a certified bound, not a sampling interval; the schema wants (0, 1)
             "method": f"certified bounds over every unseen tail (k={rows.shown}, V={rows.vocab_size}); "
                       f"{SIDE_BOUND[side]} bound inverted",
             "accuracy": None, "retention": None,

@@ -72,7 +72,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                      help="an unreachable target serves the largest sigma the sweep measured "
                      "(marked saturated, with a warning) instead of failing")
     cal.add_argument("--out", help="write the config JSON here (default: print it)")
-    cal.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    cal.add_argument("--quiet", action="store_true",
+                     help="no progress bar on stderr; the table, the advice line and warnings still print")
     _add_seeding(cal)
     add_max_elements(cal)
     cal.add_argument("--vocab-size", type=int, default=None, metavar="V",
@@ -113,8 +114,7 @@ def run(args) -> int:
     """
     from ..calibration.pipeline import DEFAULT_TARGETS, calibrate_data, config_from_calibration
     from ..loading import require_labels
-    from ..calibration.target_intervals import interval_notes
-    from ..config import config_to_json, saturation_message
+    from ..config import saturation_message
 
     if str(args.file).lower().endswith((".jsonl", ".json")):
         return _run_llm(args)
@@ -124,28 +124,42 @@ def run(args) -> int:
     for warning in data.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     targets = getattr(args, "targets", None) or list(DEFAULT_TARGETS)
-    if any(kind != "agreement" for kind, _ in targets):
-        require_labels(data, "an accuracy or retention target")  # before the sweep, not after it
+    if any(kind != "agreement" for kind, _ in targets):  # before the sweep, not after it
+        asked = getattr(args, "targets", None)
+        defaults = ", ".join(f"{v:g}" for _, v in DEFAULT_TARGETS)
+        require_labels(data, "an accuracy or retention target" if asked else
+                       f"each default target (retention {defaults})",
+                       instead="ask for agreement targets, which need none: --agreement 0.9 0.8")
     cal = calibrate_data(data, statistic=args.margin_stat, seed=args.seed, realizations=args.realizations,
                          progress=progress(not args.quiet, "sweeping noise"))
     results, config = config_from_calibration(cal, data, targets, inversion=args.inversion,
                                               saturate=args.saturate, side=args.side, confidence=args.confidence)
     if args.seeding == "consistent" or args.key_file or args.length_scale is not None or args.noise_id:
         config = _consistent(config, data, args)
-    text = config_to_json(config)
     for result in results:
         if result.saturated:
             print(f"warning: {saturation_message(result)}", file=sys.stderr)
+    return _write(config, args.out)
+
+
+def _write(config: dict, out: str | None) -> int:
+    """Every input's ending: the wide-interval warning, then the config written (with its table and
+    advice line) or printed. The advice and the warning come from one rule,
+    :func:`caliber_core.calibration.target_intervals.interval_notes`."""
+    from ..calibration.target_intervals import interval_notes
+    from ..config import config_to_json
+
+    text = config_to_json(config)
     advice, wide = interval_notes(config)
     if wide:
         print(f"warning: {wide}", file=sys.stderr)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
+    if out:
+        with open(out, "w", encoding="utf-8") as fh:
             fh.write(text)
         print(_target_table(config))
         if advice:
-            print(f"interval half-width, widest target: {advice}")
-        print(f"config written to {args.out}")
+            print(advice)
+        print(f"config written to {out}")
     else:
         sys.stdout.write(text)
     return 0
@@ -156,7 +170,6 @@ def _run_llm(args) -> int:
     from ..calibration.llm_inputs import config_for_llm_file
     from ..calibration.pipeline import DEFAULT_TARGETS
     from ..calibration.llm_inputs import read_llm_file
-    from ..config import config_to_json
 
     if args.labels or args.seeding != "per-input" or args.key_file:
         raise ValueError("--labels and consistent seeding do not apply to lm-eval samples or logprob logs")
@@ -167,20 +180,7 @@ def _run_llm(args) -> int:
                                  progress=progress(not args.quiet, "sweeping noise"))
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    text = config_to_json(result.config)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        print(_target_table(result.config))
-        bounds = result.config.get("bounds")
-        if bounds:
-            widths = ", ".join(f"{w:.4f}" for w in bounds["widths"])
-            print(f"certified agreement bounds (k={bounds['k']}, V={bounds['vocab_size']}): "
-                  f"width at each target {widths}")
-        print(f"config written to {args.out}")
-    else:
-        sys.stdout.write(text)
-    return 0
+    return _write(result.config, args.out)
 
 
 def _is_full_vocabulary(path) -> bool:
@@ -198,7 +198,6 @@ def _run_full_vocab(args) -> int:
     """A full-vocabulary dump, streamed (``calibration.full_vocab``)."""
     from ..calibration.full_vocab import config_for_vocab_file
     from ..calibration.pipeline import DEFAULT_TARGETS
-    from ..config import config_to_json
     from ..loading import DEFAULT_MAX_ELEMENTS
 
     if args.seeding != "per-input" or args.key_file:
@@ -208,19 +207,13 @@ def _run_full_vocab(args) -> int:
         args.file, targets, side=args.side, progress=progress(not args.quiet, "streaming rows"),
         max_elements=DEFAULT_MAX_ELEMENTS if args.max_elements is None else args.max_elements,
         labels_path=args.labels)
-    text = config_to_json(config)
+    status = _write(config, args.out)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        print(_target_table(config))
         widths = ", ".join(f"{w:.2g}" for w in config["bounds"]["widths"])
         what = "agreement" if config["clean_accuracy"] is None else "certified"
         print(f"full vocabulary streamed (V={config['n_classes']}, top {config['bounds']['k']} gaps exact, "
               f"the rest binned): {what} bound width at each target {widths}")
-        print(f"config written to {args.out}")
-    else:
-        sys.stdout.write(text)
-    return 0
+    return status
 
 
 def _consistent(config, data, args):
@@ -247,7 +240,7 @@ def _target_table(config: dict) -> str:
             f"S({config['statistic']})={config['scale']:.4g}"
             + (f" A0={a0:.4f}" if a0 is not None else "")
             + f" logistic R2={config['fit']['r2']:.4f}")
-    from ..calibration.target_intervals import describe_interval
+    from ..calibration.target_intervals import describe_interval, is_certified
 
     lines = [head, f"{'target':>22} {'side':>8} {'accuracy':>9} {'guarantee, or delivers on the sample':>36} "
              f"{'v':>10} {'sigma':>10} {'logistic':>10}  method"]
@@ -265,7 +258,8 @@ def _target_table(config: dict) -> str:
         lines.append(f"{label:>22} {side:>8} {acc:>9} {first:>36} "
                      f"{t['v']:>10.5g} {t['sigma']:>10.5g} {slog:>10}  {t['method']}")
         if side != "point" and describe_interval(t):
-            lines.append(f"{'':>42} two-sided: {describe_interval(t)}")
+            what = "bounds" if is_certified(t.get("interval") or {}) else "two-sided"
+            lines.append(f"{'':>42} {what}: {describe_interval(t)}")
     lines.append("sigma: the sigma served (sigma* on the point side; one-sided, the sigma whose "
                  "confidence bound equals the target)")
     return "\n".join(lines)

@@ -51,7 +51,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_out", metavar="REPORT", help="write the caliber.extraction/v1 report here")
     p.add_argument("--out", metavar="CONFIG",
                    help="write a config with the retention and surrogate-retention targets here")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--quiet", action="store_true", help="no progress bar on stderr; results and warnings still print")
     add_max_elements(p, "arrays")
     p.add_argument("--seeding", choices=("per-input", "consistent"), default=None,
                    help="compare per-input and consistent seeding side by side at the --retention levels "

@@ -77,7 +77,7 @@ def validate_logits(raw, src: str, *, max_elements: int) -> np.ndarray:
 WIDE_MIN_ROWS = 200
 
 
-def check_rows_and_classes(src: str, n_rows: int, n_classes: int) -> None:
+def check_rows_and_classes(src: str, n_rows: int, n_classes: int, *, note: str | None = None) -> None:
     """Refuse a short, wide file: fewer than :data:`WIDE_MIN_ROWS` rows and more classes than rows.
 
     Such a file is most often transposed (one row per class); as logits it
@@ -91,6 +91,8 @@ def check_rows_and_classes(src: str, n_rows: int, n_classes: int) -> None:
         The file's display name.
     n_rows, n_classes : int
         The declared shape.
+    note : str, optional
+        What the reader saw that explains the shape (a table with no ``label`` column).
 
     Raises
     ------
@@ -100,7 +102,7 @@ def check_rows_and_classes(src: str, n_rows: int, n_classes: int) -> None:
     if n_rows < WIDE_MIN_ROWS and n_classes > n_rows:
         raise fail(src, f"{n_rows:,} rows and {n_classes:,} class columns: more classes than rows in a file "
                    f"of fewer than {WIDE_MIN_ROWS} rows (one row per input, one column per class; is it "
-                   f"transposed?); nothing was computed")
+                   f"transposed?){f'; {note}' if note else ''}; nothing was computed")
 
 
 def validate_labels(

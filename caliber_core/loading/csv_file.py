@@ -60,7 +60,9 @@ def read(content: bytes, src: str, *, max_elements: int) -> Unvalidated:
     headerless = all(map(is_number, fields)) and not class_index_header
     # Before pandas parses anything: rows and classes counted from the text alone.
     not_classes = sum(f in LABEL_COLUMNS for f in fields) + (fields[0] == "")  # labels, a saved index
-    check_rows_and_classes(src, _data_lines(text) + headerless, n_fields - not_classes)
+    no_label = None if headerless or any(f in LABEL_COLUMNS for f in fields) else (
+        "no column is named `label`, so every column was counted as a class")
+    check_rows_and_classes(src, _data_lines(text) + headerless, n_fields - not_classes, note=no_label)
 
     pd = optional_library("pandas", extra="tables", src=src)
 

@@ -211,7 +211,7 @@ def load_logits_bytes(
     )
 
 
-def require_labels(data: LogitsData, purpose: str) -> np.ndarray:
+def require_labels(data: LogitsData, purpose: str, *, instead: str | None = None) -> np.ndarray:
     """Return ``data.labels``, or raise when the file had none.
 
     Parameters
@@ -220,6 +220,9 @@ def require_labels(data: LogitsData, purpose: str) -> np.ndarray:
         A loaded file.
     purpose : str
         What needs the labels, for the message ("an accuracy target").
+    instead : str, optional
+        What the caller could do without labels, appended to the message
+        (the CLI: agreement targets).
 
     Returns
     -------
@@ -228,13 +231,20 @@ def require_labels(data: LogitsData, purpose: str) -> np.ndarray:
     Raises
     ------
     LogitsFileError
-        ``"<file>: no labels in the file; <purpose> needs labels (...)"``.
+        ``"<file>: no labels in the file; <purpose> needs labels (<how to add them>)"``,
+        where a table is told that no column is named ``label``.
     """
     if data.labels is None:
+        suffix = Path(str(data.source)).suffix.lower()
+        if suffix in (".csv", ".parquet"):
+            how = "no column is named `label`: add one holding each row's class index"
+        elif suffix == ".npz":
+            how = "add a `labels` array or pass a labels file"
+        else:
+            how = "pass a labels file: --labels FILE on the command line"
         raise fail(
             display_name(data.source),
-            f"no labels in the file; {purpose} needs labels "
-            "(add a `labels` array or pass a labels file)",
+            f"no labels in the file; {purpose} needs labels ({how}{f'; or {instead}' if instead else ''})",
         )
     return data.labels
 

@@ -14,6 +14,7 @@ import json
 import math
 import re
 import numbers
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -293,14 +294,44 @@ def show_value(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+#: An unknown field whose name looks like it holds a credential: its value is never shown.
+_SECRET_NAME = re.compile(r"pass|secret|token|key|credential|auth|cookie|session|private", re.I)
+#: A string value that looks like a credential or carries one (a URL with a user or password).
+_SECRET_VALUE = re.compile(r"^[a-z][a-z0-9+.-]*://[^/@\s]*@|^(sk|pk|ghp|gho|xox[abp])[-_]", re.I)
+
+
+def show_field_value(name, value) -> str:
+    """An unknown field's value for a message: short, on one line, and never a credential.
+
+    Objects and lists are described by their size, not shown (they may hold anything);
+    a value whose field name or text looks like a credential is withheld; any other
+    value is :func:`show_value` (cut to 40 characters).
+    """
+    if isinstance(value, dict):
+        return f"an object of {len(value)} field(s)"
+    if isinstance(value, list):
+        return f"a list of {len(value)} item(s)"
+    if _SECRET_NAME.search(str(name)) or (isinstance(value, str) and _SECRET_VALUE.search(value)):
+        return "withheld: it may be a credential"
+    return show_value(value).encode("unicode_escape").decode("ascii")
+
+
 def check_fields(obj, where: str, kind: str) -> None:
-    """Refuse any field of ``obj`` (an object at ``where``) that the schema does not name."""
+    """Refuse any field of ``obj`` (an object at ``where``) that the schema does not name.
+
+    The message names each unknown field (up to five) and its value, e.g.
+    ``policy escalation has unknown field(s): after_querys = 5``.
+    """
     extra = sorted(set(obj) - FIELDS[kind], key=str)
     if extra:
-        shown = [str(x).encode("unicode_escape").decode("ascii") for x in extra[:5]]  # one line, whatever it holds
-        name = ", ".join(x if len(x) <= 40 else x[:37] + "..." for x in shown)
-        raise PolicyError(f"policy {where} has unknown field(s): {name}" if where else
-                          f"policy has unknown field(s): {name}")
+        shown = []
+        for key in extra[:5]:
+            name = str(key).encode("unicode_escape").decode("ascii")  # one line, whatever it holds
+            name = name if len(name) <= 40 else name[:37] + "..."
+            shown.append(f"{name} = {show_field_value(key, obj[key])}")
+        fields = ", ".join(shown)
+        raise PolicyError(f"policy {where} has unknown field(s): {fields}" if where else
+                          f"policy has unknown field(s): {fields}")
 
 
 def check_path(path, where: str) -> None:

@@ -7,12 +7,15 @@ Two markers, each an HTML comment on a line of its own:
     On the page that holds these markers, every subcommand the parser defines must
     have one, so a new subcommand or option cannot go undocumented: the build fails
     and names what is missing.
-``<!-- output-of: COMMAND -->`` (or ``<!-- output-of exit=N: COMMAND -->``)
-    Replaced by the command and what it printed, run with bash in a scratch folder
-    that holds a copy of the demo data (one folder per page, so a page's commands
-    run in order and see each other's files). A command that exits with another
-    status than N (default 0) fails the build. ``<!-- build-setup: COMMAND -->`` runs
-    a command in the same folder without showing it (files an example needs).
+``<!-- output-of -->`` (or ``<!-- output-of exit=N -->``) on the line above a ````text`` block of one line ``$ COMMAND``
+    The block is replaced by the command and what it printed, run with bash in a scratch
+    folder that holds a copy of the demo data (one folder per page, so a page's commands
+    run in order and see each other's files). The command stays visible in the page's
+    source, where a reader of the checkout sees it above the prose that reads its output;
+    the old form that held the command inside the comment fails the build. A command that
+    exits with another status than N (default 0) fails the build.
+    ``<!-- build-setup: COMMAND -->`` runs a command in the same folder without showing
+    it (files an example needs).
 
 Commands run with this Python's folder first on PATH, so ``caliber`` is the
 project's own command, and with the repository on PYTHONPATH.
@@ -32,7 +35,12 @@ from mkdocs.exceptions import PluginError
 
 ROOT = Path(__file__).resolve().parents[2]
 HELP_MARK = re.compile(r"^<!-- cli-help: ([a-z0-9 _-]+?) -->$", re.M)
-OUTPUT_MARK = re.compile(r"^<!-- (output-of|build-setup)(?: exit=(\d+))?: (.+?) -->$", re.M)
+OUTPUT_MARK = re.compile(r"^<!-- (output-of)(?: exit=(\d+))? -->\n```text\n\$ ([^\n]+)\n```$"
+                         r"|^<!-- (build-setup): ([^\n]+?) -->$", re.M)
+#: The old form, the command hidden inside the comment: refused.
+HIDDEN_MARK = re.compile(r"^<!-- output-of(?: exit=\d+)?: .+ -->$", re.M)
+#: A marker that no longer sits above its block (e.g. a blank line between them): refused.
+LOOSE_MARK = re.compile(r"^<!-- output-of(?: exit=\d+)? -->$(?!\n```text\n\$ )", re.M)
 TIMEOUT_S = 300
 
 _help_cache: dict[tuple[str, ...], str] = {}
@@ -77,8 +85,9 @@ def _help_block(match: re.Match) -> str:
 
 
 def _run_block(match: re.Match, workdir: Path, page: str) -> str:
+    kind = match.group(1) or match.group(4)
     expected = int(match.group(2) or 0)
-    command = match.group(3).strip()
+    command = (match.group(3) or match.group(5)).strip()
     proc = subprocess.run(
         ["bash", "-c", command], capture_output=True, text=True, env=_env(), cwd=workdir,
         timeout=TIMEOUT_S,
@@ -86,7 +95,7 @@ def _run_block(match: re.Match, workdir: Path, page: str) -> str:
     if proc.returncode != expected:
         raise PluginError(f"{page}: `{command}` exited {proc.returncode}, expected {expected}: "
                           f"{(proc.stderr or proc.stdout).strip()[-500:]}")
-    if match.group(1) == "build-setup":
+    if kind == "build-setup":
         return ""
     shown = (proc.stdout + proc.stderr).rstrip()
     status = f"\n$ echo $?\n{expected}" if expected else ""
@@ -95,6 +104,12 @@ def _run_block(match: re.Match, workdir: Path, page: str) -> str:
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
     name = page.file.src_uri
+    for pattern, why in ((HIDDEN_MARK, "holds its command inside the comment"),
+                         (LOOSE_MARK, "is not on the line above a ```text block of one line '$ COMMAND'")):
+        bad = pattern.search(markdown)
+        if bad:
+            raise PluginError(f"{name}: {bad.group(0)[:80]!r} {why}; write <!-- output-of --> above a "
+                              "```text block holding '$ COMMAND'")
     helps = HELP_MARK.findall(markdown)
     if helps:
         shown = {tuple(h.split()) for h in helps}
