@@ -38,7 +38,7 @@ import numpy as np
 
 from ..config import config_digest, load_config, sigma_to_serve
 from ..validation import check_key, check_sigma
-from . import keyed_noise
+from . import fused_noise, keyed_noise
 from .rows import check_request, encode_row_ids
 
 #: Every seeding a Perturber serves (the one list: the throttle and the extraction
@@ -176,6 +176,8 @@ class Perturber:
             raise TypeError(f"generator must be a numpy.random.Generator, got {type(generator).__name__}")
         # OS-seeded; SFC64 because it is numpy's fastest bit generator here.
         self._generator = generator if generator is not None else np.random.Generator(np.random.SFC64())
+        if seeding == "per-input":
+            fused_noise.prepare()  # built or loaded now, never on a request (warns once if it cannot be)
 
     @classmethod
     def from_config(cls, config, *, target: int = 0, seeding: str = "per-input", key: bytes | None = None,
