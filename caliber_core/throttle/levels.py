@@ -229,12 +229,14 @@ class LevelNoise:
         logits, rows, torch_in, seeds = prepared.logits, prepared.rows, prepared.torch_in, prepared.draws
         if self.seeding != "per-input":
             return self._assemble_draws(logits, rows, torch_in, seeds, segments, shadow)
-        if torch_in:
-            from ..serving.keyed_noise_torch import add_keyed_noise
-        else:
-            add_keyed_noise = keyed_noise.add_keyed_noise
         increments = [inc for _, inc in self._drawn]
         clean = shadow or all(level == 0 for level, _ in segments)
+        if torch_in:  # one pass: each row adds its level's draws and draws the rest (the fused kernel on the CPU)
+            from ..serving.keyed_noise_torch import add_keyed_noise
+
+            served = [0 if clean else self._draws_at[level] for level, n in segments for _ in range(n)]
+            return add_keyed_noise(rows, seeds, increments, served=served).reshape(logits.shape)
+        add_keyed_noise = keyed_noise.add_keyed_noise
         out = None if len(segments) == 1 and not clean else (rows.clone() if torch_in else rows.copy())
         start = 0
         for level, n in segments:
