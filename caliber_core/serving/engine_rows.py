@@ -143,6 +143,18 @@ class BatchNoise:
         self.n_classes = self.levels.n_classes
         self.digest = policy_digest(policy)
         self._signing_key = grant_key(key)
+        self.levels.warm_up()  # the kernel was built with the Perturbers; this warms torch's first ops
+
+    def warm_up(self, device) -> None:
+        """Serve a throwaway two-row batch on ``device`` (the engine's), so no request pays a first call there.
+
+        Parameters
+        ----------
+        device : str or torch.device or None
+            The engine's device; None or the CPU was warmed when this was built.
+        """
+        if device is not None and str(device) != "cpu":
+            self.levels.warm_up(device)
 
     def verify(self, token, *, now: float | None = None) -> Grant:
         """The grant a request's token carries.

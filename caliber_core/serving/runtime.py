@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import struct
+import sys
 
 import numpy as np
 
@@ -178,6 +179,8 @@ class Perturber:
         self._generator = generator if generator is not None else np.random.Generator(np.random.SFC64())
         if seeding == "per-input":
             fused_noise.prepare()  # built or loaded now, never on a request (warns once if it cannot be)
+            if "torch" in sys.modules:  # a server of tensors: the torch side is imported now, not on a request
+                from . import keyed_noise_torch  # noqa: F401
 
     @classmethod
     def from_config(cls, config, *, target: int = 0, seeding: str = "per-input", key: bytes | None = None,
@@ -346,7 +349,9 @@ class Perturber:
             rows = values.reshape(n_rows, n_classes)
             noise = self.level_noise(digests, rows, n_classes, device=values.device)
             noise += rows
-            return noise.reshape(values.shape).to(values.dtype)
+            from .keyed_noise_torch import round_once  # float16/bfloat16 rounded once, as numpy's float16
+
+            return round_once(noise, values.dtype).reshape(values.shape)
         arr = np.asarray(logits)
         rows = arr.reshape(n_rows, n_classes)
         noise = self.level_noise(digests, rows, n_classes)
@@ -434,7 +439,9 @@ class Perturber:
                                 device=values.device)
             noise *= self._sigma
             noise += values.reshape(n_rows, n_classes)
-            return noise.reshape(values.shape).to(values.dtype)
+            from .keyed_noise_torch import round_once
+
+            return round_once(noise, values.dtype).reshape(values.shape)
         noise = self._generator.standard_normal((n_rows, n_classes))
         noise *= self._sigma
         arr = np.asarray(logits)
