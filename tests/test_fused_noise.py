@@ -164,6 +164,33 @@ def test_torch_serving_uses_the_kernel_on_the_cpu(monkeypatch):
         assert got.dtype == dtype and torch.equal(got, fused(logits, seeds, [0.5, 1.5]))
 
 
+def test_the_op_by_op_path_a_gpu_runs_gives_the_same_bits_for_every_dtype():
+    # add_keyed_noise_torch is what a CUDA device is served by (and the CPU's fallback for bfloat16):
+    # its float16 and bfloat16 roundings go through round_once, so they equal numpy's one rounding.
+    rng = np.random.default_rng(9)
+    seeds = [rng.integers(0, 2**64 - 1, size=6, dtype=np.uint64, endpoint=True) for _ in range(3)]
+    increments = [0.3, 1.1, 2.9]
+    for dtype in TORCH_DTYPES.values():
+        logits = (torch.from_numpy(rng.standard_normal((6, 4099))) * 30).to(dtype)
+        got = keyed_noise_torch.add_keyed_noise_torch(logits, seeds, increments)
+        assert np.array_equal(bits(got), reference(logits, seeds, increments)), dtype
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_serves_numpys_bits_for_every_dtype():
+    rng = np.random.default_rng(10)
+    seeds = [rng.integers(0, 2**64 - 1, size=64, dtype=np.uint64, endpoint=True) for _ in range(3)]
+    increments = [0.3, 1.1, 2.9]
+    for dtype in TORCH_DTYPES.values():
+        logits = (torch.from_numpy(rng.standard_normal((64, 32_000))) * 30).to(dtype)
+        got = keyed_noise_torch.add_keyed_noise(logits.cuda(), seeds, increments, served=[3, 2, 1, 0] * 16)
+        assert got.device.type == "cuda"
+        for row, k in enumerate([3, 2, 1, 0] * 16):
+            want = (bits(logits[row:row + 1]) if k == 0 else
+                    reference(logits[row:row + 1], [s[row:row + 1] for s in seeds[:k]], increments[:k]))
+            assert np.array_equal(bits(got[row:row + 1].cpu()), want), (dtype, row)
+
+
 def _run(code: str, **env) -> subprocess.CompletedProcess:
     environ = {**os.environ, "PYTHONPATH": str(ROOT), **env}
     return subprocess.run([sys.executable, "-W", "always", "-c", code], cwd=ROOT, env=environ, capture_output=True,
