@@ -124,10 +124,11 @@ def write_figure(result: dict, device: str) -> None:
     where = f"on {device}" if device != "cpu" else f"on the CPU, {result['threads']} thread(s)"
     clock = ("this thread's CPU time (`time.thread_time`: the time other processes hold the cores is not "
              "counted, which a loaded machine needs)" if result["clock"] == "cpu" else "elapsed time")
-    fig.note(f"Float32 logits {where}, timed by {clock}; every row at the top level of a three-level policy (three nested keyed "
-             "draws per element, all drawn). Mean ± sd over repeats; ratios are paired (each repeat's time over "
-             "the same repeat's `torch.randn` + add). GPU figures were not measured here: no GPU was available "
-             "to this run (a CUDA device is served by torch's op-by-op path, and the fused kernel is the CPU's).")
+    fig.note(f"Float32 logits {where}, timed by {clock}; every row at the top level of a three-level policy "
+             "(three nested keyed draws per element, all drawn). Mean ± sd over repeats; ratios are paired "
+             "(each repeat's time over the same repeat's `torch.randn` + add). GPU figures were not measured "
+             "here: no GPU was available to this run (a CUDA device is served by torch's op-by-op path, and the "
+             "fused kernel is the CPU's).")
     rows = []
     for r in result["per_row"]:
         def cell(name, r=r):

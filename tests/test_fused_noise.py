@@ -247,6 +247,7 @@ from caliber_core.serving.engine_rows import BatchNoise
 from caliber_core.throttle import load_policy
 
 cache = Path(os.environ["CALIBER_KERNEL_CACHE"])
+Path(sys.argv[1]).mkdir(parents=True, exist_ok=True)
 start = time.perf_counter()
 core = BatchNoise(load_policy(write_policy(Path(sys.argv[1]), levels=(0, 1, 2), n_classes=32_000)),
                   key=bytes(range(32)))
@@ -264,14 +265,20 @@ print(json.dumps({"built": built, "compiled": compiled, "times": times}))
 
 
 def test_servers_build_the_kernel_at_start_and_the_first_request_is_as_fast_as_the_tenth(tmp_path):
-    cache = tmp_path / "cache"
-    proc = subprocess.run([sys.executable, "-c", FIRST_REQUEST, str(tmp_path)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "CALIBER_KERNEL_CACHE": str(cache)})
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)
-    assert len(result["compiled"]) == 1  # built (compiled into an empty cache) by the constructor
-    first, tenth = result["times"][0], result["times"][9]
-    steady = max(tenth, sorted(result["times"][1:])[4])  # the tenth, or the median of the rest if it was lucky
-    # A compile takes a second or more; the margin covers the timer's noise on a loaded machine.
-    assert first <= 1.5 * steady + 0.01, result["times"]
+    # A compile on the first request would cost a second or more in every fresh process; the margin and the
+    # three tries absorb a timer that another process's burst can stretch on a loaded machine.
+    seen = []
+    for attempt in range(3):
+        cache = tmp_path / f"cache{attempt}"
+        proc = subprocess.run([sys.executable, "-c", FIRST_REQUEST, str(tmp_path / f"p{attempt}")], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(ROOT), "CALIBER_KERNEL_CACHE": str(cache)})
+        assert proc.returncode == 0, proc.stderr
+        result = json.loads(proc.stdout)
+        assert len(result["compiled"]) == 1  # built (compiled into an empty cache) by the constructor
+        first, tenth = result["times"][0], result["times"][9]
+        steady = max(tenth, sorted(result["times"][1:])[4])  # the tenth, or the median of the rest if it was lucky
+        seen.append(result["times"])
+        if first <= 1.5 * steady + 0.01:
+            return
+    pytest.fail(f"the first request was slower than the tenth in three fresh processes: {seen}")
