@@ -142,9 +142,11 @@ class Perturber:
     Notes
     -----
     Noise is drawn in float64, added to the logits in float64 and rounded once
-    to the input dtype. A torch tensor's noise is drawn by torch on the
-    tensor's device (only 8 bytes a row of seed leave the host); the result has
-    the input's dtype and device and does not track gradients.
+    to the input dtype. A torch tensor's noise is made on the tensor's device
+    (only 8 bytes a row of seed leave the host): on the CPU by the fused kernel
+    of :mod:`.fused_noise`, which a per-input Perturber builds or loads when it
+    is constructed, elsewhere by torch's ops; the same bits either way. The
+    result has the input's dtype and device and does not track gradients.
     """
 
     def __init__(self, sigma, *, seeding: str = "per-input", key: bytes | None = None, generator=None):
@@ -350,7 +352,6 @@ class Perturber:
             noise = self.level_noise(digests, rows, n_classes, device=values.device)
             noise += rows
             from .keyed_noise_torch import round_once  # float16/bfloat16 rounded once, as numpy's float16
-
             return round_once(noise, values.dtype).reshape(values.shape)
         arr = np.asarray(logits)
         rows = arr.reshape(n_rows, n_classes)
@@ -440,7 +441,6 @@ class Perturber:
             noise *= self._sigma
             noise += values.reshape(n_rows, n_classes)
             from .keyed_noise_torch import round_once
-
             return round_once(noise, values.dtype).reshape(values.shape)
         noise = self._generator.standard_normal((n_rows, n_classes))
         noise *= self._sigma
