@@ -185,8 +185,11 @@ static void row_block(Job *job, int64_t r, int64_t c0, int64_t c1) {
         } else {
             memcpy(out + b0 * job->item, in + b0 * job->item, (size_t)n * job->item);
         }
-        if (served < job->n_levels)
-            for (int i = 0; i < n; i++) sink ^= as_u64(draw[i]);
+        /* Every row folds one buffer into the sink, the discarded draws or its own sum: the same work at
+         * every level (the top level included), and the discarded draws can never be optimized away. */
+        const double *fold = served < job->n_levels ? draw : sum;
+        if (job->n_levels > 0)
+            for (int i = 0; i < n; i++) sink ^= as_u64(fold[i]);
     }
     job->sink ^= sink;
 }
