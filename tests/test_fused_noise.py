@@ -176,6 +176,20 @@ def test_the_op_by_op_path_a_gpu_runs_gives_the_same_bits_for_every_dtype():
         assert np.array_equal(bits(got), reference(logits, seeds, increments)), dtype
 
 
+def test_the_fallback_serves_per_row_level_counts_with_the_kernels_bits(monkeypatch):
+    # What LevelNoise hands a device without the kernel (a GPU, or a CPU that could not build it).
+    rng = np.random.default_rng(11)
+    seeds = [rng.integers(0, 2**64 - 1, size=5, dtype=np.uint64, endpoint=True) for _ in range(3)]
+    served = [0, 1, 1, 3, 2]
+    for dtype in TORCH_DTYPES.values():
+        logits = (torch.from_numpy(rng.standard_normal((5, 700))) * 9).to(dtype)
+        want = fused(logits, seeds, [0.5, 1.0, 2.0], served=served)
+        with monkeypatch.context() as patched:
+            patched.setattr(fused_noise, "prepare", lambda: False)
+            got = keyed_noise_torch.add_keyed_noise(logits, seeds, [0.5, 1.0, 2.0], served=served)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), dtype
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_serves_numpys_bits_for_every_dtype():
     rng = np.random.default_rng(10)
