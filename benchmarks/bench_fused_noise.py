@@ -117,10 +117,10 @@ def levels(folder: Path, *, vocab: int, rows: int, repeats: int, device: str) ->
                        for level, values in times.items()}}
 
 
-def write_figure(result: dict, device: str) -> None:
+def write_figure(result: dict, device: str, name: str = "fused-noise") -> None:
     from figure_files import FigureFile
 
-    fig = FigureFile("fused-noise", "The served noise per row against torch.randn + add, and across levels")
+    fig = FigureFile(name, "The served noise per row against torch.randn + add, and across levels")
     where = f"on {device}" if device != "cpu" else f"on the CPU, {result['threads']} thread(s)"
     clock = ("this thread's CPU time (`time.thread_time`: the time other processes hold the cores is not "
              "counted, which a loaded machine needs)" if result["clock"] == "cpu" else "elapsed time")
@@ -164,6 +164,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch's threads, and the kernel's (default 1)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
                         help="cpu: this thread's CPU time (default; needs --threads 1); wall: elapsed time")
+    parser.add_argument("--figure", default="fused-noise", help="docs/figures/NAME.md (default fused-noise)")
     parser.add_argument("--no-figure", action="store_true", help="print only")
     args = parser.parse_args(argv)
     import torch
@@ -186,7 +187,7 @@ def main(argv=None) -> int:
         result["levels"] = levels(Path(tmp), vocab=128_000, rows=8, repeats=3 * args.repeats, device=args.device)
         print(json.dumps(result["levels"]), flush=True)
     if not args.no_figure:
-        write_figure(result, args.device)
+        write_figure(result, args.device, args.figure)
     return 0
 
 
