@@ -90,9 +90,9 @@ def test_every_row_makes_the_top_levels_draws(policy, monkeypatch):
     calls = []
     real = keyed_noise_torch.add_keyed_noise
 
-    def spy(block, seeds, increments):
+    def spy(block, seeds, increments, served=None):  # every row draws every level it is given seeds for
         calls.append((block.shape[0], len(seeds)))
-        return real(block, seeds, increments)
+        return real(block, seeds, increments, served=served)
 
     monkeypatch.setattr(keyed_noise_torch, "add_keyed_noise", spy)
     core = BatchNoise(policy, key=KEY)

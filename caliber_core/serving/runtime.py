@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import math
 import struct
+import sys
 
 import numpy as np
 
 from ..config import config_digest, load_config, sigma_to_serve
 from ..validation import check_key, check_sigma
-from . import keyed_noise
+from . import fused_noise, keyed_noise
 from .rows import check_request, encode_row_ids
 
 #: Every seeding a Perturber serves (the one list: the throttle and the extraction
@@ -141,9 +142,11 @@ class Perturber:
     Notes
     -----
     Noise is drawn in float64, added to the logits in float64 and rounded once
-    to the input dtype. A torch tensor's noise is drawn by torch on the
-    tensor's device (only 8 bytes a row of seed leave the host); the result has
-    the input's dtype and device and does not track gradients.
+    to the input dtype. A torch tensor's noise is made on the tensor's device
+    (only 8 bytes a row of seed leave the host): on the CPU by the fused kernel
+    of :mod:`.fused_noise`, which a per-input Perturber builds or loads when it
+    is constructed, elsewhere by torch's ops; the same bits either way. The
+    result has the input's dtype and device and does not track gradients.
     """
 
     def __init__(self, sigma, *, seeding: str = "per-input", key: bytes | None = None, generator=None):
@@ -176,6 +179,10 @@ class Perturber:
             raise TypeError(f"generator must be a numpy.random.Generator, got {type(generator).__name__}")
         # OS-seeded; SFC64 because it is numpy's fastest bit generator here.
         self._generator = generator if generator is not None else np.random.Generator(np.random.SFC64())
+        if seeding == "per-input":
+            fused_noise.prepare()  # built or loaded now, never on a request (warns once if it cannot be)
+            if "torch" in sys.modules:  # a server of tensors: the torch side is imported now, not on a request
+                from . import keyed_noise_torch  # noqa: F401
 
     @classmethod
     def from_config(cls, config, *, target: int = 0, seeding: str = "per-input", key: bytes | None = None,
@@ -344,7 +351,8 @@ class Perturber:
             rows = values.reshape(n_rows, n_classes)
             noise = self.level_noise(digests, rows, n_classes, device=values.device)
             noise += rows
-            return noise.reshape(values.shape).to(values.dtype)
+            from .keyed_noise_torch import round_once  # float16/bfloat16 rounded once, as numpy's float16
+            return round_once(noise, values.dtype).reshape(values.shape)
         arr = np.asarray(logits)
         rows = arr.reshape(n_rows, n_classes)
         noise = self.level_noise(digests, rows, n_classes)
@@ -432,7 +440,8 @@ class Perturber:
                                 device=values.device)
             noise *= self._sigma
             noise += values.reshape(n_rows, n_classes)
-            return noise.reshape(values.shape).to(values.dtype)
+            from .keyed_noise_torch import round_once
+            return round_once(noise, values.dtype).reshape(values.shape)
         noise = self._generator.standard_normal((n_rows, n_classes))
         noise *= self._sigma
         arr = np.asarray(logits)

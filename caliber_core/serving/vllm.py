@@ -204,6 +204,7 @@ class CaliberLogitsProcessor(_V1Base):
     def __init__(self, vllm_config, device=None, is_pin_memory: bool = False):
         self.core = core_from_environment()
         _check_engine(vllm_config, self.core)
+        self.core.warm_up(device)
         self.slots: dict[int, _Slot] = {}
 
     @classmethod
@@ -321,6 +322,7 @@ class CaliberLogitsProcessorV2(_V2Base):
     def __init__(self, vllm_config, req_states):
         self.core = core_from_environment()
         _check_engine(vllm_config, self.core)
+        self.core.warm_up(getattr(getattr(vllm_config, "device_config", None), "device", None))
         self.req_states = req_states
         self.levels: dict[int, int] = {}
         self.hashers: dict[int, tuple[PositionHasher, list]] = {}

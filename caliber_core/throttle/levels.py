@@ -122,6 +122,27 @@ class LevelNoise:
         self._draws_at = (0,) + tuple(sum(1 for position, _ in self._drawn if position <= p)
                                       for p in self.positions[1:])
 
+    def warm_up(self, device="cpu") -> None:
+        """Serve one throwaway request of two rows (level 0 and the top) on ``device``, when torch is loaded.
+
+        A server calls this when it is built: the first real request then pays no
+        module import, first-op setup or thread-pool start (on the CPU some 80 ms).
+
+        Parameters
+        ----------
+        device : str or torch.device, default "cpu"
+            Where the engine's logits will live.
+        """
+        import sys
+
+        if "torch" not in sys.modules:  # a numpy server: nothing to warm
+            return
+        import torch
+
+        logits = torch.zeros(2, self.n_classes, device=device)
+        ids = [b"caliber.warm-up\x00", b"caliber.warm-up\x01"] if self.seeding == "per-input" else None
+        self.serve(logits, ids, ((0, 1), (self.top, 1)), shadow=False)
+
     def serve(self, logits, ids, segments, *, shadow: bool):
         """``logits`` with each segment's rows at its level.
 
@@ -229,12 +250,14 @@ class LevelNoise:
         logits, rows, torch_in, seeds = prepared.logits, prepared.rows, prepared.torch_in, prepared.draws
         if self.seeding != "per-input":
             return self._assemble_draws(logits, rows, torch_in, seeds, segments, shadow)
-        if torch_in:
-            from ..serving.keyed_noise_torch import add_keyed_noise
-        else:
-            add_keyed_noise = keyed_noise.add_keyed_noise
         increments = [inc for _, inc in self._drawn]
         clean = shadow or all(level == 0 for level, _ in segments)
+        if torch_in:  # one pass: each row adds its level's draws and draws the rest (the fused kernel on the CPU)
+            from ..serving.keyed_noise_torch import add_keyed_noise
+
+            served = [0 if clean else self._draws_at[level] for level, n in segments for _ in range(n)]
+            return add_keyed_noise(rows, seeds, increments, served=served).reshape(logits.shape)
+        add_keyed_noise = keyed_noise.add_keyed_noise
         out = None if len(segments) == 1 and not clean else (rows.clone() if torch_in else rows.copy())
         start = 0
         for level, n in segments:
@@ -260,6 +283,8 @@ class LevelNoise:
         does not depend on the level, clean and shadow rows included.
         """
         values = logits.detach() if torch_in else np.asarray(logits)
+        if torch_in:
+            from ..serving.keyed_noise_torch import round_once
         clean = shadow or all(level == 0 for level, _ in segments)
         increments = [inc for _, inc in self._drawn]
         out = rows.clone() if torch_in else rows.copy()
@@ -274,7 +299,8 @@ class LevelNoise:
                 noise = term if noise is None else noise.__iadd__(term)
                 if i == k:
                     served = noise + rows[part]
-                    out[part] = served.to(values.dtype) if torch_in else served.astype(values.dtype, copy=False)
+                    out[part] = round_once(served, values.dtype) if torch_in else served.astype(values.dtype,
+                                                                                               copy=False)
         return out.reshape(values.shape)
 
 def check_servable(policy, *, key=None) -> bool:

@@ -117,6 +117,7 @@ class Throttle(AccountBook):
             from .grants import grant_key, policy_digest
 
             self._levels = LevelNoise(policy, key=key)
+            self._levels.warm_up()  # with torch loaded: its first ops and the fused kernel's first call, now
             self._grant_key, self._policy_digest = grant_key(key), policy_digest(policy)
         self._last_known = OrderedDict()
         self._outages = Outages(policy, now=self._now)

@@ -1,0 +1,239 @@
+/* The served keyed noise in one pass per block: SplitMix64 words -> the table's piecewise polynomial ->
+ * scale -> float64 sum of the levels -> plus the logit, rounded once to the logits' dtype.
+ *
+ * The same steps as caliber_core/serving/keyed_noise.py, so the same bits: every float step is one
+ * correctly rounded IEEE operation, built with -ffp-contract=off (no multiply and add fused into one
+ * rounding) and never with -ffast-math. Built and loaded by fused_noise.py; plain C, no Python or
+ * torch headers, so it compiles in about a second.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#define GAMMA 0x9E3779B97F4A7C15ULL
+#define M1 0xBF58476D1CE4E5B9ULL
+#define M2 0x94D049BB133111EBULL
+#define MASK52 ((1ULL << 52) - 1)
+#define SUB_BITS 6
+#define T_BITS (52 - SUB_BITS)
+#define MASK_T ((1ULL << T_BITS) - 1)
+#define FIRST_PIECE (1022ULL << SUB_BITS) /* a / 2 >= 1/2: biased exponent 1022 */
+#define N_PIECES (53 << SUB_BITS)
+#define DEGREE 4
+#define SIGN (1ULL << 63)
+#define BLOCK 256 /* columns per block: the sum and one draw stay in L1 */
+#define MAX_LEVELS 64
+#define KERNEL_ABI 1
+
+enum { DT_FLOAT64 = 0, DT_FLOAT32 = 1, DT_FLOAT16 = 2, DT_BFLOAT16 = 3 };
+
+static double coefficients[DEGREE + 1][N_PIECES]; /* one row per power, lowest first */
+uint64_t caliber_sink;                           /* what the discarded draws fold into: never elided */
+
+static inline double as_double(uint64_t u) { double d; memcpy(&d, &u, 8); return d; }
+static inline uint64_t as_u64(double d) { uint64_t u; memcpy(&u, &d, 8); return u; }
+static inline float as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t as_u32(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+int caliber_kernel_abi(void) { return KERNEL_ABI; }
+
+int caliber_set_table(const double *table, int64_t n_columns) {
+    /* table: (DEGREE + 1, n_columns) row-major, the first N_PIECES columns the positive half. */
+    if (n_columns < N_PIECES) return -1;
+    for (int p = 0; p <= DEGREE; p++) memcpy(coefficients[p], table + p * n_columns, sizeof(coefficients[p]));
+    return 0;
+}
+
+/* Step 4 of the derivation: the word's sign bit, and |x| from its low 52 bits. Horner with the
+ * positive half's coefficients, then the sign set: negating every coefficient negates each rounded
+ * step exactly, so this is numpy's gather from the negated half. */
+static inline double normal_of(uint64_t w) {
+    double half_a = as_double((w & MASK52) | 0x4330000000000000ULL) - 4503599627370495.5; /* 2^52 - 1/2 */
+    uint64_t bits = as_u64(half_a);
+    uint64_t piece = (bits >> T_BITS) - FIRST_PIECE;
+    double t = as_double((bits & MASK_T) | 0x4050000000000000ULL) - 64.0; /* exact */
+    double y = coefficients[4][piece];
+    y = y * t + coefficients[3][piece];
+    y = y * t + coefficients[2][piece];
+    y = y * t + coefficients[1][piece];
+    y = y * t + coefficients[0][piece];
+    return as_double(as_u64(y) ^ (w & SIGN));
+}
+
+static inline uint64_t mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * M1;
+    z = (z ^ (z >> 27)) * M2;
+    return z ^ (z >> 31);
+}
+
+void caliber_normals_from_words(const uint64_t *words, double *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = normal_of(words[i]);
+}
+
+/* Exact conversions to float64. */
+static inline float half_to_float(uint16_t h) { /* selects, not branches: the loop vectorizes */
+    uint32_t o = (uint32_t)(h & 0x7fff) << 13, exp = o & (0x7c00u << 13);
+    o += (127 - 15) << 23;
+    uint32_t inf = o + ((128 - 16) << 23);
+    uint32_t subnormal = as_u32(as_float(o + (1u << 23)) - as_float(113u << 23)); /* exact */
+    o = exp == 0x7c00u << 13 ? inf : exp == 0 ? subnormal : o;
+    return as_float(o | ((uint32_t)(h & 0x8000) << 16));
+}
+
+/* float64 -> float32 rounded to odd: with 24 bits, at least two more than float16's and bfloat16's
+ * significands, a round to nearest even from it is the one correct rounding of the float64. */
+static inline uint32_t to_odd_float(double d) {
+    float f = (float)d;
+    double back = f;
+    uint32_t bits = as_u32(f);
+    bits -= ((back > d) == (d > 0.0)) & (back != d); /* the rounding went away from zero: step back */
+    return bits | (back != d);
+}
+
+static inline uint16_t float_to_half(uint32_t x) { /* round to nearest even; no NaN reaches here */
+    uint32_t sign = x & 0x80000000u;
+    x ^= sign;
+    uint32_t subnormal = as_u32(as_float(x) + as_float(126u << 23)) - (126u << 23); /* the add rounds */
+    uint32_t normal = (x + ((uint32_t)(15 - 127) << 23) + 0xfff + ((x >> 13) & 1)) >> 13;
+    uint32_t o = x >= (127u + 16) << 23 ? 0x7c00 : x < 113u << 23 ? subnormal : normal; /* >= 65536: inf */
+    return (uint16_t)(o | (sign >> 16));
+}
+
+/* out[i] = sum[i] + in[i], rounded once to the dtype: one loop per dtype, so each vectorizes. */
+static void finish(const char *in, char *out, const double *sum, int n, int dtype) {
+    switch (dtype) {
+    case DT_FLOAT64:
+        for (int i = 0; i < n; i++) ((double *)out)[i] = sum[i] + ((const double *)in)[i];
+        break;
+    case DT_FLOAT32:
+        for (int i = 0; i < n; i++) ((float *)out)[i] = (float)(sum[i] + ((const float *)in)[i]);
+        break;
+    case DT_FLOAT16:
+        for (int i = 0; i < n; i++)
+            ((uint16_t *)out)[i] = float_to_half(to_odd_float(sum[i] + half_to_float(((const uint16_t *)in)[i])));
+        break;
+    default:
+        for (int i = 0; i < n; i++) {
+            uint32_t b = to_odd_float(sum[i] + as_float((uint32_t)((const uint16_t *)in)[i] << 16));
+            ((uint16_t *)out)[i] = (uint16_t)((b + 0x7fff + ((b >> 16) & 1)) >> 16);
+        }
+    }
+}
+
+/* float64 -> the dtype, rounded once (the conversions finish() makes, for tests). */
+void caliber_round_to(const double *in, void *out, int64_t n, int dtype) {
+    for (int64_t i = 0; i < n; i++) {
+        double d = in[i];
+        if (dtype == DT_FLOAT64) ((double *)out)[i] = d;
+        else if (dtype == DT_FLOAT32) ((float *)out)[i] = (float)d;
+        else if (dtype == DT_FLOAT16) ((uint16_t *)out)[i] = float_to_half(to_odd_float(d));
+        else {
+            uint32_t b = to_odd_float(d);
+            ((uint16_t *)out)[i] = (uint16_t)((b + 0x7fff + ((b >> 16) & 1)) >> 16);
+        }
+    }
+}
+
+/* The logits' dtype -> float64, exactly (for tests). */
+void caliber_widen(const void *in, double *out, int64_t n, int dtype) {
+    for (int64_t i = 0; i < n; i++) {
+        if (dtype == DT_FLOAT64) out[i] = ((const double *)in)[i];
+        else if (dtype == DT_FLOAT32) out[i] = ((const float *)in)[i];
+        else if (dtype == DT_FLOAT16) out[i] = half_to_float(((const uint16_t *)in)[i]);
+        else out[i] = as_float((uint32_t)((const uint16_t *)in)[i] << 16);
+    }
+}
+
+typedef struct {
+    const char *logits;
+    char *out;
+    int64_t logit_stride, out_stride; /* bytes between rows */
+    int64_t n_rows, n_classes;
+    int dtype, item, n_levels;
+    const uint64_t *seeds;     /* (n_levels, n_rows) */
+    const double *increments;  /* (n_levels,) */
+    const int32_t *served;     /* (n_rows,): how many levels each row adds; NULL: all */
+    int64_t start, stop;       /* this worker's elements of the flat (n_rows, n_classes) range */
+    uint64_t sink;
+} Job;
+
+/* One row's columns [c0, c1): every level is drawn; the first `served` are summed in level order,
+ * ((inc_1 xi_1 + inc_2 xi_2) + ...) + logit, rounded once; the rest fold into the sink. */
+static void row_block(Job *job, int64_t r, int64_t c0, int64_t c1) {
+    double sum[BLOCK], draw[BLOCK];
+    uint64_t counter[BLOCK];
+    const char *in = job->logits + r * job->logit_stride;
+    char *out = job->out + r * job->out_stride;
+    int served = job->served ? job->served[r] : job->n_levels;
+    uint64_t sink = 0;
+    for (int64_t b0 = c0; b0 < c1; b0 += BLOCK) {
+        int n = (int)(c1 - b0 < BLOCK ? c1 - b0 : BLOCK);
+        uint64_t c = (uint64_t)b0 * GAMMA;
+        for (int i = 0; i < n; i++, c += GAMMA) counter[i] = c;
+        for (int level = 0; level < job->n_levels; level++) {
+            uint64_t seed = job->seeds[(int64_t)level * job->n_rows + r];
+            double inc = job->increments[level];
+            double *target = level < served ? sum : draw;
+            if (level == 0 || level == served) {
+                for (int i = 0; i < n; i++) target[i] = normal_of(mix(seed + counter[i])) * inc;
+            } else {
+                for (int i = 0; i < n; i++) target[i] = target[i] + normal_of(mix(seed + counter[i])) * inc;
+            }
+        }
+        if (served > 0) {
+            finish(in + b0 * job->item, out + b0 * job->item, sum, n, job->dtype);
+        } else {
+            memcpy(out + b0 * job->item, in + b0 * job->item, (size_t)n * job->item);
+        }
+        /* Every row folds one buffer into the sink, the discarded draws or its own sum: the same work at
+         * every level (the top level included), and the discarded draws can never be optimized away. */
+        const double *fold = served < job->n_levels ? draw : sum;
+        if (job->n_levels > 0)
+            for (int i = 0; i < n; i++) sink ^= as_u64(fold[i]);
+    }
+    job->sink ^= sink;
+}
+
+static void *run_job(void *arg) {
+    Job *job = (Job *)arg;
+    int64_t k = job->n_classes;
+    for (int64_t e = job->start; e < job->stop;) {
+        int64_t r = e / k, c0 = e % k, c1 = k;
+        if (r * k + c1 > job->stop) c1 = job->stop - r * k;
+        row_block(job, r, c0, c1);
+        e = r * k + c1;
+    }
+    return NULL;
+}
+
+/* Returns 0, or -1 for arguments this kernel does not take (the caller checked them already). */
+int caliber_add_keyed_noise(const void *logits, int64_t logit_stride, void *out, int64_t out_stride,
+                            int64_t n_rows, int64_t n_classes, int dtype, const uint64_t *seeds,
+                            const double *increments, int n_levels, const int32_t *served, int n_threads) {
+    static const int items[] = {8, 4, 2, 2};
+    if (dtype < 0 || dtype > 3 || n_levels < 0 || n_levels > MAX_LEVELS || n_rows < 0 || n_classes < 1)
+        return -1;
+    int64_t total = n_rows * n_classes;
+    if (n_threads < 1) n_threads = 1;
+    if (n_threads > 64) n_threads = 64;
+    if (n_threads > total / 16384) n_threads = (int)(total / 16384) > 1 ? (int)(total / 16384) : 1;
+    Job jobs[64];
+    pthread_t threads[64];
+    int started[64] = {0};
+    for (int t = 0; t < n_threads; t++) {
+        Job job = {(const char *)logits, (char *)out, logit_stride, out_stride, n_rows, n_classes, dtype,
+                   items[dtype], n_levels, seeds, increments, served,
+                   total * t / n_threads, total * (t + 1) / n_threads, 0};
+        jobs[t] = job;
+    }
+    for (int t = 1; t < n_threads; t++) started[t] = pthread_create(&threads[t], NULL, run_job, &jobs[t]) == 0;
+    run_job(&jobs[0]);
+    uint64_t sink = jobs[0].sink;
+    for (int t = 1; t < n_threads; t++) {
+        if (started[t]) pthread_join(threads[t], NULL);
+        else run_job(&jobs[t]); /* no thread to be had: this one does the part */
+        sink ^= jobs[t].sink;
+    }
+    __atomic_fetch_xor(&caliber_sink, sink, __ATOMIC_RELAXED); /* an exported global: the draws are never elided */
+    return 0;
+}

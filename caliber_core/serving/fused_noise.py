@@ -1,0 +1,302 @@
+"""The served keyed noise as one compiled CPU kernel: numpy's bits, at the speed of ``torch.randn`` + add.
+
+:func:`caliber_core.serving.keyed_noise.add_keyed_noise` makes some 38 array
+passes per element and level; ``fused_noise.c`` makes the words, the normal
+transform, every level's draw, the scaling, the sum and the add in one pass
+over 256-column blocks that stay in L1, and rounds once to the logits' dtype
+(float16 and bfloat16 exactly, through a round-to-odd float32). Every float
+step is the reference's correctly rounded operation (built with
+``-ffp-contract=off``), so the output equals numpy's float64 reference bit for
+bit; a self-check against it runs whenever the kernel is loaded.
+
+The kernel is plain C (no Python or torch headers): the machine's C compiler
+builds it in about a second, once per source, flags and CPU, into a cache
+(``CALIBER_KERNEL_CACHE``, default ``~/.cache/caliber/kernels``), and later
+processes load the cached library. :func:`prepare` does that when a server is
+built (Perturber, throttle, vLLM processor), never on a request. Where it
+cannot be built or fails its self-check, :func:`prepare` warns once
+(:class:`FusedKernelWarning`, naming the cost) and serving falls back to the
+op-by-op path, which gives the same bits.
+
+No torch import here: callers pass raw pointers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from . import keyed_noise
+
+__all__ = ["DTYPE_CODES", "FusedKernelWarning", "FALLBACK_COST", "add_keyed_noise", "available",
+           "normals_from_words", "prepare", "round_to", "unavailable_reason", "widen"]
+
+SOURCE = Path(__file__).with_name("fused_noise.c")
+#: The kernel's dtype codes (fused_noise.c's DT_*), by numpy/torch dtype name.
+DTYPE_CODES = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3}
+#: Levels one call can add (fused_noise.c's MAX_LEVELS).
+MAX_LEVELS = 64
+_BITS = {"float64": np.uint64, "float32": np.uint32, "float16": np.uint16, "bfloat16": np.uint16}
+_ABI = 1
+# Without -ffp-contract=off a compiler may fuse y * t + c into one rounding (GCC does by default).
+_FLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-pthread")
+#: What serving costs without the kernel (benchmarks/bench_fused_noise.py, docs/figures/fused-noise.md).
+FALLBACK_COST = ("the op-by-op path: about 6x the time of torch.randn + add per row at K = 128,000 on the CPU, "
+                 "more with several levels")
+
+
+class FusedKernelWarning(RuntimeWarning):
+    """The fused kernel could not be built or loaded: tensors are served by the slower op-by-op path."""
+
+
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def _cpu_fingerprint() -> str:
+    """What the cached library was compiled for (-march=native): a cache shared between machines
+    must not hand one CPU another's instructions."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            lines = [line for line in handle if line.startswith(("flags", "model name", "Features", "CPU part"))]
+        text = "".join(sorted(set(lines)))
+    except OSError:
+        text = platform.processor()
+    return f"{platform.system()}-{platform.machine()}-{text}"
+
+
+def _cache_dir() -> Path:
+    configured = os.environ.get("CALIBER_KERNEL_CACHE")
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "caliber" / "kernels"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name.split()[0]):
+            return name
+    return None
+
+
+def _compile(compiler: str, target: Path) -> None:
+    """Build the library into ``target`` (atomically: a concurrent loader never sees half a file)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    errors = []
+    for arch in (("-march=native",), ()):  # a compiler without -march=native still builds it
+        fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        command = [*compiler.split(), *_FLAGS, *arch, "-o", partial, str(SOURCE)]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        if proc.returncode == 0:
+            os.replace(partial, target)
+            return
+        os.unlink(partial)
+        errors.append((proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"])
+    raise RuntimeError(f"{compiler} failed: {errors[-1][0]}")
+
+
+def _library_path(compiler: str) -> Path:
+    identity = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(_FLAGS).encode(), compiler.encode(), _cpu_fingerprint().encode(),
+                 sys.platform.encode()):
+        identity.update(hashlib.sha256(part).digest())
+    return _cache_dir() / f"fused_noise-{identity.hexdigest()[:24]}.so"
+
+
+def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
+    pointer, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    library.caliber_kernel_abi.restype = i32
+    library.caliber_set_table.argtypes, library.caliber_set_table.restype = [pointer, i64], i32
+    library.caliber_normals_from_words.argtypes = [pointer, pointer, i64]
+    library.caliber_normals_from_words.restype = None
+    for name in ("caliber_round_to", "caliber_widen"):
+        getattr(library, name).argtypes, getattr(library, name).restype = [pointer, pointer, i64, i32], None
+    library.caliber_add_keyed_noise.argtypes = [pointer, i64, pointer, i64, i64, i64, i32, pointer, pointer, i32,
+                                                pointer, i32]
+    library.caliber_add_keyed_noise.restype = i32
+    if library.caliber_kernel_abi() != _ABI:
+        raise RuntimeError(f"the library's ABI is {library.caliber_kernel_abi()}, expected {_ABI}")
+    table = np.ascontiguousarray(keyed_noise.table())
+    if library.caliber_set_table(table.ctypes.data, table.shape[1]) != 0:
+        raise RuntimeError("the library refused the coefficient table")
+    return library
+
+
+def _self_check(library: ctypes.CDLL) -> None:
+    """The loaded kernel against numpy's reference on words at the transform's seams and on a small
+    batch of every dtype: a compiler that fused or reordered a rounding is caught here, not in service."""
+    rng = np.random.default_rng(20261127)
+    words = np.concatenate([rng.integers(0, 2**64 - 1, size=4096, dtype=np.uint64, endpoint=True),
+                            np.array([0, (1 << 52) - 1, 1 << 63, (1 << 64) - 1, 1 << 51], dtype=np.uint64)])
+    want = keyed_noise.normals_from_words(words).view(np.uint64)
+    if not np.array_equal(_normals(library, words).view(np.uint64), want):
+        raise RuntimeError("the compiled transform differs from numpy's reference")
+    seeds = rng.integers(0, 2**64 - 1, size=(3, 3), dtype=np.uint64, endpoint=True)
+    increments = np.array([0.5, 0.75, 1.25])
+    logits = rng.standard_normal((3, 1000)) * 8
+    for name in ("float64", "float32", "float16"):
+        rows = logits.astype(name)
+        want = keyed_noise.add_keyed_noise(rows, list(seeds), list(increments))
+        got = np.empty_like(rows)
+        _call(library, rows.ctypes.data, rows.strides[0], got.ctypes.data, got.strides[0], rows.shape, name,
+              seeds, increments, None, 1)
+        if not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
+            raise RuntimeError(f"the compiled kernel differs from numpy's reference on {name} logits")
+
+
+def _normals(library, words: np.ndarray) -> np.ndarray:
+    words = np.ascontiguousarray(words, dtype=np.uint64)
+    out = np.empty(words.shape, dtype=np.float64)
+    library.caliber_normals_from_words(words.ctypes.data, out.ctypes.data, words.size)
+    return out
+
+
+def _call(library, logits_ptr, logit_stride, out_ptr, out_stride, shape, dtype_name, seeds, increments, served,
+          n_threads) -> None:
+    seeds = np.ascontiguousarray(seeds, dtype=np.uint64)
+    increments = np.ascontiguousarray(increments, dtype=np.float64)
+    served_ptr = None
+    if served is not None:
+        served = np.ascontiguousarray(served, dtype=np.int32)
+        served_ptr = served.ctypes.data
+    status = library.caliber_add_keyed_noise(
+        logits_ptr, logit_stride, out_ptr, out_stride, shape[0], shape[1], DTYPE_CODES[dtype_name],
+        seeds.ctypes.data, increments.ctypes.data, increments.shape[0], served_ptr, n_threads)
+    if status != 0:
+        raise ValueError(f"the fused kernel refused its arguments: shape {shape}, dtype {dtype_name}, "
+                         f"{increments.shape[0]} levels")
+
+
+def _load() -> ctypes.CDLL:
+    if os.environ.get("CALIBER_FUSED_KERNEL", "").lower() in ("0", "off", "no"):
+        raise RuntimeError("CALIBER_FUSED_KERNEL is off")
+    compiler = _compiler()
+    cached = _library_path(compiler or "none")
+    if not cached.exists():
+        if compiler is None:
+            raise RuntimeError("no C compiler found (set CC, or install gcc or clang)")
+        _compile(compiler, cached)
+    library = _bind(ctypes.CDLL(str(cached)))
+    _self_check(library)
+    return library
+
+
+def prepare() -> bool:
+    """Build or load the kernel now (once per process); warn once and return False where it cannot be.
+
+    Servers call this when they are built, so no request waits for a compiler.
+
+    Returns
+    -------
+    bool
+        Whether tensors are served by the fused kernel.
+
+    Warns
+    -----
+    FusedKernelWarning
+        Once per process: the kernel is not available (the reason, and :data:`FALLBACK_COST`).
+    """
+    with _lock:
+        if "library" not in _state:
+            try:
+                _state["library"], _state["reason"] = _load(), None
+            except Exception as exc:  # any failure to build, load or self-check: the slower path serves
+                _state["library"], _state["reason"] = None, f"{type(exc).__name__}: {exc}"
+                warnings.warn(f"caliber's fused noise kernel is unavailable ({_state['reason']}); "
+                              f"torch tensors are served by {FALLBACK_COST}", FusedKernelWarning, stacklevel=2)
+    return _state["library"] is not None
+
+
+def available() -> bool:
+    """Whether :func:`prepare` loaded the kernel (False before it was called)."""
+    return _state.get("library") is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernel is not served (None when it is, or before :func:`prepare`)."""
+    return _state.get("reason")
+
+
+def normals_from_words(words) -> np.ndarray:
+    """Step 4 of the derivation in the compiled kernel (for tests against numpy's).
+
+    Returns
+    -------
+    ndarray of the words' shape, float64
+    """
+    words = np.asarray(words, dtype=np.uint64)
+    return _normals(_library(), words.reshape(-1)).reshape(words.shape)
+
+
+def _library():
+    if not prepare():
+        raise RuntimeError(f"the fused kernel is unavailable: {unavailable_reason()}")
+    return _state["library"]
+
+
+def round_to(values, dtype_name: str) -> np.ndarray:
+    """float64 values rounded once to ``dtype_name`` by the kernel's conversion, as raw bits (for tests).
+
+    Returns
+    -------
+    ndarray of uint64 (float64), uint32 (float32) or uint16 (float16, bfloat16)
+    """
+    values = np.ascontiguousarray(values, dtype=np.float64).reshape(-1)
+    out = np.empty(values.size, dtype=_BITS[dtype_name])
+    _library().caliber_round_to(values.ctypes.data, out.ctypes.data, values.size, DTYPE_CODES[dtype_name])
+    return out
+
+
+def widen(bits, dtype_name: str) -> np.ndarray:
+    """Raw bits of ``dtype_name`` as float64 by the kernel's conversion (for tests).
+
+    Returns
+    -------
+    ndarray of float64
+    """
+    bits = np.ascontiguousarray(bits, dtype=_BITS[dtype_name]).reshape(-1)
+    out = np.empty(bits.size, dtype=np.float64)
+    _library().caliber_widen(bits.ctypes.data, out.ctypes.data, bits.size, DTYPE_CODES[dtype_name])
+    return out
+
+
+def add_keyed_noise(logits_ptr: int, logit_stride: int, out_ptr: int, out_stride: int, shape, dtype_name: str,
+                    seeds, increments, served=None, *, n_threads: int = 1) -> None:
+    """``out = logits + sum_i increments[i] * xi_i`` rounded once, for raw row-major CPU buffers.
+
+    Parameters
+    ----------
+    logits_ptr, out_ptr : int
+        Addresses of (n_rows, n_classes) buffers whose rows are contiguous.
+    logit_stride, out_stride : int
+        Bytes from one row to the next.
+    shape : (int, int)
+        (n_rows, n_classes).
+    dtype_name : {"float64", "float32", "float16", "bfloat16"}
+        Both buffers' dtype.
+    seeds : array_like of shape (n_levels, n_rows), uint64
+        Row seeds of each drawn level (:func:`keyed_noise.row_seeds`).
+    increments : array_like of shape (n_levels,)
+        The levels' scales, in the order they are summed.
+    served : array_like of shape (n_rows,), optional
+        How many of the levels each row adds (0: the row is copied); the rest
+        are drawn all the same and discarded, so a row's time does not depend
+        on it. Default: all.
+    n_threads : int, default 1
+        Threads to split a large batch over (each takes at least 16,384 elements).
+    """
+    _call(_library(), logits_ptr, logit_stride, out_ptr, out_stride, shape, dtype_name, seeds, increments,
+          served, n_threads)
