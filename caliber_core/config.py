@@ -172,20 +172,98 @@ def load_config(source) -> Config:
             text = raw.decode("utf-8", errors="replace")
         else:
             raise ConfigError(f"config must be a path, JSON text or a dict, got {type(source).__name__}")
-        too_deep = False
-        try:
-            config = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"config is not valid JSON (line {exc.lineno}: {exc.msg})") from None
-        except RecursionError:  # the parser stops at the interpreter's recursion limit
-            too_deep = True
-        if too_deep or nested_deeper(config, MAX_DEPTH):
-            raise ConfigError(f"config JSON is nested {json_depth(text)} levels deep; "
-                              f"a config nests at most {MAX_DEPTH}")
+        config = _parse_json(text)
+    return _validated(config)
+
+
+def config_from_text(text: str) -> Config:
+    """Parse and validate a config held as JSON text; the text is never taken for a path.
+
+    Parameters
+    ----------
+    text : str
+        The config's JSON text (what a file holds).
+
+    Returns
+    -------
+    Config
+
+    Raises
+    ------
+    ConfigError
+        Not a str, too large, not JSON (a path is refused like any other text
+        that is not JSON), nested too deep, or a config that breaks the schema.
+    """
+    if not isinstance(text, str):
+        raise ConfigError(f"config text must be a str, got {type(text).__name__}")
+    _check_config_size(len(text), "config")
+    return _validated(_parse_json(text))
+
+
+def config_from_bytes(raw: bytes) -> Config:
+    """Parse and validate an uploaded config from its bytes; they are never taken for a path.
+
+    The dashboard's one entry point for config uploads: whatever the bytes
+    hold (a server path included), only they are read, and the refusal of text
+    that is not a config depends on that text alone, never on what exists on
+    the server.
+
+    Parameters
+    ----------
+    raw : bytes
+        The uploaded file's bytes (UTF-8 JSON).
+
+    Returns
+    -------
+    Config
+
+    Raises
+    ------
+    ConfigError
+        Too large, not UTF-8, not JSON, nested too deep, or a config that breaks the schema.
+    """
+    if not isinstance(raw, (bytes, bytearray, memoryview)):
+        raise ConfigError(f"config bytes must be bytes, got {type(raw).__name__}")
+    raw = bytes(raw)
+    _check_config_size(len(raw), "config")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config is not UTF-8 text (invalid byte at offset {exc.start})") from None
+    return _validated(_parse_json(text))
+
+
+def _parse_json(text: str):
+    """JSON text parsed with the depth and integer-length guards; ConfigError in one line otherwise."""
+    too_deep = False
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"config is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except RecursionError:  # the parser stops at the interpreter's recursion limit
+        too_deep = True
+    except ValueError as exc:  # an integer of more digits than int() converts (sys.int_info)
+        raise ConfigError(f"config is not valid JSON ({_first_clause(exc)})") from None
+    if too_deep or nested_deeper(config, MAX_DEPTH):
+        raise ConfigError(f"config JSON is nested {json_depth(text)} levels deep; "
+                          f"a config nests at most {MAX_DEPTH}")
+    return config
+
+
+def _first_clause(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text.split(";")[0][:120] or type(exc).__name__
+
+
+def _validated(config) -> Config:
     if isinstance(config, Mapping) and config.get("schema") == SCHEMA_V1:
         config = _upgrade_v1(config)
     validate_config(config)
-    text = json.dumps(_clean(config), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    try:
+        text = json.dumps(_clean(config), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                          allow_nan=False)
+    except (ValueError, TypeError, RecursionError) as exc:  # e.g. NaN in a field validation does not read
+        raise ConfigError(f"config holds a value JSON cannot write ({_first_clause(exc)})") from None
     return Config(config, hashlib.sha256(text.encode("ascii")).hexdigest())
 
 
