@@ -51,8 +51,10 @@ def demo_archives() -> dict[str, ExtractionArchive]:
 
 
 def archive_from_upload(content: bytes, name: str) -> ExtractionArchive:
-    """An uploaded archive (raises LogitsFileError with one line when it lacks inputs)."""
-    return load_archive_bytes(content, name)
+    """An uploaded archive under the dashboard's element limit (LogitsFileError, one line, otherwise)."""
+    from caliber_dashboard.common.upload_boundary import max_elements
+
+    return load_archive_bytes(content, name, max_elements=max_elements())
 
 
 # ------------------------------------------------------------------------------ cached runs

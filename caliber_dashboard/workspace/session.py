@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from caliber_core.loading import LogitsData, LogitsFileError, load_logits_bytes
+from caliber_core.loading import LogitsData
+from caliber_dashboard.common import upload_boundary as boundary
 
 from . import settings
 from .sqlite_store import SQLiteStore
@@ -174,8 +175,8 @@ def restore_uploads() -> Restored:
     for record in records:
         try:
             out.models.append(_load_record(record))
-        except (*STORE_ERRORS, LogitsFileError) as exc:
-            out.warnings.append(f"Skipped stored file {record.filename}: {_one_line(exc)}")
+        except Exception as exc:  # noqa: BLE001  (one line per stored file, never a traceback)
+            out.warnings.append(f"Skipped stored file {record.filename}: {boundary.message(exc)}")
     return out
 
 
@@ -190,9 +191,9 @@ def _load_record(record: UploadRecord) -> LogitsData:
     content = st_store.read_blob(record.blob)
     labels = st_store.read_blob(record.labels_blob) if record.labels_blob else None
     # read_blob refused the bytes unless their sha256 is record.blob: hashed once, not twice
-    data = load_logits_bytes(content, record.filename, labels_content=labels,
-                             labels_filename=record.labels_filename if labels else None,
-                             sha256=record.blob)
+    data = boundary.load_logits(content, record.filename, labels_content=labels,
+                                labels_filename=record.labels_filename if labels else None,
+                                sha256=record.blob)
     _parsed().put(key, data)
     return data
 
