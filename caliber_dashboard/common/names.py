@@ -22,7 +22,7 @@ import re
 
 import pandas as pd
 
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~<>$:&\"'=^])")
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~<>$:&])")
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 _FILE_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
