@@ -8,7 +8,7 @@ One helper per place a name lands:
 * :func:`plotly_text` -- in a Plotly label (legend, trace name, hover, title),
   which Plotly reads as a small subset of HTML: ``<``, ``>`` and ``&`` become
   entities, so ``<a href>`` and ``<b>`` show as text;
-* :func:`csv_cell` / :func:`csv_safe` -- in a CSV download: a cell that a
+* :func:`csv_cell` / :func:`csv_safe` / :func:`csv_text` -- in a CSV download: a cell that a
   spreadsheet would run as a formula (it starts with ``=``, ``+``, ``-``, ``@``,
   a tab or a carriage return) gets a leading ``'``;
 * :func:`file_stem` -- in a download's file name: letters, digits, ``.``, ``_``
@@ -17,6 +17,7 @@ One helper per place a name lands:
 
 from __future__ import annotations
 
+import csv
 import html
 import re
 
@@ -78,6 +79,18 @@ def csv_safe(df: pd.DataFrame) -> pd.DataFrame:
             out[column] = out[column].map(csv_cell)
     out.columns = [csv_cell(str(c)) for c in out.columns]
     return out
+
+
+def csv_text(df: pd.DataFrame) -> str:
+    """``df`` as CSV text for a download: :func:`csv_safe` cells, every text field quoted.
+
+    Quoting every text field keeps a carriage return or a comma inside a name in its cell.
+
+    Returns
+    -------
+    str
+    """
+    return csv_safe(df).to_csv(index=False, quoting=csv.QUOTE_NONNUMERIC)
 
 
 def file_stem(name, *, default: str = "model") -> str:

@@ -81,7 +81,7 @@ def target_control(data: LogitsData, cal: Calibration, *, key_prefix: str,
 
 def csv_download(df: pd.DataFrame, *, label: str, file_name: str, key: str) -> None:
     """A CSV download of ``df``; text cells that a spreadsheet would run as formulas are neutralized."""
-    st.download_button(label, data=names.csv_safe(df).to_csv(index=False).encode(), file_name=file_name,
+    st.download_button(label, data=names.csv_text(df).encode(), file_name=file_name,
                        mime="text/csv", key=key, on_click="ignore", icon=":material/download:")
 
 
