@@ -93,3 +93,15 @@ def test_pages_show_a_hostile_model_name_as_text():
     assert not at.exception
     loaded = [s.value for s in at.success if "queries" in s.value]
     assert loaded and "\\!\\[i\\]" in loaded[0] and "![i](" not in loaded[0]
+
+
+def test_the_policy_names_its_config_file_as_export_does():
+    raw = '../../../../etc/caliber/x" y=".html'
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.run()
+    at.file_uploader(key="upload_logits").set_value(("p.npz", _npz(raw, inputs=False),
+                                                     "application/octet-stream")).run()
+    at.switch_page("pages/policy.py").run()
+    assert not at.exception and not at.error
+    doc = json.loads([c.value for c in at.code if '"caliber.policy/v1"' in c.value][0])
+    assert doc["config"]["path"] == f"{names.file_stem(raw)}.caliber.json" == "etc_caliber_x_y_.html.caliber.json"
