@@ -153,3 +153,30 @@ def test_the_data_page_refuses_the_expanded_pt_in_one_line_and_keeps_nothing():
     errors = [e.value.replace("\\", "") for e in at.error]
     assert len(errors) == 1 and errors[0].startswith("expanded.pt: logits shape (30000, 1000)"), errors
     assert dict(at.session_state[state.MODELS]) == before
+
+
+def test_a_visitor_holds_at_most_the_session_budget(monkeypatch):
+    """Many small uploads cannot add up past CALIBER_VISITOR_MAX_ELEMENTS: the next is refused, nothing stored."""
+    from streamlit.testing.v1 import AppTest
+
+    from caliber_dashboard.common import state
+
+    def npz(seed):
+        rng = np.random.default_rng(seed)
+        buf = io.BytesIO()
+        np.savez(buf, logits=rng.normal(size=(300, 5)), labels=rng.integers(0, 5, 300))
+        return buf.getvalue()
+
+    demo = sum(d.logits.size for d in state.demo_models())
+    monkeypatch.setenv(upload_boundary.MAX_ELEMENTS_ENV, "2000")
+    monkeypatch.setenv(upload_boundary.VISITOR_MAX_ELEMENTS_ENV, str(demo + 2 * 1500 + 100))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    for seed in (1, 2):
+        at.file_uploader(key="upload_logits").set_value((f"m{seed}.npz", npz(seed), "application/octet-stream")).run()
+    assert not at.exception and len(at.session_state[state.MODELS]) == len(state.demo_models()) + 2
+    at.file_uploader(key="upload_logits").set_value(("m3.npz", npz(3), "application/octet-stream")).run()
+    errors = [e.value.replace("\\", "") for e in at.error]
+    assert len(errors) == 1 and errors[0].startswith("m3.npz: 1,500 values would bring") and "\n" not in errors[0]
+    assert len(at.session_state[state.MODELS]) == len(state.demo_models()) + 2
+    assert upload_boundary.visitor_max_elements({}) == 40_000_000

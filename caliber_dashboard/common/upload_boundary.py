@@ -6,6 +6,9 @@
   core's readers before anything of that size is allocated.
   ``CALIBER_UPLOAD_MAX_ELEMENTS`` sets it (default 10,000,000: 80 MB as float64);
   it never exceeds the core's own default for this machine.
+* :func:`visitor_max_elements` -- the most values one session's models hold together
+  (``CALIBER_VISITOR_MAX_ELEMENTS``, default 40,000,000: 320 MB as float64); an upload
+  or a restored file past it is refused by :func:`check_visitor_budget`.
 * :func:`load_logits` / :func:`read_labels` -- the core's loaders on uploaded
   bytes, under that limit.
 * :func:`message` -- the one line a page shows for any error raised while a
@@ -24,6 +27,8 @@ from caliber_core.loading.safety import RAISE_LIMIT
 
 MAX_ELEMENTS_ENV = "CALIBER_UPLOAD_MAX_ELEMENTS"
 DEFAULT_UPLOAD_MAX_ELEMENTS = 10_000_000
+VISITOR_MAX_ELEMENTS_ENV = "CALIBER_VISITOR_MAX_ELEMENTS"
+DEFAULT_VISITOR_MAX_ELEMENTS = 40_000_000
 MESSAGE_MAX_CHARS = 400
 _DASHBOARD_LIMIT = f"the server's {MAX_ELEMENTS_ENV} sets the limit"
 
@@ -46,6 +51,37 @@ def max_elements(environ: Mapping[str, str] = os.environ) -> int:
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"{MAX_ELEMENTS_ENV} must be a positive integer, got {text[:40]!r}")
     return min(int(text), DEFAULT_MAX_ELEMENTS)
+
+
+def visitor_max_elements(environ: Mapping[str, str] = os.environ) -> int:
+    """The most values one session's models may hold together: ``CALIBER_VISITOR_MAX_ELEMENTS``
+    or 40,000,000 (320 MB as float64), and never less than one upload's limit.
+
+    Raises
+    ------
+    ValueError
+        The variable is set but not a positive integer.
+    """
+    text = environ.get(VISITOR_MAX_ELEMENTS_ENV, "").strip().replace("_", "")
+    if text and (not text.isdigit() or int(text) < 1):
+        raise ValueError(f"{VISITOR_MAX_ELEMENTS_ENV} must be a positive integer, got {text[:40]!r}")
+    return max(int(text) if text else DEFAULT_VISITOR_MAX_ELEMENTS, max_elements(environ))
+
+
+def check_visitor_budget(held: int, data: LogitsData, filename: str) -> None:
+    """Refuse ``data`` when the session already holds ``held`` values and it would pass the budget.
+
+    Raises
+    ------
+    LogitsFileError
+        One line naming the file, what it adds and the budget.
+    """
+    budget = visitor_max_elements()
+    if held + data.logits.size > budget:
+        raise LogitsFileError(
+            f"{' '.join(str(filename).split())[:120]}: {data.logits.size:,} values would bring this workspace's "
+            f"models to {held + data.logits.size:,}, more than the {budget:,} one visitor may hold; "
+            "remove a model on the Data page first")
 
 
 def load_logits(content: bytes, filename: str, **kwargs) -> LogitsData:

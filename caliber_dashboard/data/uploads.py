@@ -158,6 +158,7 @@ def _load_one(upload, labels_upload, *, n_labels: int | None = None) -> dict | N
             data = boundary.load_logits(content, upload.name, labels_content=labels_upload.getvalue(),
                                         labels_filename=labels_upload.name, sha256=data.sha256)
         if state.is_new(data):
+            boundary.check_visitor_budget(state.held_elements(besides=data.sha256), data, upload.name)
             _store(upload.name, content, labels, data)
     except Exception as exc:  # noqa: BLE001  (the one error boundary: one line, never a traceback)
         return {"messages": [_refused(exc, upload.name)], "used_labels": labels is not None}
