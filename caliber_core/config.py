@@ -5,9 +5,11 @@ that reads a config never loads the calibration numerics.
 
 * :class:`TargetRecord` -- one target and the sigma that serves it (module ``target_record``, re-exported).
 * ``caliber.config/v2`` -- the JSON schema (README.md, section "Config JSON"),
-  validated by :func:`validate_config`; :func:`load_config`,
+  validated by :func:`validate_config` (field rules in :mod:`.config_schema`);
+  :func:`load_config`, :func:`config_from_text`, :func:`config_from_bytes`,
   :func:`save_config` and :func:`config_to_json` read and write it, and are
-  the only code that parses config JSON. ``caliber.config/v1`` files still
+  the only code that parses config JSON. An upload goes through
+  :func:`config_from_bytes`, which never reads its content as a path. ``caliber.config/v1`` files still
   load: they are upgraded in memory (``side="point"``, ``interval=None``).
 * :func:`sigma_to_serve` -- the sigma a serving process uses for one target.
 * :func:`config_digest` -- a config's identity, which keyed serving noise binds.
@@ -33,6 +35,8 @@ import os
 import warnings
 from collections.abc import Mapping
 
+from .config_schema import (  # noqa: F401  (re-exported: the schema's names are the config's)
+    ConfigError, check_document, is_number, largest_sigma_measured)
 from .frozen_json import FrozenDict, frozen, json_depth, nested_deeper, refuse
 from .target_record import (  # noqa: F401  (re-exported: the config's public names)
     CALIBRATED_KINDS, CERTIFIED_LEVEL, SIDES, TARGET_KINDS, TargetRecord, inversion_of_method, plain_values)
@@ -40,20 +44,12 @@ from .target_record import (  # noqa: F401  (re-exported: the config's public na
 SCHEMA = "caliber.config/v2"
 SCHEMA_V1 = "caliber.config/v1"
 SCHEMAS = (SCHEMA, SCHEMA_V1)
-
-_REQUIRED = ("schema", "model", "n_classes", "n_samples", "statistic", "scale", "fit", "targets")
-_TARGET_REQUIRED = ("kind", "accuracy", "retention", "v", "sigma")
-_INTERVAL_QUANTITIES = ("accuracy", "retention", "agreement")
 #: Deepest nesting a config may have (real ones nest 4 levels); deeper JSON is refused
 #: before parsing, which would otherwise exhaust the interpreter's recursion limit.
 MAX_DEPTH = 32
 #: Largest config read (file, text or bytes), checked before parsing: a calibrated config is a few
 #: kilobytes, a drift reference with every sigma a few hundred.
 MAX_CONFIG_BYTES = 4 << 20
-
-
-class ConfigError(ValueError):
-    """A config file or dict that does not follow the schema (a ValueError naming the field and value)."""
 
 
 class SaturatedTargetWarning(UserWarning):
@@ -172,20 +168,98 @@ def load_config(source) -> Config:
             text = raw.decode("utf-8", errors="replace")
         else:
             raise ConfigError(f"config must be a path, JSON text or a dict, got {type(source).__name__}")
-        too_deep = False
-        try:
-            config = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"config is not valid JSON (line {exc.lineno}: {exc.msg})") from None
-        except RecursionError:  # the parser stops at the interpreter's recursion limit
-            too_deep = True
-        if too_deep or nested_deeper(config, MAX_DEPTH):
-            raise ConfigError(f"config JSON is nested {json_depth(text)} levels deep; "
-                              f"a config nests at most {MAX_DEPTH}")
+        config = _parse_json(text)
+    return _validated(config)
+
+
+def config_from_text(text: str) -> Config:
+    """Parse and validate a config held as JSON text; the text is never taken for a path.
+
+    Parameters
+    ----------
+    text : str
+        The config's JSON text (what a file holds).
+
+    Returns
+    -------
+    Config
+
+    Raises
+    ------
+    ConfigError
+        Not a str, too large, not JSON (a path is refused like any other text
+        that is not JSON), nested too deep, or a config that breaks the schema.
+    """
+    if not isinstance(text, str):
+        raise ConfigError(f"config text must be a str, got {type(text).__name__}")
+    _check_config_size(len(text), "config")
+    return _validated(_parse_json(text))
+
+
+def config_from_bytes(raw: bytes) -> Config:
+    """Parse and validate an uploaded config from its bytes; they are never taken for a path.
+
+    The dashboard's one entry point for config uploads: whatever the bytes
+    hold (a server path included), only they are read, and the refusal of text
+    that is not a config depends on that text alone, never on what exists on
+    the server.
+
+    Parameters
+    ----------
+    raw : bytes
+        The uploaded file's bytes (UTF-8 JSON).
+
+    Returns
+    -------
+    Config
+
+    Raises
+    ------
+    ConfigError
+        Too large, not UTF-8, not JSON, nested too deep, or a config that breaks the schema.
+    """
+    if not isinstance(raw, (bytes, bytearray, memoryview)):
+        raise ConfigError(f"config bytes must be bytes, got {type(raw).__name__}")
+    raw = bytes(raw)
+    _check_config_size(len(raw), "config")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config is not UTF-8 text (invalid byte at offset {exc.start})") from None
+    return _validated(_parse_json(text))
+
+
+def _parse_json(text: str):
+    """JSON text parsed with the depth and integer-length guards; ConfigError in one line otherwise."""
+    too_deep = False
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"config is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except RecursionError:  # the parser stops at the interpreter's recursion limit
+        too_deep = True
+    except ValueError as exc:  # an integer of more digits than int() converts (sys.int_info)
+        raise ConfigError(f"config is not valid JSON ({_first_clause(exc)})") from None
+    if too_deep or nested_deeper(config, MAX_DEPTH):
+        raise ConfigError(f"config JSON is nested {json_depth(text)} levels deep; "
+                          f"a config nests at most {MAX_DEPTH}")
+    return config
+
+
+def _first_clause(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text.split(";")[0][:120] or type(exc).__name__
+
+
+def _validated(config) -> Config:
     if isinstance(config, Mapping) and config.get("schema") == SCHEMA_V1:
         config = _upgrade_v1(config)
     validate_config(config)
-    text = json.dumps(_clean(config), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    try:
+        text = json.dumps(_clean(config), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                          allow_nan=False)
+    except (ValueError, TypeError, RecursionError) as exc:  # e.g. NaN in a field validation does not read
+        raise ConfigError(f"config holds a value JSON cannot write ({_first_clause(exc)})") from None
     return Config(config, hashlib.sha256(text.encode("ascii")).hexdigest())
 
 
@@ -231,15 +305,11 @@ def _sweep_end(config: Mapping, index: int) -> tuple[float, float]:
     sweep = config.get("sweep")
     v_max = sweep.get("v_max") if isinstance(sweep, Mapping) else None
     scale = config.get("scale")
-    if not (_is_number(v_max) and v_max > 0 and _is_number(scale) and scale > 0):
+    if not (is_number(v_max) and v_max > 0 and is_number(scale) and scale > 0):
         raise ConfigError(f"targets[{index}] is saturated with sigma null, and the config has no "
                           f"sweep.v_max and scale to recover the largest sigma swept from")
     # sigma = S sqrt(v) (margins.sigma_from_v), computed here without the calibration package.
     return float(v_max), float(scale) * math.sqrt(v_max)
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 def validate_config(config) -> None:
@@ -258,102 +328,7 @@ def validate_config(config) -> None:
     if schema != SCHEMA:
         hint = " (load_config upgrades v1)" if schema == SCHEMA_V1 else ""
         raise ConfigError(f"config schema must be {SCHEMA!r}, got {schema!r}{hint}")
-    missing = [k for k in _REQUIRED if k not in config]
-    if missing:
-        raise ConfigError(f"config is missing field(s): {', '.join(missing)}")
-    scale = config["scale"]
-    if not (_is_number(scale) and math.isfinite(scale) and scale > 0):
-        raise ConfigError(f"config scale must be a positive number, got {scale!r}")
-    for name, least in (("n_classes", 2), ("n_samples", 1)):
-        n = config[name]
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < least:
-            raise ConfigError(f"config {name} must be an integer >= {least}, got {n!r}")
-    if not isinstance(config["targets"], list):
-        raise ConfigError("config field 'targets' must be a list")
-    largest = largest_sigma_measured(config)
-    for i, t in enumerate(config["targets"]):
-        _validate_target(t, i)
-        if largest is not None and t["sigma"] > largest * (1 + 1e-9):
-            raise ConfigError(f"targets[{i}].sigma={t['sigma']!r} exceeds the largest sigma the config's "
-                              f"sweep measured ({largest:.6g} = scale * sqrt(sweep.v_max))")
-
-
-def largest_sigma_measured(config: Mapping) -> float | None:
-    """S * sqrt(sweep.v_max), Eq. normalized-noise: the largest sigma the sweep measured (None without a sweep).
-
-    Returns
-    -------
-    float or None
-
-    Raises
-    ------
-    ConfigError
-        A sweep whose ``v_max`` is not a finite number > 0.
-    """
-    sweep = config.get("sweep")
-    if sweep is None:
-        return None
-    v_max = sweep.get("v_max") if isinstance(sweep, Mapping) else None
-    if not (_is_number(v_max) and math.isfinite(v_max) and v_max > 0):
-        raise ConfigError(f"config sweep.v_max must be a finite number > 0, got {v_max!r}")
-    return float(config["scale"]) * math.sqrt(v_max)
-
-
-def _validate_target(t, i: int) -> None:
-    if not isinstance(t, Mapping):
-        raise ConfigError(f"targets[{i}] must be an object")
-    gone = [k for k in _TARGET_REQUIRED if k not in t]
-    if gone:
-        raise ConfigError(f"targets[{i}] is missing field(s): {', '.join(gone)}")
-    if t["kind"] not in TARGET_KINDS:
-        raise ConfigError(f"targets[{i}].kind must be one of {TARGET_KINDS}, got {t['kind']!r}")
-    for name in ("sigma", "v"):
-        x = t[name]
-        if not (_is_number(x) and math.isfinite(x) and x >= 0):
-            raise ConfigError(f"targets[{i}].{name} must be a finite number >= 0, got {x!r}")
-    side = t.get("side", "point")
-    if side not in SIDES:
-        raise ConfigError(f"targets[{i}].side must be one of {SIDES}, got {side!r}")
-    if not isinstance(t.get("saturated", False), bool):
-        raise ConfigError(f"targets[{i}].saturated must be true or false, got {t['saturated']!r}")
-    interval = t.get("interval")
-    if interval is not None:
-        _validate_interval(interval, i)
-    if t.get("reference") is not None:
-        _validate_reference(t["reference"], i)
-    attacker = t.get("attacker")
-    if t["kind"] == "surrogate-retention" and not isinstance(attacker, Mapping):
-        raise ConfigError(f"targets[{i}] (surrogate-retention) needs an 'attacker' object "
-                          f"with the surrogate's recipe and seeds, got {attacker!r}")
-    if attacker is not None and not isinstance(attacker, Mapping):
-        raise ConfigError(f"targets[{i}].attacker must be an object or null, got {attacker!r}")
-
-
-def _validate_interval(interval, i: int) -> None:
-    where = f"targets[{i}].interval"
-    if not isinstance(interval, Mapping):
-        raise ConfigError(f"{where} must be an object or null, got {interval!r}")
-    level = interval.get("level")
-    if not (_is_number(level) and 0 < level < 1):
-        raise ConfigError(f"{where}.level must be a number in (0, 1), got {level!r}")
-    if not isinstance(interval.get("method"), str):
-        raise ConfigError(f"{where}.method must be a string, got {interval.get('method')!r}")
-    for q in _INTERVAL_QUANTITIES:
-        bounds = interval.get(q)
-        if bounds is None:
-            continue
-        ok = (isinstance(bounds, (list, tuple)) and len(bounds) == 2
-              and all(_is_number(b) and math.isfinite(b) for b in bounds) and bounds[0] <= bounds[1])
-        if not ok:
-            raise ConfigError(f"{where}.{q} must be [lo, hi] with lo <= hi, or null, got {bounds!r}")
-
-
-def _validate_reference(ref, i: int) -> None:
-    spread = ref.get("row_sd") if isinstance(ref, Mapping) else None
-    values = [] if not isinstance(spread, Mapping) else [d.get(q) for d in (ref, spread) for q in _INTERVAL_QUANTITIES]
-    if not values or not all(x is None or (_is_number(x) and math.isfinite(x) and x >= 0) for x in values):
-        raise ConfigError(f"targets[{i}].reference must be null or hold finite numbers >= 0 (or null) for "
-                          f"accuracy, retention, agreement and their row_sd, got {ref!r}")
+    check_document(config)
 
 
 def sigma_to_serve(config, *, target: int = 0) -> float:

@@ -47,19 +47,21 @@ def _metric(at, label: str) -> str:
 
 @pytest.fixture
 def spy(monkeypatch):
-    """The uploads the dashboard sweeps (pipeline.calibrate_data's call of calibrate_model).
+    """The uploads the dashboard sweeps, by digest (pipeline.calibrate_data's calls).
 
-    The demo set is left out: the server's warm-up calibrates it in its own thread.
+    The demo set is left out: the server's warm-up calibrates it in its own thread. A shared
+    calibration is built without the visitor's names, so the digest tells the files apart.
     """
     calls = []
-    real = pipeline.calibrate_model
+    real = pipeline.calibrate_data
+    demo = {d.sha256 for d in state.demo_models()}
 
-    def counted(*args, **kwargs):
-        if not str(kwargs.get("name")).startswith("digits"):
-            calls.append(kwargs.get("name"))
-        return real(*args, **kwargs)
+    def counted(data, *args, **kwargs):
+        if data.sha256 not in demo:
+            calls.append(data.sha256)
+        return real(data, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "calibrate_model", counted)
+    monkeypatch.setattr(pipeline, "calibrate_data", counted)
     return calls
 
 
@@ -88,7 +90,7 @@ def _restart() -> None:
 def test_restart_reads_the_calibration_back_instead_of_sweeping(spy):
     content = _npz(21)
     at, sha = _calibrated("restart.npz", content)
-    assert spy == ["restart"]
+    assert spy == [sha]
     sigma, scale, draws = _metric(at, SIGMA), _metric(at, "S (median margin)"), _metric(at, "noise draws / input")
     first_warnings = [w.value for w in at.warning]
     assert not any("calibration of" in w for w in first_warnings)
@@ -100,7 +102,7 @@ def test_restart_reads_the_calibration_back_instead_of_sweeping(spy):
 
     _restart()
     again, _ = _calibrated("restart.npz", content, token)
-    assert spy == ["restart"], "the restarted server swept again"
+    assert spy == [sha], "the restarted server swept again"
     assert (_metric(again, SIGMA), _metric(again, "S (median margin)"),
             _metric(again, "noise draws / input")) == (sigma, scale, draws)
     assert [w.value for w in again.warning] == first_warnings  # the page's own advice, nothing more
@@ -110,7 +112,7 @@ def test_restart_reads_the_calibration_back_instead_of_sweeping(spy):
 
     # Another statistic is another calibration: swept once, then kept too.
     again.selectbox(key="calibrate_statistic").set_value("mean").run()
-    assert not again.exception and spy == ["restart", "restart"]
+    assert not again.exception and spy == [sha, sha]
     assert len(_store().results(token, calibration_store.KIND + sha)) == 2
 
 
@@ -125,7 +127,7 @@ def test_damaged_stored_calibration_is_skipped_with_a_warning_and_recomputed(spy
 
     _restart()
     again, _ = _calibrated("damaged.npz", content, token)
-    assert spy == ["damaged", "damaged"]
+    assert spy == [sha, sha]
     assert _metric(again, SIGMA) == sigma
     warnings = [w.value for w in again.warning]
     assert any("stored calibration of" in w and "computed again" in w for w in warnings), warnings
@@ -133,7 +135,7 @@ def test_damaged_stored_calibration_is_skipped_with_a_warning_and_recomputed(spy
     assert store.results(token, calibration_store.KIND + sha)[key] == payload
     _restart()
     third, _ = _calibrated("damaged.npz", content, token)
-    assert spy == ["damaged", "damaged"] and _metric(third, SIGMA) == sigma
+    assert spy == [sha, sha] and _metric(third, SIGMA) == sigma
 
 
 def test_cap_refusal_shows_the_result_and_says_it_was_not_kept(spy, monkeypatch):
@@ -142,7 +144,7 @@ def test_cap_refusal_shows_the_result_and_says_it_was_not_kept(spy, monkeypatch)
     monkeypatch.setenv("CALIBER_WORKSPACE_MAX_MB", "0.2")
     _restart()
     at, sha = _calibrated("capped.npz", content)
-    assert spy == ["capped"]
+    assert spy == [sha]
     assert _metric(at, SIGMA)
     warnings = [w.value for w in at.warning]
     assert any("shown but was not kept" in w for w in warnings), warnings

@@ -216,10 +216,10 @@ def test_file_names_are_shown_verbatim_not_as_markdown():
 
 
 def test_the_uploader_states_its_limits():
-    from caliber_core.loading import DEFAULT_MAX_ELEMENTS
+    from caliber_dashboard.common import upload_boundary
 
     at = _app().run()
     uploader = at.file_uploader(key="upload_logits")
     text = uploader.proto.help
     assert "Up to 200 MB per file: a larger upload is refused before it is read" in text
-    assert f"{DEFAULT_MAX_ELEMENTS:,} logits" in text
+    assert f"more than {upload_boundary.max_elements():,} values" in text

@@ -79,7 +79,7 @@ def test_side_and_confidence_give_config_for_s_config(downloads, side, confidenc
         lo, hi = t["interval"]["retention"]
         assert shown == f"{math.floor(1000 * lo + 1e-6) / 10:.1f}–{math.ceil(1000 * hi - 1e-6) / 10:.1f}%"
     assert list(table["side"]) == [readouts.SIDE_LABELS[side]] * 2
-    command = [c.value for c in at.caption if "Equivalent command" in c.value][0]
+    command = [c.value for c in at.code if c.value.startswith("python -m caliber_core calibrate ")][0]
     assert ("--side" in command) == (side != "point") and ("--confidence" in command) == (confidence != 0.95)
 
 

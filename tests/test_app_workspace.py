@@ -62,7 +62,7 @@ def test_first_visit_gets_a_token_and_the_privacy_notice():
     at = _open()
     token = _token(at)
     assert re.fullmatch(r"[A-Za-z0-9_-]{43}", token)
-    assert _store().exists(token)
+    assert not _store().exists(token)  # nothing kept yet: the workspace is stored by its first write
     assert len(at.session_state[state.MODELS]) == N_DEMO
     assert "sharing the URL shares the workspace" in _sidebar_text(at)
     assert at.button(key="ws_new") is not None and at.button(key="ws_delete") is not None
@@ -230,3 +230,17 @@ def test_save_and_load_result_api():
     assert set(_store().results(token, "extraction")) == {"run-1", "weights"}
     other = AppTest.from_function(_result_script, default_timeout=30).run()
     assert [t.value for t in other.text] == ["None", "None", "'absent'"]
+
+
+def test_a_visit_that_keeps_nothing_stores_no_workspace():
+    at = _open()
+    token = _token(at)
+    for page in ("pages/fleet.py", "pages/extraction.py", "pages/data.py"):  # pages that only read
+        at.switch_page(page).run()
+        assert not at.exception, page
+    assert _token(at) == token and not _store().exists(token)
+    _upload(at, "kept.npz", _npz(11))
+    assert _token(at) == token and _store().exists(token)  # the same URL now names the stored workspace
+    assert [r.filename for r in _store().uploads(token)] == ["kept.npz"]
+    again = _open(token)
+    assert any(d.source == "kept.npz" for d in again.session_state[state.MODELS].values())

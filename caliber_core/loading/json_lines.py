@@ -27,6 +27,8 @@ def _parse(text: str, src: str, line_no: int):
         raise fail(src, f"line {where}: not valid JSON ({err.msg}; truncated?)") from None
     except RecursionError:
         raise fail(src, f"line {line_no}: JSON nested too deeply") from None
+    except ValueError:  # an integer of more digits than int() converts (sys.int_info.default_max_str_digits)
+        raise fail(src, f"line {line_no}: not valid JSON (a number too long to read)") from None
 
 
 def records(content: bytes, src: str) -> Iterator[tuple[int, object]]:

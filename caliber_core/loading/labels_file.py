@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import npy, npz
-from .safety import decode_text, fail, is_number
+from .safety import decode_text, fail, is_number, library_errors
 
 EXTENSIONS: tuple[str, ...] = (".npy", ".npz", ".csv", ".txt")
 
@@ -39,11 +39,12 @@ def read_labels_file(content: bytes, ext: str, src: str, *, max_elements: int) -
     LogitsFileError
         A file that does not parse, or more values than ``max_elements``.
     """
-    if ext == ".npy":
-        return npy.read_npy(content, src=src, field="labels", max_elements=max_elements)
-    if ext == ".npz":
-        return npz.read_labels(content, src, max_elements=max_elements)
-    return _read_text(content, src, max_elements=max_elements)
+    with library_errors(src, "not a valid labels file"):  # one line, whatever a library raises
+        if ext == ".npy":
+            return npy.read_npy(content, src=src, field="labels", max_elements=max_elements)
+        if ext == ".npz":
+            return npz.read_labels(content, src, max_elements=max_elements)
+        return _read_text(content, src, max_elements=max_elements)
 
 
 def _read_text(content: bytes, src: str, *, max_elements: int) -> np.ndarray:

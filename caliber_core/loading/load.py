@@ -22,6 +22,7 @@ from .safety import (
     describe_exception,
     display_name,
     fail,
+    library_errors,
     max_file_bytes,
 )
 
@@ -179,6 +180,20 @@ def load_logits_bytes(
     if len(content) == 0:
         raise fail(src, "the file is empty (0 bytes)")
 
+    # One error boundary: whatever a reader or a library raises on a crafted file (a plain
+    # ValueError or OverflowError from a header's numbers) leaves as one LogitsFileError line.
+    with library_errors(src, "not a valid logits file"):
+        return _validated(content, filename, src, ext, max_elements=max_elements, sha256=sha256,
+                          labels=None if labels_content is None else (labels_content, labels_src, labels_ext,
+                                                                        labels_filename))
+
+
+def _validated(content: bytes, filename, src: str, ext: str, *, max_elements: int, sha256: str | None,
+               labels: tuple | None) -> LogitsData:
+    """The body of :func:`load_logits_bytes`, once its arguments are checked."""
+    labels_content = labels_src = labels_ext = labels_filename = None
+    if labels is not None:
+        labels_content, labels_src, labels_ext, labels_filename = labels
     raw = READERS[ext](content, src, max_elements=max_elements)
     logits = validate_logits(raw.logits, src, max_elements=max_elements)
     warnings = list(raw.warnings)

@@ -33,6 +33,8 @@ MEMORY_SHARE = 0.5
 MAX_DEFAULT_ELEMENTS = 200_000_000
 #: ... and never falls below this (a starved machine still opens a small file).
 MIN_DEFAULT_ELEMENTS = 1_000_000
+#: Most dimensions a declared shape may have (numpy's own limit is 64; logits have 2, labels 1).
+MAX_DIMENSIONS = 32
 MAX_ITEMSIZE = 16  # largest real numeric itemsize (longdouble); bounds unpacked bytes
 MESSAGE_MAX_CHARS = 400
 FILENAME_MAX_CHARS = 120
@@ -310,6 +312,8 @@ def check_count(src: str, field: str, shape, max_elements: int) -> int:
         More than ``max_elements`` elements (the message gives the memory it would take).
     """
     shape = tuple(int(d) for d in shape)
+    if len(shape) > MAX_DIMENSIONS:
+        raise fail(src, f"{field} has {len(shape)} dimensions, more than the {MAX_DIMENSIONS} an array may have")
     count = math.prod(shape)
     if count > max_elements:
         raise fail(
@@ -318,6 +322,9 @@ def check_count(src: str, field: str, shape, max_elements: int) -> int:
             f"max_elements={max_elements:,} (about {_gb(count * BYTES_PER_ELEMENT)} to process; "
             f"{RAISE_LIMIT})",
         )
+    if any(d < 0 or d > max_elements for d in shape):  # a zero-size shape may still name a huge dimension
+        raise fail(src, f"{field} has a dimension outside [0, max_elements={max_elements:,}] "
+                        f"({RAISE_LIMIT})")
     return count
 
 

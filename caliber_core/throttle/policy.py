@@ -49,7 +49,7 @@ import os
 from collections.abc import Mapping
 
 from ..serving.runtime import KEYED_SEEDINGS
-from ..config import ConfigError, load_config
+from ..config import ConfigError, config_from_text, load_config
 # The schema's names are this module's too: callers import them from here.
 from .policy_schema import (GROUP_KIND_PATTERN, MAX_GROUP_KINDS, MAX_INT_DIGITS, MAX_LEVELS,  # noqa: F401
                             SCHEMA, START_MODES, STORE_ERROR_MODES, GroupKind, Level, Policy, PolicyError, check_fields, check_path, is_int, parse_levels,
@@ -109,10 +109,11 @@ def config_seeding(config: Mapping) -> str:
     return "per-input"
 
 
-def _config_and_sigmas(source, targets) -> tuple[dict, list]:
-    """The config (a path or its JSON text) and the sigma each listed target serves, as PolicyError."""
+def _config_and_sigmas(source, targets, *, text: bool = False) -> tuple[dict, list]:
+    """The config (a path, or with ``text`` its JSON text, never read as a path) and the sigma each
+    listed target serves, as PolicyError."""
     try:
-        config = load_config(source)
+        config = config_from_text(source) if text else load_config(source)
     except ConfigError as exc:
         raise PolicyError(str(exc)) from None
     if not isinstance(targets, (list, tuple)) or not targets:
@@ -269,7 +270,7 @@ def policy_for_config_text(config_text: str, *, config_name: str, targets, escal
     PolicyError
         The config does not load, a target index is out of range, or a field is invalid.
     """
-    config, sigmas = _config_and_sigmas(config_text, targets)
+    config, sigmas = _config_and_sigmas(config_text, targets, text=True)
     doc = policy_dict(config_path=config_name, config_sha256=hashlib.sha256(config_text.encode()).hexdigest(),
                       n_classes=config["n_classes"], targets=list(targets), sigmas=sigmas,
                       escalate_after=escalate_after, expire_after=expire_after, shadow=shadow,
@@ -325,7 +326,7 @@ def parse_policy(doc, *, base_dir=None, config_text: str | None = None) -> Polic
         raise PolicyError(f"config {ref['path']} has sha256 {actual[:16]}..., the policy names {sha[:16]}...: "
                           "the config changed since the policy was written")
     try:
-        config = load_config(path if config_text is None else config_text)
+        config = load_config(path) if config_text is None else config_from_text(config_text)
     except ConfigError as exc:
         raise PolicyError(str(exc)) from None
     k = ref.get("n_classes")

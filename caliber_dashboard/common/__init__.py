@@ -11,4 +11,7 @@
 * :mod:`.readouts` readout text for a served target, with its interval (no Streamlit)
 * :mod:`.rounding` numbers rounded to the digits their interval supports (no Streamlit)
 * :mod:`.targets`  target kinds, percent fields and slider ranges (no Streamlit)
+* :mod:`.names`    visitors' names as plain text in Markdown, Plotly, CSV and file names (no Streamlit)
+* :mod:`.commands` shown command lines, every word shell-quoted by one function (no Streamlit)
+* :mod:`.upload_boundary` the element limit of an upload and one line for any refusal (no Streamlit)
 """

@@ -14,6 +14,11 @@ a slot that the first caller fills *outside* the cache, drawing ``st.progress``
 from the core's ``progress`` callback. Later reruns, pages and sessions with
 the same content find the slot filled and draw nothing. Uploaded data never enters a cache key other than by digest.
 
+A result keyed by content is shared by every workspace holding those bytes, so it carries no
+name: calibrations and configs are built from :func:`unnamed` data and each caller gets a copy
+with its own model and file names put back; the fleet tables, which name each pooled model,
+have the names in their keys.
+
 The server's warm-up thread (``warmup``) fills the same slots for the demo
 set before anyone asks; it runs inside :func:`quietly`, so a miss there draws
 no progress bar (there is no page to draw on).
@@ -23,6 +28,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import copy
+import dataclasses
 import hashlib
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -181,14 +188,46 @@ def calibration(data: LogitsData, *, statistic: str = "median", seed: int = 0,
     from caliber_dashboard.common import calibration_store  # not in this process: the workspace's copy, else compute and keep
 
     key = (data_digest(data), statistic, seed, _realizations(realizations))
-    return _fill(
+    shared = _fill(
         _calibration_slot(key),
-        lambda progress: calibration_store.stored_or_computed(
+        lambda progress: _unnamed_calibration(calibration_store.stored_or_computed(
             data, statistic=statistic, seed=seed, realizations=realizations,
-            compute=lambda: pipeline.calibrate_data(data, statistic=statistic, seed=seed,
-                                                    realizations=realizations, progress=progress)),
+            compute=lambda: pipeline.calibrate_data(unnamed(data), statistic=statistic, seed=seed,
+                                                    realizations=realizations, progress=progress))),
         progress_text=f"Calibrating {data.name}: noise sweep over {data.n_samples} inputs…",
     )
+    return _named_calibration(shared, data)
+
+
+#: The name every shared result carries: a result cached by content is shared by every workspace
+#: that uploads those bytes, so it holds no visitor's name; each caller gets its own name put back.
+NO_NAME = "model"
+
+
+def unnamed(data: LogitsData) -> LogitsData:
+    """``data`` without its names (the same arrays): what a result shared across workspaces is built from."""
+    return dataclasses.replace(data, name=NO_NAME, source=NO_NAME,
+                               labels_source=None if data.labels_source is None else NO_NAME)
+
+
+def _unnamed_calibration(cal: Calibration) -> Calibration:
+    if cal.name == NO_NAME:
+        return cal
+    out = copy.copy(cal)
+    out.name = NO_NAME
+    return out
+
+
+def _named_calibration(cal: Calibration, data: LogitsData) -> Calibration:
+    """A shallow copy of a shared calibration carrying this visitor's name for ``data``."""
+    out = copy.copy(cal)
+    out.name = data.name
+    return out
+
+
+def _named_config(config: dict, data: LogitsData) -> dict:
+    """A shared config with this visitor's model name and file name put in."""
+    return {**config, "model": data.name, "source": data.source}
 
 
 def has_calibration(data: LogitsData, *, statistic: str = "median", seed: int = 0,
@@ -382,10 +421,13 @@ def config_on(data: LogitsData, cal: Calibration, targets: Sequence[tuple[str, f
     """
     key = _model_key(data, cal) + (tuple((k, float(v)) for k, v in targets), inversion, bool(saturate),
                                    side, float(confidence))
-    return _fill(_config_slot(key),
-                 lambda _: pipeline.config_from_calibration(cal, data, list(targets), inversion=inversion,
-                                                            saturate=saturate, side=side, confidence=confidence),
-                 spinner_text=f"Building the {side} config for {data.name}…")
+    results, shared = _fill(
+        _config_slot(key),
+        lambda _: pipeline.config_from_calibration(_unnamed_calibration(cal), unnamed(data), list(targets),
+                                                   inversion=inversion, saturate=saturate, side=side,
+                                                   confidence=confidence),
+        spinner_text=f"Building the {side} config for {data.name}…")
+    return results, _named_config(shared, data)
 
 
 def margins(data: LogitsData) -> np.ndarray:
@@ -426,7 +468,8 @@ def attack(data: LogitsData, *, sigma: float, m_values: Sequence[int], repeats: 
 def fleet_report(datas: Sequence[LogitsData], cals: Sequence[Calibration], *,
                  statistic: str) -> dict:
     """Shared fit and leave-one-architecture-out table over several models, cached."""
-    key = ("loo", tuple(data_digest(d) for d in datas), tuple(c.statistic for c in cals), statistic)
+    key = ("loo", tuple(data_digest(d) for d in datas), tuple(c.statistic for c in cals), statistic,
+           _names(cals))
 
     def compute(_):
         return {
@@ -444,13 +487,18 @@ def fleet_sigma_spread(datas: Sequence[LogitsData], cals: Sequence[Calibration],
     from caliber_dashboard.fleet.view import sigma_spread
 
     key = ("spread", tuple(data_digest(d) for d in datas), tuple(c.statistic for c in cals), statistic,
-           float(value))
+           float(value), _names(cals))
     return _fill(_fleet_slot(key), lambda _: sigma_spread(cals, statistic=statistic, value=value),
                  spinner_text=f"Leave-one-out σ over {len(cals)} models…")
 
 
+def _names(cals: Sequence[Calibration]) -> tuple:
+    """The pooled models' names: a fleet table names its rows, so each set of names has its own entry."""
+    return tuple(c.name for c in cals)
+
+
 def _ablation_key(datas: Sequence[LogitsData], cals: Sequence[Calibration]) -> tuple:
-    return ("ablation", tuple(data_digest(d) for d in datas), tuple(c.statistic for c in cals))
+    return ("ablation", tuple(data_digest(d) for d in datas), tuple(c.statistic for c in cals), _names(cals))
 
 
 def margin_ablation(datas: Sequence[LogitsData], cals: Sequence[Calibration]) -> list[dict]:
@@ -463,7 +511,7 @@ def margin_ablation(datas: Sequence[LogitsData], cals: Sequence[Calibration]) ->
         known = {}
         for stat in MARGIN_STATISTICS:
             slot = _fleet_slot(("loo", tuple(data_digest(d) for d in datas),
-                                tuple(c.statistic for c in cals), stat))
+                                tuple(c.statistic for c in cals), stat, _names(cals)))
             if slot.value is not _EMPTY:
                 known[stat] = slot.value["leave_one_out"]
         return fleet.margin_ablation(cals, known=known)

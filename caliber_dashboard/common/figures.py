@@ -24,6 +24,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from caliber_dashboard.common.names import plotly_text
+
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22", "#17becf")
 CORRIDOR_FILL = "rgba(44, 160, 44, 0.18)"
@@ -234,6 +236,7 @@ def margin_histogram(
     Up to :data:`MAX_OVERLAID` models overlaid on one axis; more as small multiples
     (three a row, one shared x axis), since 8 overlaid histograms cannot be told apart.
     """
+    margins = {plotly_text(name): m for name, m in margins.items()}  # names are text, never markup
     n = len(margins)
     if n <= MAX_OVERLAID:
         fig = go.Figure()
@@ -241,7 +244,7 @@ def margin_histogram(
             fig.add_trace(go.Histogram(
                 x=_arr(m), name=name, nbinsx=nbins, histnorm="percent", opacity=0.55,
                 marker_color=PALETTE[i % len(PALETTE)],
-                hovertemplate="m=%{x}<br>%{y:.1f}% of inputs<extra>" + name + "</extra>",
+                hovertemplate="m=%{x}<br>%{y:.1f}% of inputs<extra>%{fullData.name}</extra>",
             ))
         fig.update_layout(barmode="overlay")
         return _layout(fig, title=title, x_title=x_title, y_title="share of the model's inputs (%)")
@@ -256,7 +259,7 @@ def margin_histogram(
         fig.add_trace(go.Histogram(
             x=_arr(margins[name]), name=name, nbinsx=nbins, histnorm="percent",
             marker_color=PALETTE[i % len(PALETTE)], showlegend=False,
-            hovertemplate="m=%{x}<br>%{y:.1f}% of inputs<extra>" + name + "</extra>",
+            hovertemplate="m=%{x}<br>%{y:.1f}% of inputs<extra>%{fullData.name}</extra>",
         ), row=i // cols + 1, col=i % cols + 1)
     fig.layout.template = {"layout": LIGHT_LAYOUT}
     fig.update_annotations(font_size=12)
@@ -414,10 +417,10 @@ def fleet_figure(
     colors = distinct_colors(len(points))
     for i, (name, (v, u)) in enumerate(points.items()):
         fig.add_trace(go.Scatter(
-            x=_arr(v), y=_arr(u), mode="markers", name=name,
+            x=_arr(v), y=_arr(u), mode="markers", name=plotly_text(name),
             marker=dict(color=colors[i], size=6, symbol=symbols[i % len(symbols)],
                         opacity=0.8),
-            hovertemplate="v=%{x:.4g}<br>Ã=%{y:.4f}<extra>" + name + "</extra>",
+            hovertemplate="v=%{x:.4g}<br>Ã=%{y:.4f}<extra>%{fullData.name}</extra>",
         ))
     fig.add_trace(go.Scatter(
         x=_arr(v_curve), y=_arr(shared), mode="lines", name=f"shared logistic (S = {statistic})",

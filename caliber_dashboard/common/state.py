@@ -35,6 +35,7 @@ from caliber_core.calibration.margins import MARGIN_STATISTICS
 from caliber_core.config import SIDES
 from caliber_core.loading import LogitsData, load_logits
 
+from caliber_dashboard.common import upload_boundary
 from caliber_dashboard.workspace import CapExceeded
 from caliber_dashboard.workspace import session as workspace
 
@@ -96,6 +97,11 @@ def _restore() -> None:
     with st.spinner("Restoring this workspace's files…"):
         restored = workspace.restore_uploads()
     for data in restored.models:
+        try:
+            upload_boundary.check_visitor_budget(held_elements(besides=data.sha256), data, data.source)
+        except ValueError as exc:  # stored under another budget: it stays stored, unloaded
+            restored.warnings.append(f"Not loaded: {exc}")
+            continue
         add_model(data)
     from caliber_dashboard.data import server_files  # files opened in place from the data root
 
@@ -180,6 +186,11 @@ def _precalibrate(data: LogitsData) -> None:
         return  # the server's warm-up calibrates the demo set
     statistic = model_options(data.sha256).get("statistic")
     precalibrate.start(data, statistic=statistic if statistic in MARGIN_STATISTICS else "median")
+
+
+def held_elements(*, besides: str | None = None) -> int:
+    """The logits values this session's models hold (less the model ``besides``, which is being replaced)."""
+    return sum(d.logits.size for sha, d in models().items() if sha != besides)
 
 
 def is_new(data: LogitsData) -> bool:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import pandas as pd
 import streamlit as st
 
@@ -12,7 +10,7 @@ from caliber_core.loading import LogitsData
 
 from caliber_core.config import CALIBRATED_KINDS
 
-from caliber_dashboard.common import state
+from caliber_dashboard.common import names, state
 from caliber_dashboard.common.targets import KIND_LABELS, percent_to_fraction, slider_range
 
 _KIND_KEY = "_kind"
@@ -82,16 +80,14 @@ def target_control(data: LogitsData, cal: Calibration, *, key_prefix: str,
 
 
 def csv_download(df: pd.DataFrame, *, label: str, file_name: str, key: str) -> None:
-    st.download_button(label, data=df.to_csv(index=False).encode(), file_name=file_name,
+    """A CSV download of ``df``; text cells that a spreadsheet would run as formulas are neutralized."""
+    st.download_button(label, data=names.csv_text(df).encode(), file_name=file_name,
                        mime="text/csv", key=key, on_click="ignore", icon=":material/download:")
-
-
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~<>$:])")
 
 
 def plain(text: str) -> str:
     """Escape Markdown so an untrusted string (a file name, a message) shows verbatim."""
-    return _MARKDOWN_SPECIAL.sub(r"\\\1", str(text))
+    return names.markdown_text(text)
 
 
 def fmt(x, spec: str = ".4g", none: str = "—") -> str:

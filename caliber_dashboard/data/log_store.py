@@ -16,14 +16,14 @@ to another workspace reads them again.
 
 from __future__ import annotations
 
-import shlex
 import time
 
 import streamlit as st
 
 from caliber_core.config import config_to_json
 
-from caliber_dashboard.common import state, ui
+from caliber_dashboard.common import names, state, ui
+from caliber_dashboard.common.commands import cli_command, file_argument
 from caliber_dashboard.workspace import CapExceeded
 from caliber_dashboard.workspace import session as workspace
 
@@ -99,8 +99,8 @@ def remove(key: str) -> None:
 
 def config_name(entry: dict) -> str:
     """The file name a log's config is downloaded under (and a policy names it by)."""
-    stem = entry["filename"].rsplit("/", 1)[-1].rsplit(".", 1)[0] or "logprob_log"
-    return f"{stem}.caliber.json"
+    stem = str(entry["filename"]).rsplit("/", 1)[-1].rsplit(".", 1)[0]
+    return f"{names.file_stem(stem, default='logprob_log')}.caliber.json"  # Export's safe name rule
 
 
 def label(entry: dict) -> str:
@@ -117,15 +117,13 @@ def commands(entry: dict) -> list[str]:
     config = entry["config"]
     targets = " ".join(f"{t['requested']:g}" for t in config["targets"])
     levels = " ".join(str(i) for i in range(len(config["targets"])))
-    return [f"python -m caliber_core calibrate {_quote(log)} --agreement {targets} "
-            f"--vocab-size {config['bounds']['vocab_size']} --side {config['targets'][0]['side']} --out {_quote(name)}",
-            f"python -m caliber_core check {_quote(name)} NEW_LOG.jsonl",
-            f"python -m caliber_core throttle init {_quote(name)} --levels {levels} --escalate-after 10000 "
-            "--out policy.json"]
-
-
-def _quote(text: str) -> str:
-    return shlex.quote(text)
+    side = config["targets"][0]["side"]
+    # Every word quoted by the one rule of every shown command (a log's name is the visitor's text).
+    return [cli_command("calibrate", file_argument(log), "--agreement", *targets.split(), "--vocab-size",
+                        str(config["bounds"]["vocab_size"]), "--side", side, "--out", file_argument(name)),
+            cli_command("check", file_argument(name), "NEW_LOG.jsonl"),
+            cli_command("throttle", "init", file_argument(name), "--levels", *levels.split(), "--escalate-after",
+                        "10000", "--out", "policy.json")]
 
 
 def members_panel(*, key: str) -> None:

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from caliber_core.calibration.llm_inputs import config_for_llm_file
-from caliber_core.loading import LogitsFileError
+from caliber_dashboard.common import upload_boundary
 
 from caliber_dashboard.common.figures import INTERVAL_FILL, LIGHT_LAYOUT, PALETTE, SIGMA_AXIS, chart_config
 
@@ -39,8 +39,8 @@ def calibrate_log(content: bytes, filename: str, *, vocab_size: int, targets, si
     try:
         result = config_for_llm_file(content, filename, [("agreement", float(t)) for t in targets],
                                      vocab_size=int(vocab_size), side=side)
-    except (LogitsFileError, ValueError) as exc:
-        return None, " ".join(str(exc).split())
+    except Exception as exc:  # noqa: BLE001  (the one error boundary: one line, never a traceback)
+        return None, upload_boundary.message(exc, filename)
     if result.kind != "logprob-logs":
         return None, (f"{filename}: lm-eval samples, not a logprob log: upload it with the logits "
                       "files above (it loads as a labelled model)")

@@ -28,10 +28,10 @@ from pathlib import PurePath
 
 import streamlit as st
 
-from caliber_core.loading import DEFAULT_MAX_ELEMENTS, LogitsData, LogitsFileError, describe, load_logits_bytes
-from caliber_core.loading.labels_file import read_labels_file
+from caliber_core.loading import LogitsData, describe
 
 from caliber_dashboard.common import state
+from caliber_dashboard.common import upload_boundary as boundary
 from caliber_dashboard.workspace import CapExceeded
 from caliber_dashboard.workspace import session as workspace
 from caliber_dashboard.workspace.store import blob_digest
@@ -50,8 +50,8 @@ def one_based_hint(message: str) -> str:
             "so subtract 1 from every label and upload the file again.")
 
 
-def _refused(exc: Exception) -> Message:
-    text = str(exc)
+def _refused(exc: Exception, name: str | None = None) -> Message:
+    text = boundary.message(exc, name)
     hint = one_based_hint(text)
     if hint and not text.rstrip().endswith("."):
         text = text.rstrip() + "."  # the hint is a sentence of its own
@@ -80,11 +80,9 @@ def labels_key() -> str:
 
 def _labels_count(labels_upload) -> int | None:
     """How many labels the file holds; None when it cannot be read (attach_labels then says why)."""
-    name = labels_upload.name
     try:
-        y = read_labels_file(labels_upload.getvalue(), PurePath(name).suffix.lower(), name,
-                             max_elements=DEFAULT_MAX_ELEMENTS)
-    except LogitsFileError:
+        y = boundary.read_labels(labels_upload.getvalue(), labels_upload.name)
+    except Exception:  # noqa: BLE001  (attach_labels then says why, in one line)
         return None
     return int(y.shape[0]) if y.ndim >= 1 else 1
 
@@ -151,18 +149,19 @@ def _load_one(upload, labels_upload, *, n_labels: int | None = None) -> dict | N
     labels = None
     try:
         content = upload.getvalue()  # a copy of the upload's bytes: taken once
-        data = load_logits_bytes(content, upload.name)
+        data = boundary.load_logits(content, upload.name)
         fits = labels_upload is not None and not data.has_labels and n_labels == data.n_samples
         if not fits and labels_upload is not None and upload.file_id in _status():
             return None
         if fits:
             labels = labels_upload
-            data = load_logits_bytes(content, upload.name, labels_content=labels_upload.getvalue(),
-                                     labels_filename=labels_upload.name, sha256=data.sha256)
+            data = boundary.load_logits(content, upload.name, labels_content=labels_upload.getvalue(),
+                                        labels_filename=labels_upload.name, sha256=data.sha256)
         if state.is_new(data):
+            boundary.check_visitor_budget(state.held_elements(besides=data.sha256), data, upload.name)
             _store(upload.name, content, labels, data)
-    except (LogitsFileError, CapExceeded) as exc:
-        return {"messages": [_refused(exc)], "used_labels": labels is not None}
+    except Exception as exc:  # noqa: BLE001  (the one error boundary: one line, never a traceback)
+        return {"messages": [_refused(exc, upload.name)], "used_labels": labels is not None}
     return {"messages": _added(data), "used_labels": labels is not None}
 
 
@@ -191,9 +190,9 @@ def attach_labels(labels_upload) -> list[Message]:
     name = labels_upload.name
     content = labels_upload.getvalue()
     try:
-        y = read_labels_file(content, PurePath(name).suffix.lower(), name, max_elements=DEFAULT_MAX_ELEMENTS)
-    except LogitsFileError as exc:
-        return [_refused(exc)]
+        y = boundary.read_labels(content, name)
+    except Exception as exc:  # noqa: BLE001  (one line, never a traceback)
+        return [_refused(exc, name)]
     n = int(y.shape[0]) if y.ndim >= 1 else 1
     found = matching_models(name, n)
     if not found:
@@ -211,11 +210,11 @@ def attach_labels(labels_upload) -> list[Message]:
         return [("error", f"{name}: the logits of {state.model_label(data)} are not stored in this workspace; "
                           "upload its logits file again on the left while this labels file is here.")]
     try:
-        labelled = load_logits_bytes(logits_content, data.source, labels_content=content,
-                                     labels_filename=name, sha256=data.sha256)
+        labelled = boundary.load_logits(logits_content, data.source, labels_content=content,
+                                        labels_filename=name, sha256=data.sha256)
         _store(data.source, logits_content, labels_upload, labelled)
-    except (LogitsFileError, CapExceeded) as exc:
-        return [_refused(exc)]
+    except Exception as exc:  # noqa: BLE001  (one line, never a traceback)
+        return [_refused(exc, name)]
     state.add_model(labelled)  # replaces the entry without labels
     st.session_state[state.SELECTED] = labelled.sha256
     return [("success", f"Labels from {name} attached to {state.model_label(labelled)}: the loaded model "

@@ -18,7 +18,6 @@ No page code; the table is a plain function tests call without Streamlit.
 from __future__ import annotations
 
 import math
-import shlex
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -34,6 +33,7 @@ from caliber_core.loading import LogitsData
 from caliber_core.target_record import DEFAULT_CONFIDENCE, check_confidence, check_side
 
 from caliber_dashboard.common import cache
+from caliber_dashboard.common.commands import cli_command, file_argument
 from caliber_dashboard.common import readouts
 from caliber_dashboard.common.readouts import SIDE_LABELS
 
@@ -160,9 +160,9 @@ def calibrate_command(data: LogitsData, targets: Sequence[tuple[str, float]], *,
     (``--labels``), by the names they were uploaded under: run it in the folder
     holding them. Every argument is shell-quoted; options at their defaults are left out.
     """
-    words = ["python", "-m", "caliber_core", "calibrate", data.source]
+    words = [file_argument(data.source)]
     if data.labels_source is not None and data.labels_source != data.source:
-        words += ["--labels", data.labels_source]
+        words += ["--labels", file_argument(data.labels_source)]
     flags: list[tuple[str, list[str]]] = []
     for kind, value in targets:  # consecutive targets of one kind share a flag (order kept)
         flag = "--target-accuracy" if kind == "accuracy" else f"--{kind}"
@@ -181,8 +181,8 @@ def calibrate_command(data: LogitsData, targets: Sequence[tuple[str, float]], *,
         words += ["--side", side]
     if float(confidence) != DEFAULT_CONFIDENCE:
         words += ["--confidence", f"{float(confidence):g}"]
-    words += ["--out", out]
-    return " ".join(shlex.quote(w) for w in words)
+    words += ["--out", file_argument(out)]
+    return cli_command("calibrate", *words)
 
 
 def sigma_text(sigma: float, se: float | None) -> str:
@@ -194,12 +194,18 @@ def sigma_text(sigma: float, se: float | None) -> str:
 
 
 def extract_command(source: str, result: ExtractionResult, requested: float) -> str:
-    """The ``extract`` command line whose ``--out`` writes the same surrogate-retention record."""
+    """The ``extract`` command line whose ``--out`` writes the same surrogate-retention record.
+
+    Every word is shell-quoted (:func:`caliber_dashboard.common.commands.cli_command`), the
+    file name included, whatever it holds.
+    """
     s = result.settings
-    return (f"python -m caliber_core extract {source.replace('`', '')} --retention "
-            + " ".join(f"{r:g}" for r in s.retention) + f" --surrogate-retention {requested:g} "
-            f"--seeds {s.seeds} --attack {s.attack} --seed {s.seed}"
-            + ("" if s.architecture == "mlp" else f" --student {s.architecture}") + " --out CONFIG")
+    words = [file_argument(source), "--retention", *(f"{r:g}" for r in s.retention),
+             "--surrogate-retention", f"{requested:g}", "--seeds", str(s.seeds), "--attack", str(s.attack),
+             "--seed", str(s.seed)]
+    if s.architecture != "mlp":
+        words += ["--student", str(s.architecture)]
+    return cli_command("extract", *words, "--out", "CONFIG")
 
 
 def attacker_summary(record: TargetRecord) -> str:

@@ -28,8 +28,8 @@ import streamlit as st
 
 from caliber_core.extraction.archive import ExtractionArchive
 from caliber_core.extraction.experiment import Condition, ExtractionResult, ExtractionSettings
-from caliber_core.loading import LogitsFileError
 
+from caliber_dashboard.common import upload_boundary
 from caliber_dashboard.extraction import codec
 from caliber_dashboard.extraction import view
 from caliber_dashboard.workspace import session as workspace
@@ -87,8 +87,8 @@ def archives() -> dict[str, ExtractionArchive]:
             name = name if isinstance(name, str) and name else f"upload-{sha[:8]}.npz"
             try:
                 archive = view.archive_from_upload(content, name)
-            except (LogitsFileError, TypeError) as exc:
-                _warn(f"Skipped a stored extraction archive ({sha[:8]}…): {exc}")
+            except Exception as exc:  # noqa: BLE001  (one line, never a traceback)
+                _warn(f"Skipped a stored extraction archive ({sha[:8]}…): {upload_boundary.message(exc)}")
                 continue
             if archive.sha256 != sha:
                 _warn(f"Skipped a stored extraction archive ({sha[:8]}…): its bytes do not match their digest.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,8 @@ import streamlit as st
 
 from caliber_core.extraction.archive import ExtractionArchive
 from caliber_core.extraction.seedings import SeedingComparison
+
+from caliber_dashboard.extraction import view
 
 #: Numbers: the served field at that length scale; None: the class cycle (version 2), for comparison.
 LENGTH_SCALES = (None, 1.0, 2.0, 4.0, 8.0)
@@ -61,12 +64,13 @@ def run(archive: ExtractionArchive, options: tuple) -> SeedingComparison:
             text = f"Serving both seedings and training surrogates on {archive.name}…"
             bar = st.progress(0.0, text=text)
             try:
-                slot.value = compare_seedings(archive, levels=levels, keys=keys, seeds=seeds, length_scale=length,
+                slot.value = compare_seedings(view.unnamed_archive(archive), levels=levels, keys=keys, seeds=seeds, length_scale=length,
                                               near_duplicates=16,
                                               progress=lambda f: bar.progress(min(1.0, f), text=f"{text} {f:.0%}"))
             finally:
                 bar.empty()
-        return slot.value
+        # Shared by every workspace with these bytes: built without a name, shown with this visitor's.
+        return replace(slot.value, archive=archive.name)
 
 
 def _layout(fig: go.Figure, x_title: str, y_title: str) -> go.Figure:

@@ -18,8 +18,10 @@ runs in the session's workspace, so a reload or a restart needs neither.
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -51,8 +53,10 @@ def demo_archives() -> dict[str, ExtractionArchive]:
 
 
 def archive_from_upload(content: bytes, name: str) -> ExtractionArchive:
-    """An uploaded archive (raises LogitsFileError with one line when it lacks inputs)."""
-    return load_archive_bytes(content, name)
+    """An uploaded archive under the dashboard's element limit (LogitsFileError, one line, otherwise)."""
+    from caliber_dashboard.common.upload_boundary import max_elements
+
+    return load_archive_bytes(content, name, max_elements=max_elements())
 
 
 # ------------------------------------------------------------------------------ cached runs
@@ -91,12 +95,12 @@ def run(archive: ExtractionArchive, settings: ExtractionSettings) -> ExtractionR
 
     slot = _result_slot((archive.sha256, settings_key(settings)))
     if slot.value is not None:
-        return slot.value
+        return owned(slot.value, archive)
     thief_slot = _thief_slot((archive.sha256, settings.architecture, settings.hidden, settings.schedule,
                               settings.folds))
     with slot.lock, thief_slot.lock:
         if slot.value is not None:
-            return slot.value
+            return owned(slot.value, archive)
         if thief_slot.value is None:
             ev = archive.evaluation
             thief_slot.value = Thief(archive.pool.inputs, ev.inputs, ev.labels, np.argmax(ev.logits, axis=1),
@@ -105,11 +109,29 @@ def run(archive: ExtractionArchive, settings: ExtractionSettings) -> ExtractionR
         text = f"Training surrogates on {archive.name}…"
         bar = st.progress(0.0, text=text)
         try:
-            slot.value = run_extraction(archive, settings, thief=thief_slot.value,
+            slot.value = run_extraction(unnamed_archive(archive), settings, thief=thief_slot.value,
                                         progress=lambda f: bar.progress(min(1.0, f), text=f"{text} {f:.0%}"))
         finally:
             bar.empty()
-        return slot.value
+        return owned(slot.value, archive)
+
+
+def unnamed_archive(archive: ExtractionArchive) -> ExtractionArchive:
+    """The archive without its names (same arrays): a run cached by content is shared by every workspace."""
+    from caliber_dashboard.common.cache import NO_NAME
+
+    return replace(archive, name=NO_NAME, source=NO_NAME, eval_source=NO_NAME)
+
+
+def owned(result: ExtractionResult, archive: ExtractionArchive) -> ExtractionResult:
+    """A shared run as this visitor's: their archive (its names) and a calibration named like it."""
+    if result.archive is archive:
+        return result
+    calibration = result.calibration
+    if calibration is not None and calibration.name != archive.name:
+        calibration = copy.copy(calibration)
+        calibration.name = archive.name
+    return replace(result, archive=archive, calibration=calibration)
 
 
 # ------------------------------------------------------------------------------ numbers

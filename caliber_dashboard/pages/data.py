@@ -4,10 +4,10 @@ import pandas as pd
 import streamlit as st
 
 from caliber_core.calibration import margins
-from caliber_core.loading import DEFAULT_MAX_ELEMENTS, LABELS_EXTENSIONS, SUPPORTED_EXTENSIONS
+from caliber_core.loading import LABELS_EXTENSIONS, SUPPORTED_EXTENSIONS
 from caliber_core.config import config_to_json
 from caliber_dashboard import navigation
-from caliber_dashboard.common import cache, figures, state, tables, ui
+from caliber_dashboard.common import cache, figures, state, tables, ui, upload_boundary
 from caliber_dashboard.data import log_store, logprob_log, server_panel, uploads
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
@@ -39,8 +39,8 @@ with col_up:
         help="npz with `logits` (N, K) and `labels` (N,), npy, pt (tensors), safetensors, "
              "csv or parquet (a `label` column). Several files at once are fine. "
              f"Up to {st.get_option('server.maxUploadSize')} MB per file: a larger upload is refused "
-             f"before it is read; a file is also refused above {DEFAULT_MAX_ELEMENTS:,} logits "
-             "(what half of this machine's available memory affords).",
+             f"before it is read; a file is also refused when it would become more than "
+             f"{upload_boundary.max_elements():,} values, counted from its header before any is read.",
     )
     messages = st.container()
 with col_labels:

@@ -1,16 +1,14 @@
 """Export: the config JSON (the CLI's own function) to download, with a σ aimed at the thief; review a saved config."""
 
-import re
-
 import streamlit as st
 
 from caliber_core.calibration.drift import check_drift
 from caliber_core.calibration.intervals import DEFAULT_CONFIDENCE
-from caliber_core.config import SIDES, ConfigError, config_to_json, load_config
+from caliber_core.config import SIDES, ConfigError, config_from_bytes, config_to_json
 from caliber_core.calibration.margins import MARGIN_STATISTICS
 from caliber_core.extraction.experiment import plan_runs
 from caliber_dashboard import navigation
-from caliber_dashboard.common import cache, state, ui
+from caliber_dashboard.common import cache, names, state, ui
 from caliber_dashboard.common.readouts import SIDE_HELP, SIDE_LABELS
 from caliber_dashboard.common.targets import percent_to_fraction, target_list
 from caliber_dashboard.common.ui import fmt
@@ -162,23 +160,23 @@ if any(r.interval for r in results):
                   "thief's surrogates, and its precision is its standard error (σ s.e.) and the spread over "
                   "seeds of what the thief keeps." if surrogate else ""))
 
-safe_name = re.sub(r"[^A-Za-z0-9._-]+", "_", data.name).strip("._") or "model"
+safe_name = names.file_stem(data.name)  # a visitor's name, never a path
 st.download_button("Download config JSON", data=text.encode("utf-8"),
                    file_name=f"{safe_name}.caliber.json", mime="application/json",
                    on_click="ignore", key="export_download", icon=":material/download:", type="primary")
+with st.expander("Config JSON preview", expanded=False):
+    st.code(text, language="json")
 command = export_config.calibrate_command(data, targets, statistic=statistic, inversion=inversion,
                                           saturate=saturate, side=side, confidence=float(confidence))
 where = (f"{data.source} and its labels file {data.labels_source}"
          if data.labels_source not in (None, data.source) else data.source)
-st.caption(f"Equivalent command: `{command.replace('`', '')}` (run in the folder holding "
-           f"{ui.plain(where)})")
+st.caption(ui.plain(f"Equivalent command (run in the folder holding {where}):"))
+st.code(command, language="bash")  # a code block, not Markdown: the text shown is the text that runs
 if surrogate:
-    st.caption(f"The surrogate-retention target is the record that "
-               f"`{export_config.extract_command(data.source, surrogate_run, surrogate[0].requested)}` writes "
+    st.caption("The surrogate-retention target is the record that this command writes "
                "(caliber_core.extraction.targets), measured here against this config's calibration; a "
-               "Perturber serves it like any other target.")
-with st.expander("Config JSON preview", expanded=False):
-    st.code(text, language="json")
+               "Perturber serves it like any other target:")
+    st.code(export_config.extract_command(data.source, surrogate_run, surrogate[0].requested), language="bash")
 
 # ------------------------------------------------------------------ import
 st.divider()
@@ -187,7 +185,7 @@ upload = st.file_uploader("Config JSON (a saved `*.caliber.json`)", key="import_
 if upload is None:
     st.stop()
 try:
-    saved = load_config(upload.getvalue())
+    saved = config_from_bytes(upload.getvalue())  # the bytes only: never read as a path
 except ConfigError as exc:
     st.error(ui.plain(f"{upload.name}: {exc}"), icon=":material/block:")
     st.stop()

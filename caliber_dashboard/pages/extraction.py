@@ -5,9 +5,8 @@ import time
 import streamlit as st
 
 from caliber_core.extraction.experiment import ExtractionSettings
-from caliber_core.loading import LogitsFileError
 from caliber_dashboard import navigation
-from caliber_dashboard.common import ui
+from caliber_dashboard.common import ui, upload_boundary
 from caliber_dashboard.common.targets import percent_to_fraction
 from caliber_dashboard.extraction import runs
 from caliber_dashboard.extraction import seedings
@@ -30,8 +29,8 @@ with st.expander("Use your own archive (inputs + logits)"):
     if up is not None:
         try:
             a = view.archive_from_upload(up.getvalue(), up.name)
-        except LogitsFileError as exc:
-            st.error(ui.plain(str(exc)))
+        except Exception as exc:  # noqa: BLE001  (the one error boundary: one line, never a traceback)
+            st.error(ui.plain(upload_boundary.message(exc, up.name)))
         else:
             runs.keep_upload(a, up.getvalue())
             archives[a.sha256] = a
@@ -39,8 +38,9 @@ with st.expander("Use your own archive (inputs + logits)"):
                 # a new upload is what the user means to run: select it, once
                 st.session_state["extraction_upload_selected"] = a.sha256
                 st.session_state["extraction_model"] = a.sha256
-            st.success(f"Loaded {a.name}: {a.pool.n_samples} queries, {a.evaluation.n_samples} held-out inputs, "
-                       f"{a.n_classes} classes. Selected below.", icon=":material/check_circle:")
+            st.success(ui.plain(f"Loaded {a.name}: {a.pool.n_samples} queries, {a.evaluation.n_samples} "
+                                f"held-out inputs, {a.n_classes} classes. Selected below."),
+                       icon=":material/check_circle:")
 if not archives:
     st.info("No model with inputs is available: extraction needs the inputs the thief queried.")
     st.stop()

@@ -1,12 +1,14 @@
 """Policy: the throttle's levels from the model's targets, escalation, expiry, shadow mode, a simulation, export."""
 
+from pathlib import PurePath
+
 import streamlit as st
 
 from caliber_core.config import config_to_json
 from caliber_core.throttle.policy import PolicyError, policy_for_config_text, policy_to_json
 from caliber_core.throttle.simulate import simulate
 from caliber_dashboard import navigation
-from caliber_dashboard.common import cache, state, ui
+from caliber_dashboard.common import cache, names, state, ui
 from caliber_dashboard.common.targets import target_list
 from caliber_dashboard.data import log_store
 from caliber_dashboard.extraction import runs
@@ -55,7 +57,7 @@ served_log = log_store.choose_for_policy(key="policy_log") if uploaded is None e
 try:
     if uploaded is not None:
         config_text, config = view.config_from_upload(uploaded.getvalue(), name=uploaded.name)
-        config_name = uploaded.name
+        config_name = f"{names.file_stem(PurePath(uploaded.name).name.removesuffix('.json'))}.json"
     elif served_log is not None:  # a calibrated top-k logprob log: its agreement targets are the levels
         config = served_log["config"]
         config_text, config_name = config_to_json(config), log_store.config_name(served_log)
@@ -65,7 +67,7 @@ try:
             raise ValueError("enter at least one retention target")
         _, _, config = cache.config(data, targets)
         config_text = config_to_json(config)
-        config_name = f"{data.name}.caliber.json"
+        config_name = f"{names.file_stem(data.name)}.caliber.json"  # Export's name for the same config
     doc, policy = policy_for_config_text(
         config_text, config_name=config_name, targets=view.level_targets(config),
         escalate_after=int(escalate_after), expire_after=view.expire_seconds(expire_hours), shadow=shadow,
@@ -131,7 +133,8 @@ st.subheader("Export")
 st.caption(ui.plain(f"Save both files in one folder: the policy names the config as {config_name} "
                     "and checks its sha256 on load."))
 d1, d2 = st.columns(2)
-d1.download_button("Download the policy JSON", policy_to_json(doc), file_name=f"{data.name}.policy.json",
+d1.download_button("Download the policy JSON", policy_to_json(doc),
+                   file_name=f"{names.file_stem(data.name)}.policy.json",
                    mime="application/json", key="policy_download", icon=":material/download:")
 d2.download_button("Download its config JSON", config_text, file_name=config_name, mime="application/json",
                    key="policy_config_download", icon=":material/download:")

@@ -51,16 +51,19 @@ def level_targets(config: dict) -> list[int]:
 
 
 def config_from_upload(raw: bytes, *, name: str) -> tuple[str, dict]:
-    """(its text, the loaded config) of an uploaded config JSON; ValueError in one line naming the file."""
-    from caliber_core.config import ConfigError, load_config
+    """(its text, the loaded config) of an uploaded config JSON; ValueError in one line naming the file.
+
+    Only the uploaded bytes are parsed (:func:`caliber_core.config.config_from_bytes`):
+    content that names a server path is refused as text that is not JSON,
+    by the same message whether that path exists or not, and nothing is opened.
+    """
+    from caliber_core.config import ConfigError, config_from_bytes
 
     try:
-        text = raw.decode("utf-8")
-        return text, load_config(text)
-    except UnicodeDecodeError:
-        raise ValueError(f"{name}: not UTF-8 text") from None
+        config = config_from_bytes(raw)
     except ConfigError as exc:
         raise ValueError(f"{name}: {exc}") from None
+    return bytes(raw).decode("utf-8-sig"), config
 
 
 def config_matches(config: dict, data_sha256: str) -> bool:

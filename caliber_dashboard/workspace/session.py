@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from caliber_core.loading import LogitsData, LogitsFileError, load_logits_bytes
+from caliber_core.loading import LogitsData
+from caliber_dashboard.common import upload_boundary as boundary
 
 from . import settings
 from .sqlite_store import SQLiteStore
@@ -39,6 +40,7 @@ QUERY_PARAM = "ws"
 TOKEN = "caliber_ws_token"
 OPENED = "caliber_ws_opened"
 UNAVAILABLE = "caliber_ws_unavailable"
+PENDING = "caliber_ws_pending"  # the token is drawn but its workspace not stored yet (nothing kept so far)
 
 # Errors a store may raise besides its own; all are caught and reported, never shown raw.
 STORE_ERRORS = (WorkspaceError, OSError, sqlite3.Error)
@@ -83,7 +85,7 @@ def open_session() -> bool:
             st_store = store()
             asked = st.query_params.get(QUERY_PARAM)
             if not (_plausible(asked) and st_store.exists(asked)):
-                asked = st_store.create()
+                asked = _pending_token()
             ss[TOKEN] = asked
         except (*STORE_ERRORS, ValueError) as exc:
             ss[UNAVAILABLE] = _one_line(exc)
@@ -96,7 +98,8 @@ def open_session() -> bool:
 def start_new() -> None:
     """Point this session at a fresh, empty workspace (the old one stays, reachable by its URL)."""
     try:
-        st.session_state[TOKEN] = store().create()
+        store()  # the setting must hold before a token is handed out
+        st.session_state[TOKEN] = _pending_token()
     except (*STORE_ERRORS, ValueError) as exc:
         st.session_state.pop(TOKEN, None)
         st.session_state[UNAVAILABLE] = _one_line(exc)
@@ -108,15 +111,39 @@ def start_new() -> None:
 def delete_current() -> None:
     """Delete this session's workspace for good, then start a fresh one."""
     current = token()
-    if current is not None:
+    if current is not None and not _pending():
         store().delete(current)
     start_new()
+
+
+def _pending_token() -> str:
+    """A fresh token for this session, not stored yet: the workspace is created by its first write,
+    so a visit that keeps nothing leaves nothing behind."""
+    from .store import new_token
+
+    st.session_state[PENDING] = True
+    return new_token()
+
+
+def _pending() -> bool:
+    return bool(st.session_state.get(PENDING))
+
+
+def _stored_token() -> str | None:
+    """This session's token, its workspace created first if this is its first write."""
+    current = token()
+    if current is not None and _pending():
+        store().create(current)
+        st.session_state[PENDING] = False
+    return current
 
 
 def usage() -> Usage | None:
     current = token()
     if current is None:
         return None
+    if _pending():
+        return Usage(0, 0, store().limits)
     try:
         return store().usage(current)
     except STORE_ERRORS:
@@ -132,7 +159,7 @@ def persist_upload(content: bytes, filename: str, *, labels_content: bytes | Non
 
     Raises CapExceeded (one line for the user) when a cap refuses it.
     """
-    current = token()
+    current = _stored_token()
     if current is None:
         return False
     store().put_upload(current, filename=filename, content=content,
@@ -148,7 +175,7 @@ def remember_parsed(data: LogitsData, *, filename: str, labels_blob: str | None,
 
 def forget_upload(model: str) -> None:
     current = token()
-    if current is not None:
+    if current is not None and not _pending():
         store().remove_upload(current, model)
 
 
@@ -174,8 +201,8 @@ def restore_uploads() -> Restored:
     for record in records:
         try:
             out.models.append(_load_record(record))
-        except (*STORE_ERRORS, LogitsFileError) as exc:
-            out.warnings.append(f"Skipped stored file {record.filename}: {_one_line(exc)}")
+        except Exception as exc:  # noqa: BLE001  (one line per stored file, never a traceback)
+            out.warnings.append(f"Skipped stored file {record.filename}: {boundary.message(exc)}")
     return out
 
 
@@ -190,9 +217,9 @@ def _load_record(record: UploadRecord) -> LogitsData:
     content = st_store.read_blob(record.blob)
     labels = st_store.read_blob(record.labels_blob) if record.labels_blob else None
     # read_blob refused the bytes unless their sha256 is record.blob: hashed once, not twice
-    data = load_logits_bytes(content, record.filename, labels_content=labels,
-                             labels_filename=record.labels_filename if labels else None,
-                             sha256=record.blob)
+    data = boundary.load_logits(content, record.filename, labels_content=labels,
+                                labels_filename=record.labels_filename if labels else None,
+                                sha256=record.blob)
     _parsed().put(key, data)
     return data
 
@@ -250,7 +277,7 @@ def save_result(kind: str, key: str, payload) -> bool:
     CapExceeded
         The workspace or the store is full (one line to show the user).
     """
-    current = token()
+    current = _stored_token()
     if current is None:
         return False
     if isinstance(payload, (bytes, bytearray, memoryview)):
@@ -294,7 +321,7 @@ def load_results(kind: str) -> tuple[dict, list[str]]:
 
 def delete_result(kind: str, key: str) -> None:
     current = token()
-    if current is not None:
+    if current is not None and not _pending():
         store().delete_result(current, kind, key)
 
 

@@ -222,11 +222,13 @@ class SQLiteStore:
 
     # ------------------------------------------------------------- workspaces
 
-    def create(self) -> str:
-        token = new_token()
+    def create(self, token: str | None = None) -> str:
+        token = new_token() if token is None else token
+        if not isinstance(token, str) or len(token) < 32:
+            raise ValueError("a workspace token must be a string drawn by new_token()")
         now = self._clock()
         with self._write() as (conn, _):
-            conn.execute("INSERT INTO workspaces(id, created, last_used) VALUES (?, ?, ?)",
+            conn.execute("INSERT OR IGNORE INTO workspaces(id, created, last_used) VALUES (?, ?, ?)",
                          (workspace_id(token), now, now))
         return token
 

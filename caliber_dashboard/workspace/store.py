@@ -128,8 +128,9 @@ class WorkspaceStore(Protocol):
 
     limits: Limits
 
-    def create(self) -> str:
-        """Make an empty workspace; returns its new token."""
+    def create(self, token: str | None = None) -> str:
+        """Make an empty workspace; returns its token (a new one, or ``token`` when the caller drew it
+        with :func:`new_token` and has not stored it yet; creating an existing one changes nothing)."""
 
     def exists(self, token: str) -> bool:
         """Whether the token names a workspace (marks it used when it does)."""
