@@ -132,3 +132,49 @@ def test_the_cli_drives_a_redis_ledger(server, tmp_path, capsys):
     assert main(["throttle", "status", "--policy", policy, "--store", server.url, "--json"]) == 0
     out = capsys.readouterr().out
     assert '"level": 3' in out and "acct-9" not in out and '"reason": "manual review"' in out
+
+
+def _legacy_store_class():
+    """The RedisStore of the release before the hash-tagged layout, read from git history."""
+    import importlib.util
+
+    source = subprocess.run(["git", "show", "1331081:caliber_core/throttle/redis_store.py"], cwd=ROOT,
+                            capture_output=True, text=True)
+    if source.returncode != 0:
+        pytest.skip("the earlier release's redis_store.py is not in this checkout's git history")
+    path = ROOT / "caliber_core" / "throttle" / "_legacy_redis_store_for_test.py"
+    spec = importlib.util.spec_from_loader("caliber_core.throttle._legacy_redis_store_for_test", loader=None)
+    module = importlib.util.module_from_spec(spec)
+    module.__file__ = str(path)
+    exec(compile(source.stdout, str(path), "exec"), module.__dict__)
+    return module.RedisStore
+
+
+def test_a_ledger_of_the_single_server_layout_is_refused_until_one_command_moves_it(server, tmp_path, capsys):
+    old = _legacy_store_class()(host="127.0.0.1", port=server.port)
+    request = dict(now=1.0, escalate_after=5, top=2, expire_after=None, shadow=False)
+    old.set_flag("f1", flagged=True, level=1, reason="detector", now=0.5)
+    for _ in range(3):
+        old.record("f1", rows=4, **request)
+    old.record("f2", rows=2, **request)
+    old.add_uncounted("f2", process="h:1", first=0.0, last=1.0, queries={0: 3})
+    expected = {fp: old.get(fp) for fp in ("f1", "f2")}
+    assert old.accounts() == ["f1"] and expected["f1"].level == 2
+    old.close()
+
+    policy = str(write_policy(tmp_path))
+    with pytest.raises(StoreUnavailable, match="single-server key layout.*migrate-store"):
+        Throttle.from_files(policy, key=KEY, store=server.url, metrics=False)
+    assert main(["throttle", "status", "--policy", policy, "--store", server.url]) == 2
+    assert "caliber throttle migrate-store --store URL" in capsys.readouterr().err
+
+    assert main(["throttle", "migrate-store", "--store", server.url]) == 0
+    assert "moved 2 account(s) (4 keys, 1 flagged)" in capsys.readouterr().out
+    store = open_store(server.url)
+    assert store.accounts() == ["f1"] and store.accounts(flagged_only=False) == ["f1", "f2"]
+    for fp, state in expected.items():
+        assert store.get(fp) == state
+    d = store.record("f1", rows=1, **request)  # counting goes on where it stopped
+    assert d.state.level == 2 and store.get("f1").queries[2] == expected["f1"].queries[2] + 1
+    assert main(["throttle", "migrate-store", "--store", server.url]) == 0  # again: nothing left
+    assert "moved 0 account(s)" in capsys.readouterr().out
