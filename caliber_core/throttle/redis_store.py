@@ -315,8 +315,8 @@ class RedisStore:
         if self._cluster is None:
             from redis.cluster import RedisCluster
 
-            options = {k: v for k, v in self._options.items() if k != "retry"}
-            self._cluster = RedisCluster(**self._cluster_options, **options, cluster_error_retry_attempts=0)
+            # redis-py retries nothing itself: a redirection or a lost reply is this store's to retry (same token).
+            self._cluster = RedisCluster(**self._cluster_options, **self._options)
             self._refreshed = time.monotonic()
         return self._cluster
 
@@ -392,8 +392,9 @@ class RedisStore:
 
         if not self._reading(LAYOUT_KEY, check):
             try:
-                old = [client.exists(LEGACY_FLAGGED) or next(client.scan_iter(LEGACY_ACCOUNT_PATTERN, count=1000), 0)
-                       for client in self._primaries()]
+                old = [next(client.scan_iter(LEGACY_ACCOUNT_PATTERN, count=1000), 0) for client in self._primaries()]
+                if self._cluster_options is None:  # a cluster would answer MOVED: no slot holds this key's name
+                    old.append(self._client.exists(LEGACY_FLAGGED))
             except self._errors as exc:
                 raise self._fail(exc) from None
             if any(old):
