@@ -22,6 +22,7 @@ from throttle_support import write_policy
 
 from caliber_core.throttle.ledger import account_fingerprint
 from caliber_core.throttle.redis_keys import scoped_key
+from caliber_core.throttle.stores import open_store
 
 RECOVERY_BAR_S = 15.0
 
@@ -107,3 +108,40 @@ def test_a_cluster_failover_moves_the_slots_and_every_process_counts_again(tmp_p
         assert cluster.slot_owner(victim_slot) is not victim
         out = _check(url, processes, reports)
     _say("cluster", out)
+
+
+def test_a_slot_in_migration_is_an_outage_for_its_accounts_and_a_moved_slot_is_followed(tmp_path):
+    import redis
+
+    from caliber_core.throttle.ledger_store import StoreUnavailable
+
+    with _up(ClusterSet, tmp_path / "redis") as cluster:
+        store = open_store(cluster.url())
+        request = dict(rows=1, now=1.0, escalate_after=100, top=2, expire_after=None, shadow=False)
+        slot_of = lambda fp: redis.crc.key_slot(scoped_key(fp, "a").encode())  # noqa: E731
+        first = "m0"
+        second = next(f"m{j}" for j in range(1, 10**6) if slot_of(f"m{j}") == slot_of(first))
+        slot = slot_of(first)
+        store.record(first, **request)
+        source = cluster.slot_owner(slot)
+        target = next(n for n in cluster.primaries() if n is not source)
+        src, dst = (redis.Redis(port=n.port) for n in (source, target))
+        src_id, dst_id = (c.execute_command("CLUSTER", "MYID") for c in (src, dst))
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+        # While the slot moves, a script over keys on both sides (or on neither) is refused (ASK, then
+        # TRYAGAIN): nothing ran, so the request is not in doubt, and the outage rule serves it.
+        for account in (first, second):
+            with pytest.raises(StoreUnavailable) as caught:
+                store.record(account, **request)
+            assert caught.value.in_doubt is None and "TryAgainError" in str(caught.value)
+        keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+        for node in cluster.primaries():
+            redis.Redis(port=node.port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        # The store's slot map still names the source: MOVED, the map is read again, the request runs.
+        assert store.record(second, **request).segments == ((0, 1),)
+        assert store.record(first, **request).segments == ((0, 1),)
+        assert dst.exists(scoped_key(second, "a"), scoped_key(first, "a")) == 2  # both on the target now
+        assert store.get(first).queries == {0: 2} and store.get(second).queries == {0: 1}
+        store.close()

@@ -61,3 +61,66 @@ def test_a_malformed_url_is_one_line_without_the_password(url, says):
 def test_safe_url_drops_credentials_and_password_parameters():
     assert safe_url("redis+sentinel://u:p@a:1,b:2/svc?sentinel_password=q&wait=1") == \
            "redis+sentinel://a:1,b:2/svc?sentinel_password=***&wait=1"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("form", ["redis+cluster://u:hunter2@127.0.0.1:{p}", "redis+sentinel://u:hunter2@127.0.0.1:{p}/svc"])
+def test_a_topology_with_nothing_reachable_refuses_to_start_in_one_line(tmp_path, capsys, form):
+    from throttle_support import write_policy
+
+    from caliber_core.cli import main
+    from caliber_core.throttle import StoreUnavailable, Throttle
+
+    url = form.format(p=_free_port())
+    policy = write_policy(tmp_path)
+    with pytest.raises(StoreUnavailable) as caught:
+        Throttle.from_files(policy, store=url, metrics=False)
+    text = str(caught.value)
+    assert "refusing to start" in text and "\n" not in text and "hunter2" not in text
+    assert main(["throttle", "status", "--policy", str(policy), "--store", url]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "hunter2" not in err and "Traceback" not in err
+
+
+def test_a_sentinel_that_names_no_primary_for_the_service_refuses_to_start_in_one_line(tmp_path):
+    import subprocess
+
+    from redis_topologies import Missing, redis_executables
+    from throttle_support import write_policy
+
+    from caliber_core.throttle import StoreUnavailable, Throttle
+
+    try:
+        exe, _ = redis_executables()
+    except Missing as exc:
+        pytest.skip(str(exc))
+    port = _free_port()
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\n")
+    proc = subprocess.Popen([exe, str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import time
+
+        import redis
+
+        for _ in range(100):
+            try:
+                redis.Redis(port=port).ping()
+                break
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.05)
+        with pytest.raises(StoreUnavailable) as caught:
+            Throttle.from_files(write_policy(tmp_path), store=f"redis+sentinel://:hunter2@127.0.0.1:{port}/nosuch",
+                                metrics=False)
+        text = str(caught.value)
+        assert "MasterNotFoundError" in text and "nosuch" in text and "\n" not in text and "hunter2" not in text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
