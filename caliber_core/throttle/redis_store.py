@@ -237,6 +237,7 @@ class RedisStore:
             self._client = redis.Redis(host=host, port=port, db=db, password=password, username=username,
                                        **self._options)
         self._layout_ok = False
+        self._service = None
 
     @classmethod
     def from_url(cls, url: str, *, url_for_messages: str = "", **options) -> "RedisStore":
@@ -290,6 +291,7 @@ class RedisStore:
                          else {"username": target.username, "password": target.password})
         sentinel = Sentinel(list(target.nodes), sentinel_kwargs=dict(ssl=target.tls, **sentinel_auth, **timeouts),
                             **timeouts)
+        store._service = target.service
         store._client = sentinel.master_for(target.service, db=target.db, username=target.username,
                                             password=target.password, ssl=target.tls, **store._options)
         return store
@@ -298,10 +300,15 @@ class RedisStore:
         return f"RedisStore({self.url!r})"
 
     def _fail(self, exc, *, in_doubt: str | None = None) -> StoreUnavailable:
+        from redis.sentinel import MasterNotFoundError
+
         if isinstance(exc, _NotReplicated):
             text = f"fewer than {self.wait} replica(s) acknowledged the write within {self.wait_timeout_ms} ms"
+        elif isinstance(exc, MasterNotFoundError):  # its own text holds the client's whole repr
+            text = (f"MasterNotFoundError: no reachable sentinel names a primary for service {self._service!r} "
+                    "(the sentinels are down, or do not know the service)")
         else:
-            text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+            text = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         error = StoreUnavailable(f"redis store {self.url}: {text}")
         error.in_doubt = in_doubt
         return error
