@@ -36,7 +36,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                          help="vLLM's base URL, e.g. http://127.0.0.1:8000 (reachable by the gateway only)")
     gateway.add_argument("--policy", required=True, metavar="POLICY", help="the throttle policy (the file vLLM reads)")
     gateway.add_argument("--key-file", required=True, metavar="KEYFILE", help="the serving key (the file vLLM reads)")
-    gateway.add_argument("--store", required=True, metavar="URI", help="sqlite:///PATH or redis://HOST:PORT/DB")
+    gateway.add_argument("--store", required=True, metavar="URI",
+                         help="sqlite:///PATH, redis://HOST:PORT/DB, redis+sentinel://... or redis+cluster://...")
     gateway.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     gateway.add_argument("--port", type=positive_int, default=8080, help="port to listen on (default 8080)")
     gateway.add_argument("--default-max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS,

@@ -3,8 +3,11 @@
 * :mod:`.policy`        ``caliber.policy/v1``: levels, escalation, expiry, shadow mode (read, check, write)
 * :mod:`.policy_schema` the policy's types, its JSON form and each field's rule
 * :mod:`.ledger`        an account's aggregates and the rule that moves them
-* :mod:`.stores`        the store chosen by URL (``sqlite:///PATH``, ``redis://HOST:PORT/DB``)
+* :mod:`.stores`        the store chosen by URL (``sqlite:///PATH``, ``redis://``, ``redis+sentinel://``,
+                        ``redis+cluster://``)
 * :mod:`.sqlite_store`, :mod:`.redis_store`  the two stores
+* :mod:`.redis_urls`    Redis store URLs of every topology, and ``wait=N``
+* :mod:`.redis_keys`    the Redis key layout (hash-tagged per account); :mod:`.redis_migrate` moves an older one
 * :mod:`.levels`        serving a level with the same work at every level
 * :mod:`.throttle`      :class:`Throttle`, the Python API (serving)
 * :mod:`.accounts`      flag, unflag, status and audit, part of :class:`Throttle`
