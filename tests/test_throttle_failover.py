@@ -145,3 +145,57 @@ def test_a_slot_in_migration_is_an_outage_for_its_accounts_and_a_moved_slot_is_f
         assert dst.exists(scoped_key(second, "a"), scoped_key(first, "a")) == 2  # both on the target now
         assert store.get(first).queries == {0: 2} and store.get(second).queries == {0: 1}
         store.close()
+
+
+def test_a_count_acknowledged_without_wait_can_be_lost_and_with_wait_it_is_never_acknowledged(tmp_path):
+    """The window WAIT closes, opened on purpose: the replicas are cut off, then the primary is killed."""
+    import signal
+
+    import redis
+
+    from caliber_core.throttle.ledger_store import StoreUnavailable
+
+    with _up(SentinelSet, tmp_path / "redis") as sentinel:
+        plain, waiting = open_store(sentinel.url()), open_store(sentinel.url("wait=1&wait_timeout_ms=20"))
+        request = dict(rows=1, now=1.0, escalate_after=100, top=2, expire_after=None, shadow=False)
+        plain.record("plain", **request)
+        waiting.record("waiting", **request)  # replicated: WAIT said so
+        primary = sentinel.primary()
+        replicas = [n for n in sentinel.nodes if n is not primary]
+        redis.Redis(port=primary.port).execute_command("CLIENT", "KILL", "TYPE", "replica")
+        for node in replicas:  # they cannot reconnect before the kill
+            node.proc.send_signal(signal.SIGSTOP)
+        try:
+            assert plain.record("plain", **request).segments == ((0, 1),)  # acknowledged, on the primary only
+            with pytest.raises(StoreUnavailable, match="fewer than 1 replica") as caught:
+                waiting.record("waiting", **request)
+            token = caught.value.in_doubt
+            assert token is not None  # counted on the primary, not acknowledged: in doubt
+            primary.kill()
+        finally:
+            for node in replicas:
+                node.proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + RECOVERY_BAR_S
+        while time.monotonic() < deadline:
+            try:
+                if sentinel.primary() is not primary:
+                    break
+            except redis.exceptions.RedisError:
+                pass
+            time.sleep(0.1)
+
+        def eventually(call):  # the new primary answers, and has a replica for WAIT, a moment after its promotion
+            for _ in range(100):
+                try:
+                    return call()
+                except StoreUnavailable:
+                    time.sleep(0.1)
+            return call()
+
+        # Without WAIT the client was told 2 and the promoted replica holds 1: an acknowledged count lost.
+        assert eventually(lambda: plain.get("plain")).queries == {0: 1}
+        # With WAIT the lost request had never been acknowledged; settled, it is voided, not counted.
+        assert eventually(lambda: waiting.resolve("waiting", token, served=False)) is False
+        assert waiting.get("waiting").queries == {0: 1}
+        plain.close()
+        waiting.close()
