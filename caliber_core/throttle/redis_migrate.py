@@ -17,7 +17,40 @@ processes that are stopped.
 from __future__ import annotations
 
 from .ledger_store import StoreUnavailable
-from .redis_keys import (LAYOUT, LAYOUT_KEY, LEGACY_FIELDS, LEGACY_FLAGGED, PREFIX, legacy_key, scoped_key)
+from .redis_keys import (LAYOUT, LAYOUT_KEY, LEGACY_ACCOUNT_PATTERN, LEGACY_FIELDS, LEGACY_FLAGGED, PREFIX,
+                         legacy_key, scoped_key)
+
+
+def check_layout(store) -> None:
+    """Refuse a ledger that still holds keys of the single-server layout (read as empty, it would serve
+    flagged accounts clean); record the layout in an empty one.
+
+    Raises
+    ------
+    StoreUnavailable
+        Old keys are present (the message names the command that moves them), or another layout is recorded.
+    """
+    def recorded(client):
+        found = client.get(LAYOUT_KEY)
+        if found is not None and found.decode() != LAYOUT:
+            raise StoreUnavailable(f"redis store {store.url}: the ledger's key layout is {found.decode()!r}, "
+                                   f"this version reads {LAYOUT!r}")
+        return found is not None
+
+    if store._reading(LAYOUT_KEY, recorded):
+        return
+    routes = store._routes
+    try:
+        old = [next(client.scan_iter(LEGACY_ACCOUNT_PATTERN, count=1000), 0) for client in routes.primaries()]
+        if not routes.is_cluster:  # a cluster would answer MOVED: no slot holds this key's name
+            old.append(routes.client.exists(LEGACY_FLAGGED))
+    except store._errors as exc:
+        raise store._fail(exc) from None
+    if any(old):
+        raise StoreUnavailable(
+            f"redis store {store.url}: the ledger is in the single-server key layout of an earlier version; "
+            "stop the servers that use it and run `caliber throttle migrate-store --store URL` once")
+    store._reading(LAYOUT_KEY, lambda client: client.set(LAYOUT_KEY, LAYOUT, nx=True))
 
 
 def migrate_layout(store) -> dict:
@@ -39,10 +72,10 @@ def migrate_layout(store) -> dict:
         The store cannot be reached, or an account has keys in both layouts.
     """
     errors = store._errors
-    if store._cluster_options is not None:
+    if store._routes.is_cluster:
         raise StoreUnavailable(f"redis store {store.url}: a cluster never held the single-server layout; "
                                "migrate the server it came from, then copy the keys")
-    client = store._client
+    client = store._routes.client
     moved = {"accounts": 0, "keys": 0, "flagged": 0}
     try:
         accounts = set()

@@ -46,15 +46,16 @@ primary died can be missing on the promoted replica.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 import time
 
-from .ledger import AccountState, Decision, Event
+from .ledger import AccountState, Decision
 from .ledger_store import StoreUnavailable
-from .redis_keys import (ACCOUNT_PATTERN, FLAGGED_PATTERN, LAYOUT, LAYOUT_KEY, LEGACY_ACCOUNT_PATTERN,
-                         LEGACY_FLAGGED, PREFIX, account_keys, reply_key, scoped_key, tag_of, uncounted_key)
+from .redis_keys import (ACCOUNT_PATTERN, FLAGGED_PATTERN, PREFIX, account_keys, reply_key, scoped_key, tag_of,
+                         uncounted_key)
+from .redis_routes import Routes
+from .redis_scripts import SCRIPTS, SHAS, decision_of, event_of
 
 __all__ = ["PREFIX", "RETRY_DELAYS", "TOKEN_SECONDS", "RedisStore"]
 
@@ -64,105 +65,9 @@ RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8)
 #: finds it. One key per request lives this long (about 100 bytes each), so it is kept short; a
 #: request still in doubt when it has expired is settled as not counted.
 TOKEN_SECONDS = 600
-#: Shortest time between two reads of a cluster's slot map (a failover sends every request to it).
-REFRESH_SECONDS = 0.2
-
-RECORD_SCRIPT = """
-local done = redis.call('GET', KEYS[4])
-if done == 'void' or done == 'voided' then return {-1} end
-if done then return cjson.decode(done) end
-local now = tonumber(ARGV[1]); local rows = tonumber(ARGV[2]); local after = tonumber(ARGV[3])
-local top = tonumber(ARGV[4]); local expire = tonumber(ARGV[5]); local shadow = ARGV[6] == '1'
-local s = redis.call('HMGET', KEYS[1], 'flagged', 'level', 'at_level', 'flagged_at', 'reason', 'first_seen')
-local flagged = s[1] == '1'
-local level = tonumber(s[2] or '0'); local at_level = tonumber(s[3] or '0')
-local flagged_at = s[4] or ''; local reason = s[5] or ''
-local events = {}
-if flagged and expire >= 0 and flagged_at ~= '' and now >= tonumber(flagged_at) + expire then
-  flagged = false; level = 0; at_level = 0; flagged_at = ''
-  table.insert(events, ARGV[1] .. '|expired|0|' .. reason)
-  redis.call('DEL', KEYS[3])
-end
-local out = {}
-local remaining = rows
-while remaining > 0 do
-  if flagged and level < top and at_level >= after then
-    level = level + 1; at_level = 0
-    table.insert(events, ARGV[1] .. '|escalated|' .. level .. '|' .. reason)
-  else
-    local take = remaining
-    if flagged and level < top then take = math.min(remaining, after - at_level) end
-    table.insert(out, level); table.insert(out, take)
-    redis.call('HINCRBY', KEYS[1], 'q:' .. level, take)
-    if shadow and level > 0 then redis.call('HINCRBY', KEYS[1], 's:' .. level, take) end
-    if flagged then at_level = at_level + take end
-    remaining = remaining - take
-  end
-end
-if flagged and level < top and at_level >= after then
-  level = level + 1; at_level = 0
-  table.insert(events, ARGV[1] .. '|escalated|' .. level .. '|' .. reason)
-end
-if not flagged then reason = '' end
-redis.call('HSET', KEYS[1], 'flagged', flagged and '1' or '0', 'level', level, 'at_level', at_level,
-           'flagged_at', flagged_at, 'reason', reason, 'last_seen', ARGV[1])
-if not s[6] then redis.call('HSET', KEYS[1], 'first_seen', ARGV[1]) end
-for _, e in ipairs(events) do redis.call('RPUSH', KEYS[2], e) end
-table.insert(out, 1, flagged and 1 or 0)
-table.insert(out, 2, level)
-for _, e in ipairs(events) do table.insert(out, e) end
-redis.call('SET', KEYS[4], cjson.encode(out), 'EX', tonumber(ARGV[8]))
-return out
-"""
-
-# Settle a request in doubt (or void a counted one whose answer failed). ARGV[1]: '1' the caller
-# was served, '0' it was told the request failed. Returns 1 if the request had been counted.
-RESOLVE_SCRIPT = """
-local done = redis.call('GET', KEYS[2])
-if not done then redis.call('SET', KEYS[2], 'void', 'EX', tonumber(ARGV[2])) return 0 end
-if done == 'void' then return 0 end
-if done == 'voided' then return 1 end
-if ARGV[1] == '0' then
-  local out = cjson.decode(done)
-  local i = 3
-  while i < #out and type(out[i]) == 'number' and type(out[i + 1]) == 'number' do
-    redis.call('HINCRBY', KEYS[1], 'q:' .. out[i], -out[i + 1])
-    redis.call('HINCRBY', KEYS[1], 'f:' .. out[i], out[i + 1])
-    i = i + 2
-  end
-  redis.call('SET', KEYS[2], 'voided', 'EX', tonumber(ARGV[2]))
-end
-return 1
-"""
-
-FLAG_SCRIPT = """
-local flagged = ARGV[1] == '1'
-local s = redis.call('HMGET', KEYS[1], 'flagged', 'flagged_at', 'reason')
-local expire = tonumber(ARGV[6])
-if s[1] == '1' and expire >= 0 and s[2] and s[2] ~= '' and tonumber(ARGV[4]) >= tonumber(s[2]) + expire then
-  redis.call('RPUSH', KEYS[2], ARGV[4] .. '|expired|0|' .. (s[3] or ''))
-end
-redis.call('HSET', KEYS[1], 'flagged', ARGV[1], 'level', ARGV[2], 'at_level', 0,
-           'flagged_at', flagged and ARGV[4] or '', 'reason', flagged and ARGV[3] or '')
-redis.call('RPUSH', KEYS[2], ARGV[4] .. '|' .. (flagged and 'flagged' or 'unflagged') .. '|' .. ARGV[2] .. '|' .. ARGV[3])
-if flagged then redis.call('SET', KEYS[3], '1') else redis.call('DEL', KEYS[3]) end
-return 1
-"""
-
-
-
-SCRIPTS = {"record": RECORD_SCRIPT, "resolve": RESOLVE_SCRIPT, "flag": FLAG_SCRIPT}
-SHAS = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in SCRIPTS.items()}
-
 
 class _NotReplicated(Exception):
     """WAIT saw fewer replicas than asked for within its timeout (the write is on the primary only)."""
-
-
-def _event(text) -> Event:
-    text = text.decode() if isinstance(text, bytes) else text
-    at, event, level, reason = text.split("|", 3)
-    return Event(float(at), event, int(level), reason)
 
 
 def _uncounted(entry: dict) -> dict:
@@ -185,7 +90,7 @@ class RedisStore:
 
     Implements :class:`~caliber_core.throttle.ledger_store.PipelinedLedgerStore`;
     its methods are documented there. Nothing is sent until the first call.
-    :meth:`from_target` opens a Sentinel or cluster store.
+    :meth:`from_url` opens a store of any topology.
 
     Parameters
     ----------
@@ -210,8 +115,7 @@ class RedisStore:
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 6379, db: int = 0, password=None,
                  username=None, url_for_messages: str = "", connect_timeout: float = 0.5, timeout: float = 2.0,
-                 wait: int = 0, wait_timeout_ms: int = 100, _url: str | None = None, _client=None,
-                 _cluster_options: dict | None = None):
+                 wait: int = 0, wait_timeout_ms: int = 100, _target=None):
         import redis
         from redis.backoff import NoBackoff
         from redis.retry import Retry
@@ -224,77 +128,34 @@ class RedisStore:
                             redis.exceptions.ClusterDownError, redis.exceptions.SlotNotCoveredError)
         self.url = url_for_messages or f"redis://{host}:{port}/{db}"
         self.wait, self.wait_timeout_ms = int(wait), int(wait_timeout_ms)
-        self._options = dict(socket_connect_timeout=connect_timeout, socket_timeout=timeout,
-                             retry=Retry(NoBackoff(), 0), decode_responses=False)
-        self._cluster, self._cluster_options, self._refreshed = None, _cluster_options, 0.0
-        if _client is not None:
-            self._client = _client
-        elif _cluster_options is not None:
-            self._client = None  # the cluster client is built at first use (building it contacts a node)
-        elif _url is not None:  # redis-py's own URL parsing: percent-encoded user and password, TLS, sockets
-            self._client = redis.Redis.from_url(_url, **self._options)
+        options = dict(socket_connect_timeout=connect_timeout, socket_timeout=timeout, retry=Retry(NoBackoff(), 0),
+                       decode_responses=False)
+        if _target is not None:
+            self._routes = Routes.for_target(_target, options)
         else:
-            self._client = redis.Redis(host=host, port=port, db=db, password=password, username=username,
-                                       **self._options)
+            self._routes = Routes(options, client=redis.Redis(host=host, port=port, db=db, password=password,
+                                                              username=username, **options))
+        self._service = None if _target is None else _target.service
         self._layout_ok = False
-        self._service = None
 
     @classmethod
-    def from_url(cls, url: str, *, url_for_messages: str = "", **options) -> "RedisStore":
-        """A store for one server's ``url``, read by redis-py's ``Redis.from_url`` (see :func:`.stores.open_store`).
+    def from_url(cls, url: str, **options) -> "RedisStore":
+        """A store for any Redis URL (:mod:`.redis_urls`: one server, Sentinel or a cluster, ``wait=N``).
 
-        Parameters
-        ----------
-        url : str
-            A ``redis://``, ``rediss://`` or ``unix://`` URL (percent-encoded user and password).
-        url_for_messages : str, optional
-            How messages name the store; default ``"redis store"`` (the URL may hold a password).
-        **options
-            ``connect_timeout``, ``timeout``, ``wait``, ``wait_timeout_ms``, as the class takes them.
-
-        Returns
-        -------
-        RedisStore
+        Raises
+        ------
+        StoreURLError
+            A malformed URL (one line, no password).
         """
-        return cls(url_for_messages=url_for_messages or "redis store", _url=url, **options)
+        from .redis_urls import parse_redis_url
+
+        return cls.from_target(parse_redis_url(url), **options)
 
     @classmethod
     def from_target(cls, target, **options) -> "RedisStore":
-        """A store for a parsed URL of any topology (:func:`.redis_urls.parse_redis_url`).
-
-        Parameters
-        ----------
-        target : RedisTarget
-            One server, a Sentinel set (``redis.sentinel.Sentinel``) or a
-            cluster (``redis.cluster.RedisCluster``).
-        **options
-            ``connect_timeout`` and ``timeout``, as the class takes them.
-
-        Returns
-        -------
-        RedisStore
-        """
-        durability = dict(wait=target.wait, wait_timeout_ms=target.wait_timeout_ms)
-        if target.topology == "server":
-            return cls.from_url(target.server_url, url_for_messages=target.safe_url, **durability, **options)
-        if target.topology == "cluster":
-            from redis.cluster import ClusterNode
-
-            cluster = dict(startup_nodes=[ClusterNode(h, p) for h, p in target.nodes], username=target.username,
-                           password=target.password, ssl=target.tls)
-            return cls(url_for_messages=target.safe_url, _cluster_options=cluster, **durability, **options)
-        from redis.sentinel import Sentinel
-
-        store = cls(url_for_messages=target.safe_url, _client=False, **durability, **options)
-        timeouts = {k: store._options[k] for k in ("socket_connect_timeout", "socket_timeout")}
-        sentinel_auth = ({"password": target.sentinel_password} if target.sentinel_password is not None
-                         else {"username": target.username, "password": target.password})
-        sentinel = Sentinel(list(target.nodes), sentinel_kwargs=dict(ssl=target.tls, **sentinel_auth, **timeouts),
-                            **timeouts)
-        store._service = target.service
-        store._client = sentinel.master_for(target.service, db=target.db, username=target.username,
-                                            password=target.password, ssl=target.tls, **store._options)
-        return store
+        """A store for a parsed URL (:func:`.redis_urls.parse_redis_url`); ``options`` as the class takes them."""
+        return cls(url_for_messages=target.safe_url, wait=target.wait, wait_timeout_ms=target.wait_timeout_ms,
+                   _target=target, **options)
 
     def __repr__(self) -> str:
         return f"RedisStore({self.url!r})"
@@ -317,98 +178,32 @@ class RedisStore:
     def _keys(account: str, token: str | None = None) -> list[str]:
         return account_keys(account, token)
 
-    # ------------------------------------------------------------------ topology
-    def _cluster_client(self):
-        if self._cluster is None:
-            from redis.cluster import RedisCluster
-
-            # redis-py retries nothing itself: a redirection or a lost reply is this store's to retry (same token).
-            self._cluster = RedisCluster(**self._cluster_options, **self._options)
-            self._refreshed = time.monotonic()
-        return self._cluster
-
-    def _node(self, key: str):
-        """The client of the primary that holds ``key`` (the one server, the Sentinel's primary, a cluster node)."""
-        if self._cluster_options is None:
-            return self._client
-        cluster = self._cluster_client()
-        return cluster.get_redis_connection(cluster.get_node_from_key(key))
-
-    def _primaries(self) -> list:
-        """A client per primary: one, or each of the cluster's."""
-        if self._cluster_options is None:
-            return [self._client]
-        cluster = self._cluster_client()
-        return [cluster.get_redis_connection(node) for node in cluster.get_primaries()]
-
-    def _refresh(self, *, now: bool = False) -> None:
-        """Read a cluster's slot map again (at most every REFRESH_SECONDS unless ``now``): after a
-        redirection or a lost node, so the next request goes to the slot's new primary."""
-        if self._cluster is None or (not now and time.monotonic() - self._refreshed < REFRESH_SECONDS):
-            return
-        self._refreshed = time.monotonic()
-        try:
-            self._cluster.nodes_manager.initialize()
-        except self._errors:
-            pass  # no node answers yet: the next failure tries again
-
     def close(self) -> None:
         """See :meth:`LedgerStore.close <caliber_core.throttle.ledger_store.LedgerStore.close>`."""
-        if self._cluster is not None:
-            self._cluster.close()
-            self._cluster = None
-        elif self._client:
-            self._client.close()
-
-    def _ask(self, exc):
-        """The client of the node an ``ASK`` redirection names (the slot is being moved there)."""
-        cluster = self._cluster_client()
-        node = cluster.get_node(host=exc.host, port=exc.port)
-        if node is None:
-            from redis.cluster import ClusterNode
-
-            node = ClusterNode(exc.host, exc.port)
-            cluster.nodes_manager.nodes_cache[node.name] = node
-        return cluster.get_redis_connection(node)
+        self._routes.close()
 
     def _reading(self, key: str, read):
         """Run ``read(client)`` on ``key``'s primary; a redirection reads the slot map and tries again."""
         delays = iter(RETRY_DELAYS)
         while True:
             try:
-                return read(self._node(key))
+                return read(self._routes.node(key))
             except self._redirected as exc:
-                self._refresh(now=True)
+                self._routes.refresh(now=True)
                 delay = next(delays, None)
                 if delay is None:
                     raise self._fail(exc) from None
                 time.sleep(delay)
             except self._errors as exc:
                 if isinstance(exc, self._lost):
-                    self._refresh()
+                    self._routes.refresh()
                 raise self._fail(exc) from None
 
     def _check_layout(self) -> None:
         """Refuse a ledger still in the single-server layout of earlier versions (it would read as empty)."""
-        def check(client):
-            found = client.get(LAYOUT_KEY)
-            if found is not None and found.decode() != LAYOUT:
-                raise StoreUnavailable(f"redis store {self.url}: the ledger's key layout is {found.decode()!r}, "
-                                       f"this version reads {LAYOUT!r}")
-            return found is not None
+        from .redis_migrate import check_layout
 
-        if not self._reading(LAYOUT_KEY, check):
-            try:
-                old = [next(client.scan_iter(LEGACY_ACCOUNT_PATTERN, count=1000), 0) for client in self._primaries()]
-                if self._cluster_options is None:  # a cluster would answer MOVED: no slot holds this key's name
-                    old.append(self._client.exists(LEGACY_FLAGGED))
-            except self._errors as exc:
-                raise self._fail(exc) from None
-            if any(old):
-                raise StoreUnavailable(
-                    f"redis store {self.url}: the ledger is in the single-server key layout of an earlier version; "
-                    "stop the servers that use it and run `caliber throttle migrate-store --store URL` once")
-            self._reading(LAYOUT_KEY, lambda client: client.set(LAYOUT_KEY, LAYOUT, nx=True))
+        check_layout(self)
         self._layout_ok = True
 
     def ping(self) -> bool:
@@ -417,7 +212,7 @@ class RedisStore:
         On a cluster every primary must answer. The first ping also checks the ledger's key layout.
         """
         try:
-            answered = all(client.ping() for client in self._primaries())
+            answered = all(client.ping() for client in self._routes.primaries())
         except self._errors as exc:
             raise self._fail(exc) from None
         if not self._layout_ok:
@@ -455,22 +250,22 @@ class RedisStore:
         asking = None
         while True:
             try:
-                client = self._node(key) if asking is None else asking
+                client = self._routes.node(key) if asking is None else asking
                 return self._write(client, script, keys, args, asking=asking is not None)
             except _NotReplicated as exc:
                 raise self._fail(exc, in_doubt=token) from None  # counted on the primary, maybe lost with it
             except self._redis.exceptions.MovedError as exc:
-                self._refresh(now=True)
+                self._routes.refresh(now=True)
                 asking, failure = None, exc
             except self._redis.exceptions.AskError as exc:
-                asking, failure = self._ask(exc), exc
+                asking, failure = self._routes.asked(exc), exc
             except self._redirected as exc:
-                self._refresh(now=True)
+                self._routes.refresh(now=True)
                 asking, failure = None, exc
             except self._lost as exc:
                 # A refused connection sent nothing; a lost reply leaves the request in doubt.
                 sent = sent or not _refused(exc)
-                self._refresh()
+                self._routes.refresh()
                 asking, failure = None, exc
                 if not sent:
                     raise self._fail(exc) from None
@@ -505,7 +300,7 @@ class RedisStore:
         return self._run_record(self._keys(account, token), args, token, sent=False)
 
     def _run_record(self, keys, args, token: str, *, sent: bool) -> Decision:
-        return self._decision(self._counted_write(keys[0], "record", keys, args, token, sent=sent), token)
+        return decision_of(self._counted_write(keys[0], "record", keys, args, token, sent=sent), token)
 
     def begin_record(self, account: str, *, token: str | None = None, **request):
         """Send the request's script now and return ``finish() -> Decision``, which reads the reply.
@@ -521,10 +316,10 @@ class RedisStore:
         token = self.new_token() if token is None else token
         keys, args = self._keys(account, token), self._record_args(account, **request)
         try:
-            pool = self._node(keys[0]).connection_pool
+            pool = self._routes.node(keys[0]).connection_pool
             conn = pool.get_connection()
         except self._errors as exc:
-            self._refresh()
+            self._routes.refresh()
             raise self._fail(exc) from None
         commands = [("EVALSHA", SHAS["record"], len(keys), *keys, *args)]
         if self.wait:
@@ -553,13 +348,13 @@ class RedisStore:
             reply = replies[0]
             if isinstance(reply, (exceptions.NoScriptError, *self._redirected)):
                 if not isinstance(reply, exceptions.NoScriptError):
-                    self._refresh(now=True)
+                    self._routes.refresh(now=True)
                 return self._run_record(keys, args, token, sent=False)  # it ran nothing: run it again
             if isinstance(reply, Exception):
                 raise self._fail(reply, in_doubt=None) from None
             if self.wait and (isinstance(replies[1], Exception) or int(replies[1]) < self.wait):
                 raise self._fail(_NotReplicated(), in_doubt=token)
-            return self._decision(reply, token)
+            return decision_of(reply, token)
 
         return finish
 
@@ -588,17 +383,6 @@ class RedisStore:
                             "queries": {str(k): int(v) for k, v in sorted(queries.items())}})
         key = uncounted_key(account)
         self._reading(key, lambda client: client.rpush(key, entry))
-
-    @staticmethod
-    def _decision(reply, token: str | None = None) -> Decision:
-        if int(reply[0]) == -1:
-            raise StoreUnavailable("redis store: this request's token was voided while it was in doubt")
-        flagged, level = bool(reply[0]), int(reply[1])
-        rest = reply[2:]
-        n_seg = sum(1 for x in rest if isinstance(x, int))
-        segments = tuple((int(rest[i]), int(rest[i + 1])) for i in range(0, n_seg, 2))
-        events = tuple(_event(e) for e in rest[n_seg:])
-        return Decision(segments, events, AccountState(flagged=flagged, level=level), token=token)
 
     def set_flag(self, account: str, *, flagged: bool, level: int, reason: str, now: float,
                  expire_after: float | None = None) -> AccountState:
@@ -640,7 +424,7 @@ class RedisStore:
             uncounted=tuple(_uncounted(json.loads(u)) for u in uncounted),
             first_seen=float(f["first_seen"]) if f.get("first_seen") else None,
             last_seen=float(f["last_seen"]) if f.get("last_seen") else None,
-            history=tuple(_event(e) for e in history))
+            history=tuple(event_of(e) for e in history))
 
     def accounts(self, *, flagged_only: bool = True) -> list[str]:
         """See :meth:`LedgerStore.accounts <caliber_core.throttle.ledger_store.LedgerStore.accounts>`.
@@ -651,7 +435,7 @@ class RedisStore:
             self._check_layout()
         pattern = FLAGGED_PATTERN if flagged_only else ACCOUNT_PATTERN
         try:
-            found = {tag_of(k) for client in self._primaries() for k in client.scan_iter(pattern, count=1000)}
+            found = {tag_of(k) for client in self._routes.primaries() for k in client.scan_iter(pattern, count=1000)}
         except self._errors as exc:
             raise self._fail(exc) from None
         return sorted(found)
