@@ -8,9 +8,9 @@
    and with ``wait=1``, and on a cluster (three primaries, one replica each)
    without and with ``wait=1``: requests/s, p50 and p99 latency, the
    topologies interleaved in rounds so that load drifting hits them alike.
-2. One server, this release's store against the previous release's
-   (``git show 1331081:caliber_core/throttle/redis_store.py``): ``record``
-   latency, the median of per-round ratios.
+2. One server, ``respond`` through this release's store against the
+   previous release's (``git show 1331081:caliber_core/throttle/redis_store.py``),
+   interleaved: the median of per-round ratios of median latencies.
 3. Failovers: the primary killed with SIGKILL under four serving processes
    (two with ``wait=1``, two without, six accounts each, half flagged), a new
    topology each time. Per failover: each process's outage (its first answer
@@ -124,28 +124,34 @@ def _previous_store():
 
 
 def against_previous(folder: Path, *, rounds: int, per_round: int):
-    """record on one server: (this median us, previous median us, median per-round ratio, its range)."""
+    """respond on one server through this release's store and the previous release's (a database each):
+    (this median us, previous median us, median per-round ratio, lowest, highest)."""
     previous = _previous_store()
     if previous is None:
         return None
     exe, _ = redis_executables()
     node = Node(exe, folder / "previous", free_ports(1)[0])
     node.start()
+    policy = write_policy(folder, escalate_after=10**9)
     try:
-        stores = {"this": RedisStore(host="127.0.0.1", port=node.port, db=0),
-                  "previous": previous(host="127.0.0.1", port=node.port, db=1)}  # a database each: two layouts
-        request = dict(rows=1, escalate_after=10**9, top=2, expire_after=None, shadow=False)
-        medians = {name: [] for name in stores}
-        for r in range(rounds):
-            for name in random.sample(list(stores), 2):
-                store, samples = stores[name], []
-                for i in range(per_round):
+        throttles = {"this": Throttle.from_files(policy, key=KEY, metrics=False,
+                                                 store=RedisStore(host="127.0.0.1", port=node.port, db=0)),
+                     "previous": Throttle.from_files(policy, key=KEY, metrics=False,
+                                                     store=previous(host="127.0.0.1", port=node.port, db=1))}
+        for t in throttles.values():
+            t.flag("acct-1", level=1)
+        logits, ids = np.zeros((1, 10)), ["x"]
+        medians = {name: [] for name in throttles}
+        for _ in range(rounds):
+            for name in random.sample(list(throttles), 2):
+                t, samples = throttles[name], []
+                for _ in range(per_round):
                     start = time.perf_counter()
-                    store.record("acct-1", now=float(r * per_round + i), **request)
+                    t.respond("acct-1", logits, ids)
                     samples.append(time.perf_counter() - start)
                 medians[name].append(statistics.median(samples))
-        for store in stores.values():
-            store.close()
+        for t in throttles.values():
+            t.close()
     finally:
         node.stop()
     ratios = sorted(a / b for a, b in zip(medians["this"], medians["previous"]))
@@ -231,8 +237,8 @@ def main(argv=None) -> int:
     else:
         this_us, prev_us, ratio, low, high = previous
         print(previous, flush=True)
-        fig.note(f"One server, `record` of this release (hash-tagged keys) against the previous release's "
-                 f"({PREVIOUS}), {rounds * 2} interleaved rounds of {per_round}: median {this_us:.0f} against "
+        fig.note(f"One server, `respond` through this release's store (hash-tagged keys) against the previous "
+                 f"release's ({PREVIOUS}), {rounds * 2} interleaved rounds of {per_round}: median {this_us:.0f} against "
                  f"{prev_us:.0f} us; per-round ratio median {ratio:.2f} (range {low:.2f} to {high:.2f}).")
     table, totals = [], {True: [0, 0], False: [0, 0]}  # wait -> [lost, answers] over every failover
     for topology in ("Sentinel", "cluster"):

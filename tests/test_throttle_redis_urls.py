@@ -71,7 +71,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("form", ["redis+cluster://u:hunter2@127.0.0.1:{p}", "redis+sentinel://u:hunter2@127.0.0.1:{p}/svc"])
+@pytest.mark.parametrize("form", ["redis+cluster://u:hunter2@127.0.0.1:{p}",
+                                  "redis+sentinel://u:hunter2@127.0.0.1:{p}/svc"])
 def test_a_topology_with_nothing_reachable_refuses_to_start_in_one_line(tmp_path, capsys, form):
     from throttle_support import write_policy
 

@@ -66,6 +66,7 @@ RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8)
 #: request still in doubt when it has expired is settled as not counted.
 TOKEN_SECONDS = 600
 
+
 class _NotReplicated(Exception):
     """WAIT saw fewer replicas than asked for within its timeout (the write is on the primary only)."""
 
