@@ -10,7 +10,8 @@
    topologies interleaved in rounds so that load drifting hits them alike.
 2. One server, ``respond`` through this release's store against the
    previous release's (``git show 1331081:caliber_core/throttle/redis_store.py``),
-   interleaved: the median of per-round ratios of median latencies.
+   interleaved: the median of per-round ratios of median latencies, and of
+   this process's CPU time per request (less moved by a busy machine).
 3. Failovers: the primary killed with SIGKILL under four serving processes
    (two with ``wait=1``, two without, six accounts each, half flagged), a new
    topology each time. Per failover: each process's outage (its first answer
@@ -44,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the topologies and the serving processes the tests use
 
-from failover_run import compare_with_ledger, drive_through_a_kill, four_processes  # noqa: E402
+from failover_run import GIVE_UP_S, compare_with_ledger, drive_through_a_kill, four_processes  # noqa: E402
 from figure_files import FigureFile  # noqa: E402  (benchmarks/ is this script's folder)
 from redis_topologies import ClusterSet, Missing, Node, SentinelSet, free_ports, redis_executables  # noqa: E402
 from throttle_support import KEY, write_policy  # noqa: E402
@@ -125,7 +126,7 @@ def _previous_store():
 
 def against_previous(folder: Path, *, rounds: int, per_round: int):
     """respond on one server through this release's store and the previous release's (a database each):
-    (this median us, previous median us, median per-round ratio, lowest, highest)."""
+    for latency and for CPU per request, (this us, previous us, median per-round ratio, its quartiles)."""
     previous = _previous_store()
     if previous is None:
         return None
@@ -141,22 +142,27 @@ def against_previous(folder: Path, *, rounds: int, per_round: int):
         for t in throttles.values():
             t.flag("acct-1", level=1)
         logits, ids = np.zeros((1, 10)), ["x"]
-        medians = {name: [] for name in throttles}
+        medians, cpu = {name: [] for name in throttles}, {name: [] for name in throttles}
         for _ in range(rounds):
             for name in random.sample(list(throttles), 2):
                 t, samples = throttles[name], []
+                cpu_start = time.process_time()  # this process's CPU: less moved by other processes than wall time
                 for _ in range(per_round):
                     start = time.perf_counter()
                     t.respond("acct-1", logits, ids)
                     samples.append(time.perf_counter() - start)
+                cpu[name].append((time.process_time() - cpu_start) / per_round)
                 medians[name].append(statistics.median(samples))
         for t in throttles.values():
             t.close()
     finally:
         node.stop()
-    ratios = sorted(a / b for a, b in zip(medians["this"], medians["previous"]))
-    return (statistics.median(medians["this"]) * 1e6, statistics.median(medians["previous"]) * 1e6,
-            statistics.median(ratios), ratios[0], ratios[-1])
+    out = []
+    for series in (medians, cpu):
+        ratios = sorted(a / b for a, b in zip(series["this"], series["previous"]))
+        out.append((statistics.median(series["this"]) * 1e6, statistics.median(series["previous"]) * 1e6,
+                    statistics.median(ratios), ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]))
+    return out
 
 
 def failover(folder: Path, topology: str) -> dict:
@@ -171,7 +177,8 @@ def failover(folder: Path, topology: str) -> dict:
         with SentinelSet(folder / "redis") as sentinel:
             processes = four_processes(lambda i: [f"s{i}-{j}" for j in range(6)])
             reports = drive_through_a_kill(folder, policy, sentinel.url(), processes, sentinel.primary().kill)
-            return compare_with_ledger(sentinel.url(), processes, reports)["processes"]
+            out = compare_with_ledger(sentinel.url(), processes, reports)["processes"]
+            return out, sentinel.events()
     with ClusterSet(folder / "redis") as cluster:
         victim = cluster.primaries()[0]
         owners = {}
@@ -200,7 +207,7 @@ def failover(folder: Path, topology: str) -> dict:
 
         reports = drive_through_a_kill(folder, policy, cluster.url(), processes, victim.kill,
                                        after_kill=restart_once_promoted)
-        return compare_with_ledger(cluster.url(), processes, reports)["processes"]
+        return compare_with_ledger(cluster.url(), processes, reports)["processes"], None
 
 
 def main(argv=None) -> int:
@@ -235,16 +242,18 @@ def main(argv=None) -> int:
     if previous is None:
         fig.note(f"The previous release's store ({PREVIOUS}) is not in this checkout's history: not compared.")
     else:
-        this_us, prev_us, ratio, low, high = previous
+        (this_us, prev_us, ratio, low, high), (this_cpu, prev_cpu, cpu_ratio, cpu_low, cpu_high) = previous
         print(previous, flush=True)
         fig.note(f"One server, `respond` through this release's store (hash-tagged keys) against the previous "
-                 f"release's ({PREVIOUS}), {rounds * 2} interleaved rounds of {per_round}: median {this_us:.0f} against "
-                 f"{prev_us:.0f} us; per-round ratio median {ratio:.2f} (range {low:.2f} to {high:.2f}).")
+                 f"release's ({PREVIOUS}), {rounds * 2} interleaved rounds of {per_round}: median latency "
+                 f"{this_us:.0f} against {prev_us:.0f} us, per-round ratio median {ratio:.2f} (interquartile "
+                 f"{low:.2f} to {high:.2f}); this process's CPU per request {this_cpu:.0f} against {prev_cpu:.0f} us, "
+                 f"ratio median {cpu_ratio:.2f} (interquartile {cpu_low:.2f} to {cpu_high:.2f}).")
     table, totals = [], {True: [0, 0], False: [0, 0]}  # wait -> [lost, answers] over every failover
     for topology in ("Sentinel", "cluster"):
         for n in range(failovers):
             with tempfile.TemporaryDirectory() as tmp:
-                out = failover(Path(tmp), topology)
+                out, events = failover(Path(tmp), topology)
             print(topology, n, {k: {x: v[x] for x in ("outage_s", "counted_again_s", "lost", "answers")}
                                 for k, v in out.items()}, flush=True)
             for p in out.values():
@@ -252,20 +261,26 @@ def main(argv=None) -> int:
                 totals[p["wait"]][1] += p["answers"]
             waited = [p for p in out.values() if p["wait"]]
             plain = [p for p in out.values() if not p["wait"]]
-            assert all(p["flagged_clean"] == 0 for p in out.values()), "a flagged account was served clean"
             outage = [p["outage_s"] for p in out.values()]
             again = [p["counted_again_s"] for p in out.values()]
+            late = sum(a is None for a in again)  # a process that had not counted again when it was stopped
+            shown_outage = [x for x in outage if x is not None]
             table.append([topology, str(n + 1),
-                          f"{min(outage):.2f} to {max(outage):.2f}", f"{max(again):.2f}",
+                          (f"{min(shown_outage):.2f} to {max(shown_outage):.2f}" if shown_outage else "-")
+                          + (f"; {late} not counting after {GIVE_UP_S:.0f} s" if late else ""),
+                          f"{max(a for a in again if a is not None):.2f}" if late < len(again) else "-",
+                          "-" if events is None else f"{events['failovers']} ({events['tilt']} tilt)",
                           f"{sum(p['lost'] for p in waited)} of {sum(p['answers'] for p in waited):,}",
                           f"{sum(p['lost'] for p in plain)} of {sum(p['answers'] for p in plain):,}",
                           str(sum(p["flagged_clean"] for p in out.values()))])
     fig.table(["topology", "failover", "outage per process, s", "kill to counted again (slowest), s",
-               "lost, wait=1", "lost, no WAIT", "flagged served clean"], table,
+               "switches the sentinels logged", "lost, wait=1", "lost, no WAIT", "flagged served clean"], table,
               caption="The primary killed with SIGKILL under four serving processes (two with `wait=1`, two "
               "without; six accounts each, half flagged; policy `last-known`). Outage: a process's first answer "
               "not counted to its first counted answer after its last one. Lost: answers neither in the "
-              "ledger's count nor in its served-uncounted record, after the processes settled:")
+              "ledger's count nor in its served-uncounted record, after the processes settled. More than one "
+              "switch means the sentinels also replaced a primary that was alive (answering slower than "
+              "down-after-milliseconds on a loaded machine, or a sentinel in TILT); WAIT does not cover that:")
     for waited, (lost, answers) in sorted(totals.items(), reverse=True):
         fig.note(f"{'With' if waited else 'Without'} WAIT, over {2 * failovers} failovers: {_rate(lost, answers)}.")
     print(table, totals, flush=True)

@@ -186,6 +186,17 @@ class SentinelSet:
 
         _until(ready, timeout=30, what="the sentinels did not discover each other and the replicas")
 
+    def events(self) -> dict:
+        """What the sentinels logged: ``failovers`` (the most ``+switch-master`` any one saw) and ``tilt``
+        (``+tilt`` entries: a sentinel whose timer ran late, as on an overloaded machine, and stopped acting)."""
+        switches, tilt = 0, 0
+        for port in self.sentinel_ports:
+            log = self.folder / f"sentinel-{port}" / "sentinel.log"
+            text = log.read_text() if log.exists() else ""
+            switches = max(switches, text.count("+switch-master"))
+            tilt += text.count("+tilt")
+        return {"failovers": switches, "tilt": tilt}
+
     def primary(self) -> Node:
         """The node the sentinels name as primary now."""
         host, port = _client(self.sentinel_ports[0]).execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME",
