@@ -176,7 +176,8 @@ def failover(folder: Path, topology: str) -> dict:
     if topology == "Sentinel":
         with SentinelSet(folder / "redis") as sentinel:
             processes = four_processes(lambda i: [f"s{i}-{j}" for j in range(6)])
-            reports = drive_through_a_kill(folder, policy, sentinel.url(), processes, sentinel.primary().kill)
+            reports = drive_through_a_kill(folder, policy, sentinel.url(), processes,
+                                           lambda: sentinel.primary().kill())  # the primary at that moment
             out = compare_with_ledger(sentinel.url(), processes, reports)["processes"]
             return out, sentinel.events()
     with ClusterSet(folder / "redis") as cluster:
