@@ -269,6 +269,14 @@ class ClusterSet:
 
         _until(ok, timeout=30, what="the cluster did not reach cluster_state:ok with every replica in sync")
 
+    def events(self) -> dict:
+        """What the nodes logged: ``failovers`` (replicas that won an election and became primary)."""
+        won = 0
+        for node in self.nodes:
+            log = node.folder / "redis.log"
+            won += log.read_text().count("Failover election won") if log.exists() else 0
+        return {"failovers": won}
+
     def slot_owner(self, slot: int) -> Node:
         """The node that serves ``slot`` now (read from a live node's CLUSTER SLOTS)."""
         for node in self.nodes:

@@ -113,6 +113,7 @@ def test_a_cluster_failover_moves_the_slots_and_every_process_counts_again(tmp_p
         reports = drive_through_a_kill(tmp_path, write_policy(tmp_path, escalate_after=10**9), url, processes,
                                        victim.kill, after_kill=restart_once_promoted)
         assert cluster.slot_owner(victim_slot) is not victim
+        assert cluster.events()["failovers"] == 1, cluster.events()  # only the one the kill caused
         out = _check(url, processes, reports)
     _say("cluster", out)
 
@@ -169,10 +170,10 @@ def test_a_count_acknowledged_without_wait_can_be_lost_and_with_wait_it_is_never
         waiting.record("waiting", **request)  # replicated: WAIT said so
         primary = sentinel.primary()
         replicas = [n for n in sentinel.nodes if n is not primary]
-        redis.Redis(port=primary.port).execute_command("CLIENT", "KILL", "TYPE", "replica")
-        for node in replicas:  # they cannot reconnect before the kill
+        for node in replicas:  # stopped first, so that they cannot reconnect before the kill
             node.proc.send_signal(signal.SIGSTOP)
         try:
+            redis.Redis(port=primary.port).execute_command("CLIENT", "KILL", "TYPE", "replica")
             assert plain.record("plain", **request).segments == ((0, 1),)  # acknowledged, on the primary only
             with pytest.raises(StoreUnavailable, match="fewer than 1 replica") as caught:
                 waiting.record("waiting", **request)
