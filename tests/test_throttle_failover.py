@@ -152,6 +152,13 @@ def test_a_slot_in_migration_is_an_outage_for_its_accounts_and_a_moved_slot_is_f
         assert store.record(first, **request).segments == ((0, 1),)
         assert dst.exists(scoped_key(second, "a"), scoped_key(first, "a")) == 2  # both on the target now
         assert store.get(first).queries == {0: 2} and store.get(second).queries == {0: 1}
+        # The flagged list is read by SCAN on each primary: accounts on every primary, no cross-slot command.
+        spread = [next(f"f{j}" for j in range(10**6) if cluster.slot_owner(slot_of(f"f{j}")) is node)
+                  for node in cluster.primaries()]
+        for account in spread:
+            store.set_flag(account, flagged=True, level=1, reason="", now=2.0)
+        assert store.accounts() == sorted(spread)
+        assert set(store.accounts(flagged_only=False)) == {first, second, *spread}
         store.close()
 
 

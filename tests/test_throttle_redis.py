@@ -178,3 +178,13 @@ def test_a_ledger_of_the_single_server_layout_is_refused_until_one_command_moves
     assert d.state.level == 2 and store.get("f1").queries[2] == expected["f1"].queries[2] + 1
     assert main(["throttle", "migrate-store", "--store", server.url]) == 0  # again: nothing left
     assert "moved 0 account(s)" in capsys.readouterr().out
+
+
+def test_wait_on_a_server_without_replicas_fails_closed_and_leaves_the_request_in_doubt(server):
+    store = open_store(server.url + "?wait=1&wait_timeout_ms=10")
+    with pytest.raises(StoreUnavailable, match="fewer than 1 replica") as caught:
+        store.record("acct", rows=1, now=1.0, escalate_after=10, top=2, expire_after=None, shadow=False)
+    assert caught.value.in_doubt is not None  # counted on the primary, not acknowledged by a replica
+    plain = open_store(server.url)
+    assert plain.resolve("acct", caught.value.in_doubt, served=False) is True
+    assert (plain.get("acct").queries, plain.get("acct").failed) == ({0: 0}, {0: 1})
