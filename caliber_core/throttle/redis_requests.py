@@ -8,12 +8,13 @@ and its campaign groups (:mod:`.groups`).
 What is atomic with groups. A group is a ledger of its own, in its own hash
 slot (:func:`.redis_keys.group_keys`); on a cluster it is usually on another
 node than the account. A request with groups therefore runs one script per
-account and per group, under one token, each sent on a connection to its
-own slot's primary (one server or Sentinel: the same primary; a cluster:
-whichever node holds the slot), all of them before any reply is read, so
-the request costs one round trip on every topology. Each script is atomic
-and runs at most once per token (a lost reply is retried with the token,
-``wait=N`` is checked after each); together they are *not* one transaction:
+account and per group, under one token, sent per node: the scripts whose
+slots one primary holds are pipelined on one connection to it (one server
+or Sentinel: all of them; a cluster: one batch per node involved), every
+batch before any reply is read, so the request costs one round trip on
+every topology. Each script is atomic and runs at most once per token (a
+lost reply is retried with the token, ``wait=N`` is checked after each);
+together they are *not* one transaction:
 another process may see a group counted a moment before the account, and a
 failover may lose one script's write and not another's. A script that fails
 for good leaves the whole request in doubt (``in_doubt``: the token), and
@@ -45,30 +46,41 @@ class NotReplicated(Exception):
 class RedisRequests:
     """Sending counting scripts, and a request with groups (mixed into :class:`~.redis_store.RedisStore`)."""
 
-    def _begin_write(self, script: str, keys, args, token: str):
-        """Send a counting script (then WAIT, with ``wait``) to the primary of ``keys[0]``; ``finish()``
-        reads its reply, running it again through :meth:`_counted_write` when it ran nothing or was lost."""
+    def _begin_write(self, calls, token: str):
+        """Send counting scripts, ``[(script, keys, args)]`` whose slots one primary holds (each followed by
+        WAIT, with ``wait``), on one connection to it; ``finish()`` reads a reply per script, in order.
+
+        A reply is the script's, or the StoreUnavailable it met (returned, not raised). A script that ran
+        nothing (a server without it, a redirection) or whose reply was lost is run again through
+        :meth:`_counted_write`, with the same token.
+        """
         try:
-            pool = self._routes.node(keys[0]).connection_pool
+            pool = self._routes.node(calls[0][1][0]).connection_pool
             conn = pool.get_connection()
         except self._errors as exc:
             self._routes.refresh()
             raise self._fail(exc) from None
-        commands = [("EVALSHA", SHAS[script], len(keys), *keys, *args)]
-        if self.wait:
-            commands.append(("WAIT", self.wait, self.wait_timeout_ms))
+        step = 2 if self.wait else 1
+        commands = []
+        for script, keys, args in calls:
+            commands.append(("EVALSHA", SHAS[script], len(keys), *keys, *args))
+            if self.wait:
+                commands.append(("WAIT", self.wait, self.wait_timeout_ms))
 
-        def again(sent: bool):
-            return self._counted_write(keys[0], script, keys, args, token, sent=sent)
+        def again(call, sent: bool):
+            try:
+                return self._counted_write(call[1][0], *call, token, sent=sent)
+            except StoreUnavailable as exc:
+                return exc
 
         try:
             conn.send_packed_command(conn.pack_commands(commands))
         except self._errors:
             pool.release(conn)
             conn.disconnect()
-            return lambda: again(True)
+            return lambda: [again(call, True) for call in calls]
 
-        def finish():
+        def finish() -> list:
             exceptions = self._redis.exceptions
             replies = []
             try:
@@ -80,18 +92,23 @@ class RedisRequests:
             except self._errors:
                 conn.disconnect()
                 pool.release(conn)
-                return again(True)
+                return [again(call, True) for call in calls]
             pool.release(conn)
-            reply = replies[0]
-            if isinstance(reply, (exceptions.NoScriptError, *self._redirected)):
-                if not isinstance(reply, exceptions.NoScriptError):
-                    self._routes.refresh(now=True)
-                return again(False)  # it ran nothing: run it again
-            if isinstance(reply, Exception):
-                raise self._fail(reply, in_doubt=None) from None
-            if self.wait and (isinstance(replies[1], Exception) or int(replies[1]) < self.wait):
-                raise self._fail(NotReplicated(), in_doubt=token)
-            return reply
+            out = []
+            for i, call in enumerate(calls):
+                reply = replies[i * step]
+                if isinstance(reply, (exceptions.NoScriptError, *self._redirected)):
+                    if not isinstance(reply, exceptions.NoScriptError):
+                        self._routes.refresh(now=True)
+                    out.append(again(call, False))  # it ran nothing: run it again
+                elif isinstance(reply, Exception):
+                    out.append(self._fail(reply, in_doubt=None))
+                elif self.wait and (isinstance(replies[i * step + 1], Exception)
+                                    or int(replies[i * step + 1]) < self.wait):
+                    out.append(self._fail(NotReplicated(), in_doubt=token))
+                else:
+                    out.append(reply)
+            return out
 
         return finish
 
@@ -142,16 +159,25 @@ class RedisRequests:
             keys = account_keys(name, token)
             calls.append(("record", keys, args) if member is None
                          else ("group_record", keys + [members_key(name)], args + [member]))
-        finishes = [self._begin_write(*calls[0], token)]  # the account's: nothing sent if it cannot connect
-        for script, keys, args in calls[1:]:
+        # One connection per primary, the account's first; all sent before any reply is read.
+        batches = {}
+        for i, call in enumerate(calls):
             try:
-                finishes.append(self._begin_write(script, keys, args, token))
-            except StoreUnavailable:  # the account's is in flight: run this one (and retry it) when reading
-                finishes.append(lambda s=script, k=keys, a=args: self._counted_write(k[0], s, k, a, token,
-                                                                                     sent=False))
+                node = id(self._routes.node(call[1][0]))
+            except self._errors:
+                node = None  # _begin_write meets the error again
+            batches.setdefault(node, []).append((i, call))
+        batches = list(batches.values())
+        finishes = [self._begin_write([c for _, c in batches[0]], token)]  # nothing sent if it cannot connect
+        for batch in batches[1:]:
+            try:
+                finishes.append(self._begin_write([c for _, c in batch], token))
+            except StoreUnavailable:  # the account's is in flight: run these (and retry them) when reading
+                finishes.append(lambda b=batch: [self._counted_write(c[1][0], *c, token, sent=False)
+                                                 for _, c in b])
 
         def finish() -> list:
-            replies, error = _read_all(finishes)
+            replies, error = _read_all(finishes, batches, len(calls))
             if error is not None:
                 error.in_doubt = token  # the others may have counted: settle every entry
                 raise error
@@ -206,13 +232,18 @@ class RedisRequests:
                 for a, n in sorted(f.items()) if ":" not in a}
 
 
-def _read_all(finishes) -> tuple:
-    """Every reply (None where it failed) and the first error: each connection is read, none left out of step."""
-    replies, error = [], None
-    for finish in finishes:
+def _read_all(finishes, batches, n: int) -> tuple:
+    """Every reply in the entries' order (None where it failed) and the first error: each connection is
+    read, none left out of step."""
+    replies, error = [None] * n, None
+    for finish, batch in zip(finishes, batches):
         try:
-            replies.append(finish())
+            out = finish()
         except StoreUnavailable as exc:
-            replies.append(None)
-            error = error or exc
+            out = [exc] * len(batch)
+        for (i, _), reply in zip(batch, out):
+            if isinstance(reply, StoreUnavailable):
+                error = error or reply
+            else:
+                replies[i] = reply
     return replies, error

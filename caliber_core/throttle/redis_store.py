@@ -316,8 +316,16 @@ class RedisStore(RedisRequests):
         if not self._layout_ok:
             self._check_layout()
         token = self.new_token() if token is None else token
-        finish = self._begin_write("record", self._keys(account, token), self._record_args(account, **request), token)
-        return lambda: decision_of(finish(), token)
+        finish = self._begin_write([("record", self._keys(account, token), self._record_args(account, **request))],
+                                   token)
+
+        def finished() -> Decision:
+            reply = finish()[0]
+            if isinstance(reply, StoreUnavailable):
+                raise reply
+            return decision_of(reply, token)
+
+        return finished
 
     def resolve(self, account: str, token: str, *, served: bool) -> bool:
         """Settle a request in doubt: True if it had been counted. One the caller was told failed
