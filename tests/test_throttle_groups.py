@@ -496,12 +496,14 @@ def test_a_request_left_in_doubt_is_settled_for_the_account_and_every_group(tmp_
 
 
 def test_a_groups_redis_keys_share_one_hash_slot_of_their_own():
-    from caliber_core.throttle.redis_store import RedisStore, group_keys
+    from caliber_core.throttle.redis_keys import account_keys, group_keys
+    from caliber_core.throttle.redis_store import RedisStore
 
     name = group_fingerprint("card", "fp_1")
     keys = group_keys(name, "tok")
     assert len(keys) == 6 and all(k.count("{") == 1 and f"{{{name}}}" in k for k in keys)
-    assert RedisStore._keys(name, "tok") == keys[:4] and RedisStore._keys("ab" * 16)[0] == "caliber:throttle:a:" + "ab" * 16
+    assert RedisStore._keys(name, "tok") == keys[:4] == account_keys(name, "tok")
+    assert RedisStore._keys("ab" * 16)[0] == "caliber:throttle:{" + "ab" * 16 + "}:a"
 
 
 def test_the_cli_simulation_prints_when_the_linked_campaign_reaches_each_level(tmp_path, capsys):

@@ -132,3 +132,86 @@ def test_the_cli_drives_a_redis_ledger(server, tmp_path, capsys):
     assert main(["throttle", "status", "--policy", policy, "--store", server.url, "--json"]) == 0
     out = capsys.readouterr().out
     assert '"level": 3' in out and "acct-9" not in out and '"reason": "manual review"' in out
+
+
+def _legacy_store_class(commit: str = "1331081"):
+    """The RedisStore of a release before the hash-tagged layout, read from git history."""
+    import importlib.util
+
+    source = subprocess.run(["git", "show", f"{commit}:caliber_core/throttle/redis_store.py"], cwd=ROOT,
+                            capture_output=True, text=True)
+    if source.returncode != 0:
+        pytest.skip("the earlier release's redis_store.py is not in this checkout's git history")
+    path = ROOT / "caliber_core" / "throttle" / "_legacy_redis_store_for_test.py"
+    spec = importlib.util.spec_from_loader("caliber_core.throttle._legacy_redis_store_for_test", loader=None)
+    module = importlib.util.module_from_spec(spec)
+    module.__file__ = str(path)
+    exec(compile(source.stdout, str(path), "exec"), module.__dict__)
+    return module.RedisStore
+
+
+def test_a_ledger_of_the_single_server_layout_is_refused_until_one_command_moves_it(server, tmp_path, capsys):
+    old = _legacy_store_class()(host="127.0.0.1", port=server.port)
+    request = dict(now=1.0, escalate_after=5, top=2, expire_after=None, shadow=False)
+    old.set_flag("f1", flagged=True, level=1, reason="detector", now=0.5)
+    for _ in range(3):
+        old.record("f1", rows=4, **request)
+    old.record("f2", rows=2, **request)
+    old.add_uncounted("f2", process="h:1", first=0.0, last=1.0, queries={0: 3})
+    expected = {fp: old.get(fp) for fp in ("f1", "f2")}
+    assert old.accounts() == ["f1"] and expected["f1"].level == 2
+    old.close()
+
+    policy = str(write_policy(tmp_path))
+    with pytest.raises(StoreUnavailable, match="single-server key layout.*migrate-store"):
+        Throttle.from_files(policy, key=KEY, store=server.url, metrics=False)
+    assert main(["throttle", "status", "--policy", policy, "--store", server.url]) == 2
+    assert "caliber throttle migrate-store --store URL" in capsys.readouterr().err
+
+    assert main(["throttle", "migrate-store", "--store", server.url]) == 0
+    assert "moved 2 account(s) (4 keys, 1 flagged)" in capsys.readouterr().out
+    store = open_store(server.url)
+    assert store.accounts() == ["f1"] and store.accounts(flagged_only=False) == ["f1", "f2"]
+    for fp, state in expected.items():
+        assert store.get(fp) == state
+    d = store.record("f1", rows=1, **request)  # counting goes on where it stopped
+    assert d.state.level == 2 and store.get("f1").queries[2] == expected["f1"].queries[2] + 1
+    assert main(["throttle", "migrate-store", "--store", server.url]) == 0  # again: nothing left
+    assert "moved 0 account(s)" in capsys.readouterr().out
+
+
+def test_the_migration_keeps_the_groups_of_a_single_server_ledger_and_their_flags(server):
+    from caliber_core.throttle.groups import group_fingerprint
+    from caliber_core.throttle.redis_migrate import migrate_layout
+
+    # e7540cf: the release with campaign groups, accounts still in the single-server layout
+    old = _legacy_store_class("e7540cf")(host="127.0.0.1", port=server.port)
+    card, org = group_fingerprint("card", "c1"), group_fingerprint("org", "o1")
+    old.set_flag(card, flagged=True, level=1, reason="linked", now=0.5)
+    request = dict(rows=3, now=1.0, top=2, shadow=False)
+    old.record_request([("f1", 5, None, None), (card, 5, None, "f1"), (org, 5, None, "f1")], **request)
+    expected = {name: old.get(name) for name in ("f1", card, org)}
+    members = old.members(card)
+    assert old.groups() == [card] and expected["f1"].lifted == {(0, 1): 3}
+    old.close()
+
+    store = RedisStore.from_url(server.url)
+    assert migrate_layout(store) == {"accounts": 1, "keys": 1, "flagged": 1}  # f1 has no history; the card's marker
+    assert store.groups() == [card] and store.groups(flagged_only=False) == sorted([card, org])
+    assert store.accounts(flagged_only=False) == ["f1"] and store.accounts() == []
+    assert {name: store.get(name) for name in expected} == expected and store.members(card) == members
+    d = store.record_request([("f1", 5, None, None), (card, 5, None, "f1")], **request)
+    assert [x.segments for x in d] == [((0, 3),), ((1, 2), (2, 1))]  # the card escalates after 5 at level 1
+    store.set_flag(card, flagged=False, level=0, reason="appeal", now=2.0)
+    assert store.groups() == [] and store.get("f1").lifted == {(0, 1): 5, (0, 2): 1}
+    store.close()
+
+
+def test_wait_on_a_server_without_replicas_fails_closed_and_leaves_the_request_in_doubt(server):
+    store = open_store(server.url + "?wait=1&wait_timeout_ms=10")
+    with pytest.raises(StoreUnavailable, match="fewer than 1 replica") as caught:
+        store.record("acct", rows=1, now=1.0, escalate_after=10, top=2, expire_after=None, shadow=False)
+    assert caught.value.in_doubt is not None  # counted on the primary, not acknowledged by a replica
+    plain = open_store(server.url)
+    assert plain.resolve("acct", caught.value.in_doubt, served=False) is True
+    assert (plain.get("acct").queries, plain.get("acct").failed) == ({0: 0}, {0: 1})

@@ -45,7 +45,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                          help="vLLM's base URL, e.g. http://127.0.0.1:8000 (reachable by the gateway only)")
     gateway.add_argument("--policy", required=True, metavar="POLICY", help="the throttle policy (the file vLLM reads)")
     gateway.add_argument("--key-file", required=True, metavar="KEYFILE", help="the serving key (the file vLLM reads)")
-    gateway.add_argument("--store", required=True, metavar="URI", help="sqlite:///PATH or redis://HOST:PORT/DB")
+    gateway.add_argument("--store", required=True, metavar="URI",
+                         help="sqlite:///PATH, redis://HOST:PORT/DB, redis+sentinel://... or redis+cluster://...")
     who = gateway.add_argument_group("accounts (one way is required)")
     who.add_argument("--accounts", metavar="FILE",
                      help="API keys: one line per key, its SHA-256 in hex, a space, the account id ('#' starts a "

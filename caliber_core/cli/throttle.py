@@ -1,4 +1,4 @@
-"""``caliber throttle {init,flag,unflag,status,audit,simulate}``.
+"""``caliber throttle {init,flag,unflag,status,audit,simulate,migrate-store}``.
 
 Bad input (a hostile policy, an unknown level, a bad store URL) is one line on
 stderr and exit status 2, through the CLI's common handler; an unreachable
@@ -14,6 +14,10 @@ import os
 import sys
 
 from .arguments import positive_int, seconds
+
+
+STORE_HELP = ("sqlite:///PATH, redis://HOST:PORT/DB, redis+sentinel://HOST:PORT[,...]/SERVICE[/DB] or "
+              "redis+cluster://HOST:PORT[,...] (each Redis form takes ?wait=N)")
 
 
 def _unseen(text: str):
@@ -97,7 +101,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        "fingerprint only)" + ("; --group KIND alone: every flagged group" if account == "optional"
                                               else ""))
         p.add_argument("--policy", required=True, help="the policy JSON")
-        p.add_argument("--store", required=True, help="sqlite:///PATH or redis://HOST:PORT/DB")
+        p.add_argument("--store", required=True, help=STORE_HELP)
         p.add_argument("--json", action="store_true", help="print JSON")
 
     flag = tsub.add_parser("flag", help="flag an account (or a group: --group KIND=VALUE) at a level")
@@ -112,6 +116,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                 "optional")
     ledger_args(tsub.add_parser("audit", help="what an account received, for an appeal (--group: a group's history and members)"),
                 "required")
+
+    migrate = tsub.add_parser("migrate-store", help="move a Redis ledger of an earlier version to the "
+                              "hash-tagged key layout (once, with every server stopped)")
+    migrate.add_argument("--store", required=True, help="redis://..., or the primary's redis+sentinel://...")
+    migrate.add_argument("--json", action="store_true", help="print JSON")
 
     sim = tsub.add_parser("simulate", help="replay synthetic accounts through a policy")
     sim.add_argument("policy", help="the policy JSON")
@@ -295,5 +304,24 @@ def _cmd_simulate(args) -> int:
     return 0
 
 
+def _cmd_migrate_store(args) -> int:
+    from ..throttle.redis_migrate import migrate_layout
+    from ..throttle.redis_store import RedisStore
+    from ..throttle.stores import open_store
+
+    store = open_store(args.store)
+    if not isinstance(store, RedisStore):
+        raise ValueError("migrate-store moves a Redis ledger; a SQLite ledger has one layout")
+    try:
+        moved = migrate_layout(store)
+        store.ping()  # the layout check now passes
+    finally:
+        store.close()
+    _print(moved, args.json, f"moved {moved['accounts']:,} account(s) ({moved['keys']:,} keys, "
+           f"{moved['flagged']:,} flagged) to the hash-tagged layout")
+    return 0
+
+
 _COMMANDS = {"init": _cmd_init, "flag": _cmd_flag, "unflag": _cmd_unflag, "status": _cmd_status,
-             "audit": _cmd_audit, "simulate": _cmd_simulate}
+             "audit": _cmd_audit, "simulate": _cmd_simulate,
+             "migrate-store": _cmd_migrate_store}

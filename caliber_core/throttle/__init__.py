@@ -4,8 +4,11 @@
 * :mod:`.policy_schema` the policy's types, its JSON form and each field's rule
 * :mod:`.groups`        group descriptors (a card, an organisation): checked, fingerprinted
 * :mod:`.ledger`        an account's aggregates and the rule that moves them
-* :mod:`.stores`        the store chosen by URL (``sqlite:///PATH``, ``redis://HOST:PORT/DB``)
+* :mod:`.stores`        the store chosen by URL (``sqlite:///PATH``, ``redis://``, ``redis+sentinel://``,
+                        ``redis+cluster://``)
 * :mod:`.sqlite_store`, :mod:`.redis_store`  the two stores
+* :mod:`.redis_urls`    Redis store URLs of every topology, and ``wait=N``
+* :mod:`.redis_keys`    the Redis key layout (hash-tagged per account); :mod:`.redis_migrate` moves an older one
 * :mod:`.levels`        serving a level with the same work at every level
 * :mod:`.throttle`      :class:`Throttle`, the Python API (serving)
 * :mod:`.accounts`      flag, unflag, status and audit, part of :class:`Throttle`

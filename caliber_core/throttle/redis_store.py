@@ -1,32 +1,27 @@
-"""The shared ledger store, ``redis://HOST:PORT/DB``: one Redis server for several serving replicas.
+"""The shared ledger store on Redis: one server, a Sentinel set or a cluster, for several serving replicas.
 
 Each request is one Lua script (``RECORD_SCRIPT``) run by the server as a
 single atomic step: the expiry check, the increment and any escalation
 happen together, so concurrent replicas never lose an increment or escalate
 an account twice. The script is the rule of
-:func:`caliber_core.throttle.ledger.advance`, rewritten for Redis.
+:func:`caliber_core.throttle.ledger.advance`, rewritten for Redis. Every key
+a request touches carries the account's fingerprint as a hash tag
+(:mod:`.redis_keys`), so on a Redis Cluster the script runs in one slot.
+A group (:mod:`.groups`) is a ledger of its own in its own slot; a request
+with groups runs one script per account and group (:mod:`.redis_requests`:
+each atomic and exactly once, together not one transaction).
 
-Keys (``caliber:throttle:`` prefix): ``a:<fingerprint>`` a hash of the
-account's fields and per-level counts (``q:<level>``, ``s:<level>`` for
-shadow), ``h:<fingerprint>`` its history (a list), ``flagged`` the set of
-flagged fingerprints.
+Exactly once, across restarts and failovers. Every request carries a random
+token, and the script keeps its reply under ``{<fp>}:r:<token>`` for ten minutes
+(``TOKEN_SECONDS``): run again with the same token, it returns that reply
+without counting again. The retry rule:
 
-Groups (:mod:`.groups`) are kept apart, each in its own hash slot (a Redis
-Cluster keeps a group's keys on one node): ``{g:<kind>:<fingerprint>}:a``,
-``:h``, ``:u``, ``:r:<token>`` as for an account, ``:m`` the accounts seen in
-it (rows, first and last time) and ``:f`` its own flagged marker. All of them
-come from :func:`group_keys`. A request with groups runs one script per
-account and per group, pipelined on one connection (one round trip) and
-under one token: each is atomic and exactly once on its own; together they
-are not one transaction (see :meth:`RedisStore.record_request`).
-
-Exactly once, across restarts. Every request carries a random token, and
-the script keeps its reply under ``r:<token>`` for ten minutes (``TOKEN_SECONDS``): run again with the
-same token, it returns that reply without counting again. The retry rule:
-
-* a connection that cannot be made (Redis down, a wrong URL) fails at once,
-  with :class:`~caliber_core.throttle.stores.StoreUnavailable`; nothing was
-  sent, so nothing was counted;
+* a connection that cannot be made (Redis down, a primary not yet promoted,
+  a wrong URL) fails at once, with
+  :class:`~caliber_core.throttle.stores.StoreUnavailable`; nothing was sent,
+  so nothing was counted;
+* a cluster redirection (``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``)
+  ran nothing: the slot map is read again and the request retried;
 * a request whose script was sent but whose reply was lost (Redis stopped or
   restarted mid-request, a timeout) is *in doubt*: it is retried with the
   same token on a new connection after 0.05, 0.1, 0.2, 0.4 and 0.8 s, so a
@@ -34,13 +29,22 @@ same token, it returns that reply without counting again. The retry rule:
   carries the token (``in_doubt``), and the Throttle settles it once the
   store answers again with :meth:`RedisStore.resolve`: a request that was
   counted but whose caller was told it failed is moved from ``queries`` to
-  ``failed``; a token that never ran is voided, so it can never run later.
+  ``failed``; a token that never ran is voided, so it can never run later;
+* with ``wait=N`` in the URL, each counted write (record, flag, resolve) is
+  followed by ``WAIT N T`` on the same connection; fewer than N replicas
+  within T ms is a store error and the request is in doubt, settled as above.
+
+A failover needs no restart: a Sentinel-managed connection asks the
+sentinels for the primary at each new connection, and a cluster store reads
+the slot map again after a redirection or a lost node.
 
 What ``respond`` serves while the store is unreachable is the policy's
 ``on_store_error``. Durability across a Redis restart is Redis's own: run it
 with ``appendonly yes`` (the tests use ``appendfsync always``); without
 persistence a restart empties the ledger and every account starts again
-unflagged.
+unflagged. Across a failover it is the replicas': replication is
+asynchronous, so without ``wait`` a count acknowledged just before the
+primary died can be missing on the promoted replica.
 """
 
 from __future__ import annotations
@@ -49,145 +53,23 @@ import json
 import secrets
 import time
 
-from .ledger import AccountState, Decision, Event, highest_segments, lifts
 from .groups import is_group_id
+from .ledger import AccountState, Decision
 from .ledger_store import StoreUnavailable
+from .redis_keys import (ACCOUNT_PATTERN, FLAGGED_PATTERN, PREFIX, account_keys, reply_key, scoped_key, tag_of,
+                         uncounted_key)
+from .redis_requests import RedisRequests, NotReplicated
+from .redis_routes import Routes
+from .redis_scripts import SCRIPTS, SHAS, decision_of, event_of
 
-PREFIX = "caliber:throttle:"
+__all__ = ["PREFIX", "RETRY_DELAYS", "TOKEN_SECONDS", "RedisStore"]
+
 #: Waits before each retry of a request whose reply was lost (same token, so never counted twice).
 RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8)
 #: How long a request's reply is kept under its token: the window in which a retry or a resolve
 #: finds it. One key per request lives this long (about 100 bytes each), so it is kept short; a
 #: request still in doubt when it has expired is settled as not counted.
 TOKEN_SECONDS = 600
-
-RECORD_SCRIPT = """
-local done = redis.call('GET', KEYS[4])
-if done == 'void' or done == 'voided' then return {-1} end
-if done then return cjson.decode(done) end
-local now = tonumber(ARGV[1]); local rows = tonumber(ARGV[2]); local after = tonumber(ARGV[3])
-local top = tonumber(ARGV[4]); local expire = tonumber(ARGV[5]); local shadow = ARGV[6] == '1'
-local s = redis.call('HMGET', KEYS[1], 'flagged', 'level', 'at_level', 'flagged_at', 'reason', 'first_seen')
-local flagged = s[1] == '1'
-local level = tonumber(s[2] or '0'); local at_level = tonumber(s[3] or '0')
-local flagged_at = s[4] or ''; local reason = s[5] or ''
-local events = {}
-if flagged and expire >= 0 and flagged_at ~= '' and now >= tonumber(flagged_at) + expire then
-  flagged = false; level = 0; at_level = 0; flagged_at = ''
-  table.insert(events, ARGV[1] .. '|expired|0|' .. reason)
-  redis.call('SREM', KEYS[3], ARGV[7])
-end
-local out = {}
-local remaining = rows
-while remaining > 0 do
-  if flagged and level < top and at_level >= after then
-    level = level + 1; at_level = 0
-    table.insert(events, ARGV[1] .. '|escalated|' .. level .. '|' .. reason)
-  else
-    local take = remaining
-    if flagged and level < top then take = math.min(remaining, after - at_level) end
-    table.insert(out, level); table.insert(out, take)
-    redis.call('HINCRBY', KEYS[1], 'q:' .. level, take)
-    if shadow and level > 0 then redis.call('HINCRBY', KEYS[1], 's:' .. level, take) end
-    if flagged then at_level = at_level + take end
-    remaining = remaining - take
-  end
-end
-if flagged and level < top and at_level >= after then
-  level = level + 1; at_level = 0
-  table.insert(events, ARGV[1] .. '|escalated|' .. level .. '|' .. reason)
-end
-if not flagged then reason = '' end
-redis.call('HSET', KEYS[1], 'flagged', flagged and '1' or '0', 'level', level, 'at_level', at_level,
-           'flagged_at', flagged_at, 'reason', reason, 'last_seen', ARGV[1])
-if not s[6] then redis.call('HSET', KEYS[1], 'first_seen', ARGV[1]) end
-for _, e in ipairs(events) do redis.call('RPUSH', KEYS[2], e) end
-table.insert(out, 1, flagged and 1 or 0)
-table.insert(out, 2, level)
-for _, e in ipairs(events) do table.insert(out, e) end
-redis.call('SET', KEYS[4], cjson.encode(out), 'EX', tonumber(ARGV[8]))
-return out
-"""
-
-# Settle a request in doubt (or void a counted one whose answer failed). ARGV[1]: '1' the caller
-# was served, '0' it was told the request failed. Returns 1 if the request had been counted.
-# The record script for a group: the same rule, and the member's rows under the same token (KEYS[5], ARGV[9]).
-_MEMBER_LINES = """
-redis.call('HINCRBY', KEYS[5], ARGV[9], rows)
-redis.call('HSETNX', KEYS[5], 'first:' .. ARGV[9], ARGV[1])
-redis.call('HSET', KEYS[5], 'last:' .. ARGV[9], ARGV[1])
-"""
-_REPLY_LINE = "redis.call('SET', KEYS[4], cjson.encode(out), 'EX', tonumber(ARGV[8]))"
-GROUP_RECORD_SCRIPT = RECORD_SCRIPT.replace(_REPLY_LINE, _MEMBER_LINES.strip() + "\n" + _REPLY_LINE)
-assert GROUP_RECORD_SCRIPT != RECORD_SCRIPT
-
-# Rows a request's groups served above its account's own level, once per token (KEYS[2] marks it done).
-# ARGV: seconds to keep the mark, then (field, rows) pairs 'l:<own>:<served>'.
-LIFT_SCRIPT = """
-if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', tonumber(ARGV[1])) then return 0 end
-for i = 2, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], tonumber(ARGV[i + 1])) end
-return 1
-"""
-
-RESOLVE_SCRIPT = """
-local done = redis.call('GET', KEYS[2])
-if not done then redis.call('SET', KEYS[2], 'void', 'EX', tonumber(ARGV[2])) return 0 end
-if done == 'void' then return 0 end
-if done == 'voided' then return 1 end
-if ARGV[1] == '0' then
-  local out = cjson.decode(done)
-  local i = 3
-  while i < #out and type(out[i]) == 'number' and type(out[i + 1]) == 'number' do
-    redis.call('HINCRBY', KEYS[1], 'q:' .. out[i], -out[i + 1])
-    redis.call('HINCRBY', KEYS[1], 'f:' .. out[i], out[i + 1])
-    i = i + 2
-  end
-  redis.call('SET', KEYS[2], 'voided', 'EX', tonumber(ARGV[2]))
-end
-return 1
-"""
-
-FLAG_SCRIPT = """
-local flagged = ARGV[1] == '1'
-local s = redis.call('HMGET', KEYS[1], 'flagged', 'flagged_at', 'reason')
-local expire = tonumber(ARGV[6])
-if s[1] == '1' and expire >= 0 and s[2] and s[2] ~= '' and tonumber(ARGV[4]) >= tonumber(s[2]) + expire then
-  redis.call('RPUSH', KEYS[2], ARGV[4] .. '|expired|0|' .. (s[3] or ''))
-end
-redis.call('HSET', KEYS[1], 'flagged', ARGV[1], 'level', ARGV[2], 'at_level', 0,
-           'flagged_at', flagged and ARGV[4] or '', 'reason', flagged and ARGV[3] or '')
-redis.call('RPUSH', KEYS[2], ARGV[4] .. '|' .. (flagged and 'flagged' or 'unflagged') .. '|' .. ARGV[2] .. '|' .. ARGV[3])
-if flagged then redis.call('SADD', KEYS[3], ARGV[5]) else redis.call('SREM', KEYS[3], ARGV[5]) end
-return 1
-"""
-
-
-def group_keys(group: str, token: str | None = None) -> list[str]:
-    """A group's keys, all in the group's own hash slot: record, history, flagged marker[, reply], members, uncounted.
-
-    Parameters
-    ----------
-    group : str
-        The group's ledger name (``g:<kind>:<hex>``, :func:`.groups.group_fingerprint`).
-    token : str, optional
-        A request's token: its reply key is added fourth.
-
-    Returns
-    -------
-    list of str
-        ``[a, h, f]`` (+ ``[r:<token>]``) + ``[m, u]``.
-    """
-    tag = f"{PREFIX}{{{group}}}:"
-    keys = [f"{tag}a", f"{tag}h", f"{tag}f"]
-    if token is not None:
-        keys.append(f"{tag}r:{token}")
-    return keys + [f"{tag}m", f"{tag}u"]
-
-
-def _event(text) -> Event:
-    text = text.decode() if isinstance(text, bytes) else text
-    at, event, level, reason = text.split("|", 3)
-    return Event(float(at), event, int(level), reason)
 
 
 def _uncounted(entry: dict) -> dict:
@@ -196,16 +78,21 @@ def _uncounted(entry: dict) -> dict:
 
 
 def _refused(exc) -> bool:
-    """True when the connection was never made (nothing sent), from redis-py's message."""
+    """True when the connection was never made (nothing sent), from redis-py's error."""
+    from redis.sentinel import MasterNotFoundError
+
+    if isinstance(exc, MasterNotFoundError):
+        return True
     text = str(exc)
     return "connecting to" in text or "Connection refused" in text or "Name or service not known" in text
 
 
-class RedisStore:
-    """The ledger on a Redis server (see the module docstring for the guarantees and failure behaviour).
+class RedisStore(RedisRequests):
+    """The ledger on Redis (see the module docstring for the guarantees and failure behaviour).
 
     Implements :class:`~caliber_core.throttle.ledger_store.PipelinedLedgerStore`;
     its methods are documented there. Nothing is sent until the first call.
+    :meth:`from_url` opens a store of any topology.
 
     Parameters
     ----------
@@ -217,6 +104,10 @@ class RedisStore:
         How messages name the store (default: ``redis://host:port/db``).
     connect_timeout, timeout : float, optional
         Seconds to connect, and to wait for a reply; a request is not retried by redis-py.
+    wait : int, optional
+        Replicas each counted write waits for (``WAIT``); 0 (the default) waits for none.
+    wait_timeout_ms : int, optional
+        How long ``WAIT`` waits; fewer replicas by then is a store error.
 
     Raises
     ------
@@ -226,75 +117,166 @@ class RedisStore:
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 6379, db: int = 0, password=None,
                  username=None, url_for_messages: str = "", connect_timeout: float = 0.5, timeout: float = 2.0,
-                 _url: str | None = None):
+                 wait: int = 0, wait_timeout_ms: int = 100, _target=None):
         import redis
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
-        self._errors = redis.exceptions.RedisError
-        self.url = url_for_messages or f"redis://{host}:{port}/{db}"
-        options = dict(socket_connect_timeout=connect_timeout, socket_timeout=timeout,
-                       retry=Retry(NoBackoff(), 0), decode_responses=False)
-        if _url is not None:  # redis-py's own URL parsing: percent-encoded user and password, TLS, sockets
-            self._client = redis.Redis.from_url(_url, **options)
-        else:
-            self._client = redis.Redis(host=host, port=port, db=db, password=password, username=username,
-                                       **options)
-        self._record = self._client.register_script(RECORD_SCRIPT)
-        self._group_record = self._client.register_script(GROUP_RECORD_SCRIPT)
-        self._flag = self._client.register_script(FLAG_SCRIPT)
-        self._resolve = self._client.register_script(RESOLVE_SCRIPT)
-        self._lift = self._client.register_script(LIFT_SCRIPT)
+        self._redis = redis
+        self._errors = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
         self._lost = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+        # Replies that ran nothing: the cluster sent the request elsewhere, or has no owner for the slot yet.
+        self._redirected = (redis.exceptions.AskError, redis.exceptions.TryAgainError,
+                            redis.exceptions.ClusterDownError, redis.exceptions.SlotNotCoveredError)
+        self.url = url_for_messages or f"redis://{host}:{port}/{db}"
+        self.wait, self.wait_timeout_ms = int(wait), int(wait_timeout_ms)
+        options = dict(socket_connect_timeout=connect_timeout, socket_timeout=timeout, retry=Retry(NoBackoff(), 0),
+                       decode_responses=False)
+        if _target is not None:
+            self._routes = Routes.for_target(_target, options)
+        else:
+            self._routes = Routes(options, client=redis.Redis(host=host, port=port, db=db, password=password,
+                                                              username=username, **options))
+        self._service = None if _target is None else _target.service
+        self._layout_ok = False
 
     @classmethod
-    def from_url(cls, url: str, *, url_for_messages: str = "", **options) -> "RedisStore":
-        """A store for ``url``, read by redis-py's ``Redis.from_url`` (see :func:`.stores.open_store`).
+    def from_url(cls, url: str, **options) -> "RedisStore":
+        """A store for any Redis URL (:mod:`.redis_urls`: one server, Sentinel or a cluster, ``wait=N``).
 
-        Parameters
-        ----------
-        url : str
-            A ``redis://``, ``rediss://`` or ``unix://`` URL (percent-encoded user and password).
-        url_for_messages : str, optional
-            How messages name the store; default ``"redis store"`` (the URL may hold a password).
-        **options
-            ``connect_timeout`` and ``timeout``, as the class takes them.
-
-        Returns
-        -------
-        RedisStore
+        Raises
+        ------
+        StoreURLError
+            A malformed URL (one line, no password).
         """
-        return cls(url_for_messages=url_for_messages or "redis store", _url=url, **options)
+        from .redis_urls import parse_redis_url
+
+        return cls.from_target(parse_redis_url(url), **options)
+
+    @classmethod
+    def from_target(cls, target, **options) -> "RedisStore":
+        """A store for a parsed URL (:func:`.redis_urls.parse_redis_url`); ``options`` as the class takes them."""
+        return cls(url_for_messages=target.safe_url, wait=target.wait, wait_timeout_ms=target.wait_timeout_ms,
+                   _target=target, **options)
 
     def __repr__(self) -> str:
         return f"RedisStore({self.url!r})"
 
     def _fail(self, exc, *, in_doubt: str | None = None) -> StoreUnavailable:
-        error = StoreUnavailable(f"redis store {self.url}: {type(exc).__name__}: {' '.join(str(exc).split())}")
+        from redis.sentinel import MasterNotFoundError
+
+        if isinstance(exc, NotReplicated):
+            text = f"fewer than {self.wait} replica(s) acknowledged the write within {self.wait_timeout_ms} ms"
+        elif isinstance(exc, MasterNotFoundError):  # its own text holds the client's whole repr
+            text = (f"MasterNotFoundError: no reachable sentinel names a primary for service {self._service!r} "
+                    "(the sentinels are down, or do not know the service)")
+        else:
+            text = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        error = StoreUnavailable(f"redis store {self.url}: {text}")
         error.in_doubt = in_doubt
         return error
 
     @staticmethod
     def _keys(account: str, token: str | None = None) -> list[str]:
-        if is_group_id(account):
-            return group_keys(account, token)[:4 if token is not None else 3]
-        keys = [f"{PREFIX}a:{account}", f"{PREFIX}h:{account}", f"{PREFIX}flagged"]
-        return keys if token is None else keys + [f"{PREFIX}r:{token}"]
-
-    @staticmethod
-    def _uncounted_key(name: str) -> str:
-        return group_keys(name)[-1] if is_group_id(name) else f"{PREFIX}u:{name}"
+        return account_keys(account, token)
 
     def close(self) -> None:
         """See :meth:`LedgerStore.close <caliber_core.throttle.ledger_store.LedgerStore.close>`."""
-        self._client.close()
+        self._routes.close()
+
+    def _reading(self, key: str, read):
+        """Run ``read(client)`` on ``key``'s primary; a redirection reads the slot map and tries again."""
+        delays = iter(RETRY_DELAYS)
+        while True:
+            try:
+                return read(self._routes.node(key))
+            except self._redirected as exc:
+                self._routes.refresh(now=True)
+                delay = next(delays, None)
+                if delay is None:
+                    raise self._fail(exc) from None
+                time.sleep(delay)
+            except self._errors as exc:
+                if isinstance(exc, self._lost):
+                    self._routes.refresh()
+                raise self._fail(exc) from None
+
+    def _check_layout(self) -> None:
+        """Refuse a ledger still in the single-server layout of earlier versions (it would read as empty)."""
+        from .redis_migrate import check_layout
+
+        check_layout(self)
+        self._layout_ok = True
 
     def ping(self) -> bool:
-        """See :meth:`LedgerStore.ping <caliber_core.throttle.ledger_store.LedgerStore.ping>`."""
+        """See :meth:`LedgerStore.ping <caliber_core.throttle.ledger_store.LedgerStore.ping>`.
+
+        On a cluster every primary must answer. The first ping also checks the ledger's key layout.
+        """
         try:
-            return bool(self._client.ping())
+            answered = all(client.ping() for client in self._routes.primaries())
         except self._errors as exc:
             raise self._fail(exc) from None
+        if not self._layout_ok:
+            self._check_layout()
+        return answered
+
+    # ------------------------------------------------------------------ writes
+    def _write(self, client, script: str, keys, args, *, asking: bool = False):
+        """EVALSHA (then WAIT, with ``wait``) on one connection: WAIT counts that connection's writes."""
+        commands = [("EVALSHA", SHAS[script], len(keys), *keys, *args)]
+        if asking:
+            commands.insert(0, ("ASKING",))
+        if self.wait:
+            commands.append(("WAIT", self.wait, self.wait_timeout_ms))
+        for _ in range(2):
+            try:
+                if len(commands) == 1:
+                    return client.execute_command(*commands[0])
+                pipe = client.pipeline(transaction=False)
+                for command in commands:
+                    pipe.execute_command(*command)
+                replies = pipe.execute()
+            except self._redis.exceptions.NoScriptError:
+                client.script_load(SCRIPTS[script])  # a restarted or newly promoted server: load it, run again
+                continue
+            reply = replies[1] if asking else replies[0]
+            if self.wait and int(replies[-1]) < self.wait:
+                raise NotReplicated()
+            return reply
+        raise self._redis.exceptions.NoScriptError("the script could not be loaded")
+
+    def _counted_write(self, key: str, script: str, keys, args, token: str | None, *, sent: bool):
+        """Run a counting script; once it may have run (``sent``), retry lost replies with the same token."""
+        delays = iter(RETRY_DELAYS)
+        asking = None
+        while True:
+            try:
+                client = self._routes.node(key) if asking is None else asking
+                return self._write(client, script, keys, args, asking=asking is not None)
+            except NotReplicated as exc:
+                raise self._fail(exc, in_doubt=token) from None  # counted on the primary, maybe lost with it
+            except self._redis.exceptions.MovedError as exc:
+                self._routes.refresh(now=True)
+                asking, failure = None, exc
+            except self._redis.exceptions.AskError as exc:
+                asking, failure = self._routes.asked(exc), exc
+            except self._redirected as exc:
+                self._routes.refresh(now=True)
+                asking, failure = None, exc
+            except self._lost as exc:
+                # A refused connection sent nothing; a lost reply leaves the request in doubt.
+                sent = sent or not _refused(exc)
+                self._routes.refresh()
+                asking, failure = None, exc
+                if not sent:
+                    raise self._fail(exc) from None
+            except self._errors as exc:
+                raise self._fail(exc, in_doubt=token if sent else None) from None
+            delay = next(delays, None)
+            if delay is None:
+                raise self._fail(failure, in_doubt=token if sent else None) from None
+            time.sleep(delay)
 
     @staticmethod
     def _record_args(account, now, rows, escalate_after, top, expire_after, shadow) -> list:
@@ -313,239 +295,90 @@ class RedisStore:
 
         A lost reply is retried with the same token (see the module docstring).
         """
+        if not self._layout_ok:
+            self._check_layout()
         token = self.new_token() if token is None else token
         args = self._record_args(account, now, rows, escalate_after, top, expire_after, shadow)
         return self._run_record(self._keys(account, token), args, token, sent=False)
 
-    def _run_record(self, keys, args, token: str, *, sent: bool, script=None) -> Decision:
-        """Run the script; once it may have run (``sent``), retry lost replies with the same token."""
-        script = self._record if script is None else script
-        delays = iter(RETRY_DELAYS)
-        while True:
-            try:
-                return self._decision(script(keys=keys, args=args), token)
-            except self._lost as exc:
-                # A refused connection sent nothing; a lost reply leaves the request in doubt.
-                sent = sent or not _refused(exc)
-                delay = next(delays, None) if sent else None
-                if delay is None:
-                    raise self._fail(exc, in_doubt=token if sent else None) from None
-                time.sleep(delay)
-            except self._errors as exc:
-                raise self._fail(exc, in_doubt=token if sent else None) from None
+    def _run_record(self, keys, args, token: str, *, sent: bool) -> Decision:
+        return decision_of(self._counted_write(keys[0], "record", keys, args, token, sent=sent), token)
 
     def begin_record(self, account: str, *, token: str | None = None, **request):
         """Send the request's script now and return ``finish() -> Decision``, which reads the reply.
 
         The caller draws the noise while Redis runs the script, so the round
         trip overlaps the work it would otherwise add to. A script the server
-        does not hold (after a restart) is loaded and run again inside
-        ``finish``; a lost reply is retried there with the same token.
+        does not hold (after a restart or a failover) and a cluster
+        redirection are handled inside ``finish`` by running the request
+        again; a lost reply is retried there with the same token.
         """
+        if not self._layout_ok:
+            self._check_layout()
         token = self.new_token() if token is None else token
-        keys, args = self._keys(account, token), self._record_args(account, **request)
-        pool = self._client.connection_pool
-        try:
-            conn = pool.get_connection()
-        except self._errors as exc:
-            raise self._fail(exc) from None
-        try:
-            conn.send_command("EVALSHA", self._record.sha, len(keys), *keys, *args)
-        except self._errors:
-            pool.release(conn)
-            conn.disconnect()
-            return lambda: self._run_record(keys, args, token, sent=True)
+        finish = self._begin_write([("record", self._keys(account, token), self._record_args(account, **request))],
+                                   token)
 
-        def finish() -> Decision:
-            import redis
+        def finished() -> Decision:
+            reply = finish()[0]
+            if isinstance(reply, StoreUnavailable):
+                raise reply
+            return decision_of(reply, token)
 
-            try:
-                reply = conn.read_response()
-            except redis.exceptions.NoScriptError:
-                pool.release(conn)
-                return self._run_record(keys, args, token, sent=False)  # loads the script, then runs it
-            except self._errors:
-                conn.disconnect()
-                pool.release(conn)
-                return self._run_record(keys, args, token, sent=True)
-            pool.release(conn)
-            return self._decision(reply, token)
-
-        return finish
-
-    def record_request(self, entries, *, rows: int, now: float, top: int, shadow: bool,
-                       token: str | None = None) -> list:
-        """Count one request for an account and its groups; one Decision per entry, in order.
-
-        See :meth:`begin_record_request`; this sends and reads at once.
-        """
-        return self.begin_record_request(entries, rows=rows, now=now, top=top, shadow=shadow, token=token)()
-
-    def begin_record_request(self, entries, *, rows: int, now: float, top: int, shadow: bool,
-                             token: str | None = None):
-        """Send one script per entry (account first, then its groups) now; ``finish()`` reads the Decisions.
-
-        Parameters
-        ----------
-        entries : sequence of (str, int, float or None, str or None)
-            ``(ledger name, escalate_after, expire_after, member)``: the account
-            (member None), then each group with the account as its member.
-        rows, now, top, shadow :
-            As :meth:`record` takes them.
-        token : str, optional
-            The request's token, shared by every entry (each keeps it in its own slot).
-
-        Returns
-        -------
-        callable
-            ``finish() -> list of Decision``.
-
-        Notes
-        -----
-        Each entry's script is atomic and runs at most once per token; the
-        scripts of one request are pipelined, not one transaction. A reply
-        lost for any of them is retried with the same token (never counted
-        twice); if one still fails, :class:`StoreUnavailable` carries the token
-        (``in_doubt``) and the caller settles every entry with :meth:`resolve`
-        (those counted are voided unless the request was served). Another
-        process may therefore see a group counted a moment before the account,
-        never a request counted twice or half-voided once settled.
-        """
-        token = self.new_token() if token is None else token
-        calls = []
-        for name, escalate_after, expire_after, member in entries:
-            args = self._record_args(name, now, rows, escalate_after, top, expire_after, shadow)
-            if member is None:
-                calls.append((self._record, self._keys(name, token), args))
-            else:
-                calls.append((self._group_record, group_keys(name, token)[:5], args + [member]))
-        pool = self._client.connection_pool
-        try:
-            conn = pool.get_connection()
-        except self._errors as exc:
-            raise self._fail(exc) from None
-
-        def one_by_one(sent: bool) -> list:
-            return with_lifts([self._run_record(keys, args, token, sent=sent, script=script)
-                               for script, keys, args in calls])
-
-        def with_lifts(decisions: list) -> list:
-            # What the account received above its own level: a second round trip, only when a group raised it.
-            raised = {} if shadow else lifts(decisions[0].segments, highest_segments(*(d.segments for d in decisions)))
-            if raised:
-                try:
-                    self.lift(entries[0][0], raised, token=token)
-                except StoreUnavailable as exc:
-                    import logging
-
-                    logging.getLogger("caliber_core.throttle").warning(
-                        "ledger store (%s): rows a group raised above an account's level were served but not "
-                        "added to its record (the group's record has them)", exc)
-            return decisions
-
-        try:
-            conn.send_packed_command(conn.pack_commands(
-                [("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in calls]))
-        except self._errors:
-            pool.release(conn)
-            conn.disconnect()
-            return lambda: one_by_one(True)
-
-        def finish() -> list:
-            replies = []
-            try:
-                for _ in calls:
-                    replies.append(conn.read_response())
-            except self._errors:
-                # A script the server lost (NoScriptError after a restart) or a lost reply: run each
-                # again with the same token; the ones that ran return their kept reply.
-                conn.disconnect()
-                pool.release(conn)
-                return one_by_one(True)
-            pool.release(conn)
-            return with_lifts([self._decision(reply, token) for reply in replies])
-
-        return finish
-
-    def lift(self, account: str, raised: dict, *, token: str, sign: int = 1) -> None:
-        """Add (``sign`` -1: take back) rows a group served above the account's own level, once per token.
-
-        A lost reply is retried with the same token (the script marks it done in the account's slot).
-        """
-        keys = self._keys(account, token)
-        mark = f"{keys[3]}:{'lift' if sign > 0 else 'unlift'}"
-        args = [TOKEN_SECONDS]
-        for (a, b), n in raised.items():
-            args += [f"l:{a}:{b}", sign * int(n)]
-        delays = iter(RETRY_DELAYS)
-        while True:
-            try:
-                self._lift(keys=[keys[0], mark], args=args)
-                return
-            except self._lost as exc:
-                delay = next(delays, None)
-                if delay is None:
-                    raise self._fail(exc) from None
-                time.sleep(delay)
-            except self._errors as exc:
-                raise self._fail(exc) from None
+        return finished
 
     def resolve(self, account: str, token: str, *, served: bool) -> bool:
         """Settle a request in doubt: True if it had been counted. One the caller was told failed
         (``served=False``) is moved from ``queries`` to ``failed``; one that never ran can no longer run."""
-        try:
-            keys = self._keys(account, token)
-            return bool(self._resolve(keys=[keys[0], keys[3]],
-                                      args=["1" if served else "0", TOKEN_SECONDS]))
-        except self._errors as exc:
-            raise self._fail(exc) from None
+        if not self._layout_ok:
+            self._check_layout()
+        keys = [scoped_key(account, "a"), reply_key(account, token)]
+        # Resolving twice gives the same answer, so a lost reply is retried as a record is.
+        return bool(self._counted_write(keys[0], "resolve", keys, ["1" if served else "0", TOKEN_SECONDS], None,
+                                        sent=False))
 
     def void(self, account: str, decision: Decision) -> None:
         """A counted request whose answer was not produced: its rows move from ``queries`` to ``failed``."""
         self.resolve(account, decision.token, served=False)
 
     def add_uncounted(self, account: str, *, process: str, first: float, last: float, queries: dict) -> None:
-        """Record rows this process served while the store was unreachable (kept apart from ``queries``)."""
+        """Record rows this process served while the store was unreachable (kept apart from ``queries``).
+
+        Not followed by WAIT: a retry after a lost acknowledgement would write the entry twice.
+        """
+        if not self._layout_ok:
+            self._check_layout()
         entry = json.dumps({"process": process, "first": first, "last": last,
                             "queries": {str(k): int(v) for k, v in sorted(queries.items())}})
-        try:
-            self._client.rpush(self._uncounted_key(account), entry)
-        except self._errors as exc:
-            raise self._fail(exc) from None
-
-    @staticmethod
-    def _decision(reply, token: str | None = None) -> Decision:
-        if int(reply[0]) == -1:
-            raise StoreUnavailable("redis store: this request's token was voided while it was in doubt")
-        flagged, level = bool(reply[0]), int(reply[1])
-        rest = reply[2:]
-        n_seg = sum(1 for x in rest if isinstance(x, int))
-        segments = tuple((int(rest[i]), int(rest[i + 1])) for i in range(0, n_seg, 2))
-        events = tuple(_event(e) for e in rest[n_seg:])
-        return Decision(segments, events, AccountState(flagged=flagged, level=level), token=token)
+        key = uncounted_key(account)
+        self._reading(key, lambda client: client.rpush(key, entry))
 
     def set_flag(self, account: str, *, flagged: bool, level: int, reason: str, now: float,
                  expire_after: float | None = None) -> AccountState:
         """Flag at ``level`` or unflag, atomically; an ``expired`` event first when the old flag had lapsed."""
-        try:
-            self._flag(keys=self._keys(account),
-                       args=["1" if flagged else "0", int(level if flagged else 0), reason, repr(float(now)), account,
-                             -1 if expire_after is None else repr(float(expire_after))])
-        except self._errors as exc:
-            raise self._fail(exc) from None
+        if not self._layout_ok:
+            self._check_layout()
+        keys = self._keys(account)
+        args = ["1" if flagged else "0", int(level if flagged else 0), reason, repr(float(now)), account,
+                -1 if expire_after is None else repr(float(expire_after))]
+        # Setting a flag twice leaves the same state (one more history line at most): a lost reply is retried.
+        self._counted_write(keys[0], "flag", keys, args, None, sent=False)
         return self.get(account)
 
     def get(self, account: str) -> AccountState | None:
         """See :meth:`LedgerStore.get <caliber_core.throttle.ledger_store.LedgerStore.get>`."""
+        if not self._layout_ok:
+            self._check_layout()
         key, hist, _ = self._keys(account)
-        try:
-            pipe = self._client.pipeline(transaction=True)
+
+        def read(client):
+            pipe = client.pipeline(transaction=True)
             pipe.hgetall(key)
             pipe.lrange(hist, 0, -1)
-            pipe.lrange(self._uncounted_key(account), 0, -1)
-            fields, history, uncounted = pipe.execute()
-        except self._errors as exc:
-            raise self._fail(exc) from None
+            pipe.lrange(uncounted_key(account), 0, -1)
+            return pipe.execute()
+
+        fields, history, uncounted = self._reading(key, read)
         if not fields and not uncounted:
             return None
         f = {k.decode(): v.decode() for k, v in fields.items()}
@@ -562,38 +395,18 @@ class RedisStore:
             uncounted=tuple(_uncounted(json.loads(u)) for u in uncounted),
             first_seen=float(f["first_seen"]) if f.get("first_seen") else None,
             last_seen=float(f["last_seen"]) if f.get("last_seen") else None,
-            history=tuple(_event(e) for e in history))
+            history=tuple(event_of(e) for e in history))
 
     def accounts(self, *, flagged_only: bool = True) -> list[str]:
-        """See :meth:`LedgerStore.accounts <caliber_core.throttle.ledger_store.LedgerStore.accounts>`."""
-        try:
-            if flagged_only:
-                return sorted(m.decode() for m in self._client.smembers(f"{PREFIX}flagged"))
-            return sorted(k.decode()[len(PREFIX) + 2:] for k in self._client.scan_iter(f"{PREFIX}a:*", count=1000))
-        except self._errors as exc:
-            raise self._fail(exc) from None
+        """See :meth:`LedgerStore.accounts <caliber_core.throttle.ledger_store.LedgerStore.accounts>`.
 
-    def groups(self, *, flagged_only: bool = True) -> list[str]:
-        """The groups' ledger names (``g:<kind>:<hex>``), sorted; the flagged ones only by default."""
+        Scans every primary for the accounts' keys (``SCAN``, never a cross-slot command); groups are left out.
+        """
+        if not self._layout_ok:
+            self._check_layout()
+        pattern = FLAGGED_PATTERN if flagged_only else ACCOUNT_PATTERN
         try:
-            names = sorted(k.decode()[len(PREFIX) + 1:-3]
-                           for k in self._client.scan_iter(f"{PREFIX}{{g:*}}:a", count=1000))
-            if not flagged_only or not names:
-                return names
-            pipe = self._client.pipeline(transaction=False)
-            for name in names:
-                pipe.hget(group_keys(name)[0], "flagged")
-            return [n for n, f in zip(names, pipe.execute()) if f == b"1"]
+            found = {tag_of(k) for client in self._routes.primaries() for k in client.scan_iter(pattern, count=1000)}
         except self._errors as exc:
             raise self._fail(exc) from None
-
-    def members(self, group: str) -> dict:
-        """The accounts seen in a group: ``{fingerprint: {"queries", "first_seen", "last_seen"}}``."""
-        try:
-            raw = self._client.hgetall(group_keys(group)[3])
-        except self._errors as exc:
-            raise self._fail(exc) from None
-        f = {k.decode(): v.decode() for k, v in raw.items()}
-        return {a: {"queries": int(n), "first_seen": float(f.get(f"first:{a}", "nan")),
-                    "last_seen": float(f.get(f"last:{a}", "nan"))}
-                for a, n in sorted(f.items()) if ":" not in a}
+        return sorted(name for name in found if not is_group_id(name))

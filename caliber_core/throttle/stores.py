@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
 from .ledger_store import LedgerStore, StoreUnavailable, StoreURLError
+from .redis_urls import is_redis_url, parse_redis_url, safe_url
 
 __all__ = ["StoreURLError", "StoreUnavailable", "open_store"]
 
 
 def open_store(url: str) -> LedgerStore:
-    """``sqlite:///PATH`` (relative) or ``sqlite:////abs/path`` -> SqliteStore; ``redis://HOST:PORT/DB`` -> RedisStore.
+    """``sqlite:///PATH`` (relative) or ``sqlite:////abs/path`` -> SqliteStore; a Redis URL -> RedisStore.
 
-    Redis URLs are read as redis-py's ``Redis.from_url`` reads them:
+    One Redis server's URL is read as redis-py's ``Redis.from_url`` reads it:
     ``redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]`` with percent-encoded user
     and password (an ACL user, or only a password), ``rediss://`` for TLS and
-    ``unix://PATH?db=N`` for a socket. Messages never show the user or password.
+    ``unix://PATH?db=N`` for a socket. A Sentinel set is
+    ``redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]``
+    (``sentinel_password=`` when the sentinels' differs), a cluster
+    ``redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]`` (``rediss+`` for
+    TLS). Every Redis form takes ``wait=N`` and ``wait_timeout_ms=T``
+    (:mod:`.redis_urls`). Messages never show the user or a password.
 
     Raises
     ------
@@ -35,29 +39,18 @@ def open_store(url: str) -> LedgerStore:
         from .sqlite_store import SqliteStore
 
         return SqliteStore(path)
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        parts = urlsplit(url)
-        try:
-            port = parts.port or 6379
-        except ValueError:
-            raise StoreURLError(f"store URL {_safe(url)} has a bad port") from None
-        db = (parts.path.lstrip("/") if parts.scheme != "unix" else "") or "0"
-        if not db.isdigit() or int(db) > 10000:
-            raise StoreURLError(f"store URL {_safe(url)}: the database must be a number, got {db!r}")
-        del port  # checked; redis-py reads the URL itself
+    if is_redis_url(url):
+        target = parse_redis_url(url)
         from .redis_store import RedisStore
 
         try:
-            return RedisStore.from_url(url, url_for_messages=_safe(url))
+            return RedisStore.from_target(target)
         except ValueError as exc:
-            raise StoreURLError(f"store URL {_safe(url)}: {exc}") from None
-    raise StoreURLError(f"store URL must start with sqlite:///, redis://, rediss:// or unix://, got {_safe(url)!r}")
+            raise StoreURLError(f"store URL {target.safe_url}: {exc}") from None
+    raise StoreURLError("store URL must start with sqlite:///, redis://, rediss://, unix://, redis+sentinel://, "
+                        f"rediss+sentinel://, redis+cluster:// or rediss+cluster://, got {_safe(url)!r}")
 
 
 def _safe(url: str) -> str:
     """The URL without its user or password, for messages."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return parts._replace(netloc=host).geturl()
+    return safe_url(url)

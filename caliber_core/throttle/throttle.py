@@ -87,7 +87,7 @@ class Throttle(AccountBook):
         Needed by ``respond`` and ``grant`` only; flagging, status and audit
         work without it.
     store : str or store object
-        ``sqlite:///PATH`` or ``redis://HOST:PORT/DB``.
+        ``sqlite:///PATH``, ``redis://``, ``redis+sentinel://`` or ``redis+cluster://`` (:func:`.stores.open_store`).
     clock : callable, default time.time
         Seconds since the epoch (tests and simulations pass their own).
     metrics : bool, default True
