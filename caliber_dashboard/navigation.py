@@ -19,7 +19,7 @@ import threading
 import streamlit as st
 
 from caliber_dashboard import warmup
-from caliber_dashboard.common import state, ui
+from caliber_dashboard.common import precalibrate, state, ui  # precalibrate: starts on every added model
 from caliber_dashboard.workspace import session as workspace
 
 _run = threading.local()  # a script-run marker (per script thread), not session data

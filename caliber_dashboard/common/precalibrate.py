@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 import streamlit as st
 from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
 
+from caliber_core.calibration.margins import MARGIN_STATISTICS
 from caliber_core.loading import LogitsData
 
 from caliber_dashboard.calibrate import plots as calibrate_plots
 
-from . import background, cache
+from . import background, cache, state
 
 _LOG = logging.getLogger(__name__)
 _worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-precalibrate")
@@ -140,3 +141,14 @@ def wait_with_progress(data: LogitsData, *, statistic: str = "median", poll_s: f
             bar.progress(job.fraction, text=text)
     finally:
         bar.empty()
+
+
+def start_for_model(data: LogitsData) -> None:
+    """Start a newly added model's calibration (with its statistic); the demo set is the warm-up's."""
+    if data.sha256 in {d.sha256 for d in state.demo_models()}:
+        return  # the server's warm-up calibrates the demo set
+    statistic = state.model_options(data.sha256).get("statistic")
+    start(data, statistic=statistic if statistic in MARGIN_STATISTICS else "median")
+
+
+state.on_model_added(start_for_model)

@@ -174,18 +174,20 @@ def add_model(data: LogitsData) -> bool:
     if not is_new(data):
         return False
     models()[data.sha256] = data
-    _precalibrate(data)
+    for hook in _ADDED_HOOKS:
+        hook(data)
     return True
 
 
-def _precalibrate(data: LogitsData) -> None:
-    """Start the model's calibration in the background (inside a server only), with its statistic."""
-    from caliber_dashboard.common import precalibrate
+#: Called with each newly added model. The background calibration registers here
+#: (``precalibrate``), so this module, which it reads, does not import it.
+_ADDED_HOOKS: list = []
 
-    if data.sha256 in {d.sha256 for d in demo_models()}:
-        return  # the server's warm-up calibrates the demo set
-    statistic = model_options(data.sha256).get("statistic")
-    precalibrate.start(data, statistic=statistic if statistic in MARGIN_STATISTICS else "median")
+
+def on_model_added(hook) -> None:
+    """Call ``hook(data)`` whenever :func:`add_model` adds a model (once per hook)."""
+    if hook not in _ADDED_HOOKS:
+        _ADDED_HOOKS.append(hook)
 
 
 def held_elements(*, besides: str | None = None) -> int:
