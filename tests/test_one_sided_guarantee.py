@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy.stats import binomtest
 
 from caliber_core.calibration import pipeline
-from caliber_core.calibration.target_intervals import interval_estimator
+from caliber_core.calibration.target_intervals import exact_clean_bound, interval_estimator
 from caliber_core.cli import main
 from caliber_core.cli.calibrate import _target_table
 from caliber_core.loading import load_logits
@@ -42,6 +43,21 @@ def _estimator(path: Path, confidence: float):
     return interval_estimator(cal, confidence=confidence, seed=cal.seed)  # the one the pipeline builds
 
 
+def _clean_bound(path: Path, kind: str, side: str, confidence: float) -> float:
+    """The clean model's one-sided bound: the bootstrap's, and for accuracy the more cautious of it and
+    the exact binomial (Clopper-Pearson) bound, checked here against scipy's own exact interval."""
+    data, cal = _calibrated(path)
+    boot = float(_estimator(path, confidence).bound(0.0, kind=kind, side=side)[0])
+    if kind != "accuracy":
+        return boot
+    k = round(cal.clean_accuracy * cal.n_samples)
+    ci = binomtest(k, cal.n_samples).proportion_ci(confidence_level=2 * confidence - 1, method="exact")
+    exact = ci.low if side == "at-least" else ci.high
+    assert exact_clean_bound(k / cal.n_samples, cal.n_samples, side=side, confidence=confidence) == \
+        pytest.approx(exact, abs=1e-12)
+    return min(boot, exact) if side == "at-least" else max(boot, exact)
+
+
 def _keeps(bound: float, value: float, side: str) -> bool:
     return bound >= value if side == "at-least" else bound <= value
 
@@ -50,7 +66,7 @@ def _check(path: Path, kind: str, target: float, side: str, confidence: float) -
     """Calibrate one one-sided target through the Python API; check what it guarantees. "refused" or "served"."""
     data, cal = _calibrated(path)
     est = _estimator(path, confidence)
-    clean = float(est.bound(0.0, kind=kind, side=side)[0])
+    clean = _clean_bound(path, kind, side, confidence)
     try:
         _, config = pipeline.config_from_calibration(cal, data, [(kind, target)], side=side,
                                                      confidence=confidence)
@@ -91,7 +107,7 @@ def test_refusal_starts_at_the_clean_lower_bound(model):
     model: the two targets (in steps of 0.001) above it are refused, and so is every target from the
     clean accuracy up (sigma* = 0), while the two below it are served."""
     _, cal = _calibrated(model)
-    clean = float(_estimator(model, 0.95).bound(0.0, kind="accuracy", side="at-least")[0])
+    clean = _clean_bound(model, "accuracy", "at-least", 0.95)
     below = int(clean * 1000)  # the largest target in steps of 0.001 that the bound keeps
     below -= below / 1000 > clean
     for t in (below - 1, below):
@@ -106,7 +122,7 @@ def test_at_most_above_the_clean_upper_bound_needs_no_noise(model):
     """An at-most target the clean model's upper bound already keeps is served at sigma 0 (it was refused);
     one just below that bound needs noise."""
     data, cal = _calibrated(model)
-    upper = float(_estimator(model, 0.95).bound(0.0, kind="accuracy", side="at-most")[0])
+    upper = _clean_bound(model, "accuracy", "at-most", 0.95)
     above = min(0.999, round(upper + 0.0015, 3))
     if above >= upper:
         _, config = pipeline.config_from_calibration(cal, data, [("accuracy", above)], side="at-most")
@@ -126,7 +142,7 @@ def test_cli_refuses_an_at_least_target_the_clean_bound_refutes(tmp_path, monkey
     assert captured.out == ""
     (line,) = captured.err.splitlines()
     assert line == (f"error: accuracy target {float(target):g} cannot be guaranteed at-least at 95% confidence: "
-                    "even without noise the lower bound is 0.9660 (N=500; more rows raise it)")
+                    "even without noise the lower bound is 0.9614 (N=500; more rows raise it)")
     assert not (tmp_path / "g.json").exists()
 
 

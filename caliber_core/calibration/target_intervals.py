@@ -101,6 +101,12 @@ def side_sigma(cal: Calibration, record: TargetRecord, estimator: BootstrapInter
     # The clean model's own bound first, whatever sigma* is: a target that asks for no
     # degradation (sigma* = 0) is still a claim about the population, and the sample may refute it.
     clean = float(estimator.bound(0.0, kind=record.kind, side=side)[0])
+    if record.kind == "accuracy" and cal.clean_accuracy is not None:
+        # Without noise, accuracy is a binomial proportion: take the exact (Clopper-Pearson) bound
+        # too, and the more cautious of the two, so no reading of "the data's bound" refutes it.
+        exact = exact_clean_bound(cal.clean_accuracy, cal.n_samples, side=side,
+                                  confidence=estimator.confidence)
+        clean = min(clean, exact) if side == "at-least" else max(clean, exact)
     if side == "at-least" and clean < value:
         raise ValueError(
             f"{record.kind} target {record.requested:g} cannot be guaranteed at-least at "
@@ -125,6 +131,36 @@ def side_sigma(cal: Calibration, record: TargetRecord, estimator: BootstrapInter
             f"{estimator.confidence:.0%} confidence: the {word} bound at sigma {sigma:.4g} is "
             f"{bound:.4f} (N={cal.n_samples})")
     return sigma, False
+
+
+def exact_clean_bound(accuracy: float, n_samples: int, *, side: str, confidence: float) -> float:
+    """The exact one-sided (Clopper-Pearson) bound on a clean accuracy measured on ``n_samples`` rows.
+
+    Parameters
+    ----------
+    accuracy : float
+        The sample's clean accuracy, in [0, 1] (ties split make it a non-integer count; the
+        beta quantiles take that as it is).
+    n_samples : int
+        Rows it was measured on.
+    side : {"at-least", "at-most"}
+        "at-least" gives the lower bound, "at-most" the upper.
+    confidence : float
+        One-sided level, in (0, 1).
+
+    Returns
+    -------
+    float
+        ``Beta(1 - c; k, n - k + 1)`` (lower) or ``Beta(c; k + 1, n - k)`` (upper), with k = accuracy * n;
+        0 (lower, k = 0) and 1 (upper, k = n) at the ends.
+    """
+    from scipy.stats import beta
+
+    n = int(n_samples)
+    k = min(max(float(accuracy), 0.0), 1.0) * n
+    if side == "at-least":
+        return 0.0 if k <= 0 else float(beta.ppf(1.0 - confidence, k, n - k + 1))
+    return 1.0 if k >= n else float(beta.ppf(confidence, k + 1, n - k))
 
 
 def _keeps(bound: float, value: float, side: str) -> bool:
