@@ -17,7 +17,7 @@ from .. import __version__
 from ..config import CERTIFIED_LEVEL, SCHEMA, SIDES, TargetRecord
 from . import margins
 from .fit import fit_logistic
-from .full_vocab import guess_sigma
+from .vocab_sigma import guess_sigma
 from .topk_bounds import SIDE_BOUND, TopKRows, mean_agreement_bounds, sigma_for_agreement_bound
 
 METHOD = "topk-certified-agreement"

@@ -115,12 +115,12 @@ def load_logits(path, *, labels_path=None, max_elements: int = DEFAULT_MAX_ELEME
         Missing or unreadable file, unsupported format, or invalid contents.
     """
     check_max_elements(max_elements)
-    content = _read_file(path, max_elements=max_elements, allowed=SUPPORTED_EXTENSIONS,
+    content = read_file(path, max_elements=max_elements, allowed=SUPPORTED_EXTENSIONS,
                          what="logits")
     labels_content = labels_filename = None
     if labels_path is not None:
         labels_filename = str(labels_path)
-        labels_content = _read_file(labels_path, max_elements=max_elements,
+        labels_content = read_file(labels_path, max_elements=max_elements,
                                     allowed=LABELS_EXTENSIONS, what="labels")
     return load_logits_bytes(
         content, str(path), labels_content=labels_content, labels_filename=labels_filename,
@@ -312,7 +312,7 @@ def _extension(filename, allowed: tuple[str, ...], src: str, *, what: str) -> st
     return ext
 
 
-def _read_file(path, *, max_elements: int, allowed: tuple[str, ...], what: str) -> bytes:
+def read_file(path, *, max_elements: int, allowed: tuple[str, ...], what: str) -> bytes:
     """The file's bytes, after its extension and its size on disk are checked."""
     src = display_name(path)
     try:

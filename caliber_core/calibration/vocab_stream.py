@@ -1,0 +1,240 @@
+"""Full-vocabulary dumps streamed once and reduced row by row.
+
+:func:`reduce_file` reads a ``.npy``/``.safetensors``/``.pt``/stored ``.npz``
+matrix block by block (:mod:`caliber_core.loading.row_stream`; float32 in place
+through a memory map) and keeps, per row, the top gaps, a gap histogram and,
+with labels, the label's gap (:mod:`.gap_histogram`): 4,000 x 128,000 float32
+(2 GB) becomes 4,000 x (32 + 1,282) numbers. :func:`stream_labels` reads and
+checks the labels that go with such a matrix; :func:`subset` picks evenly
+spaced reduced rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..loading.row_stream import BLOCK_BYTES, MappedMatrix, RowSource, can_map, open_rows
+from ..loading.safety import DEFAULT_MAX_ELEMENTS, display_name, fail
+from .gap_histogram import TOP_GAPS, ReducedRows, reduce_block
+
+
+def reduce_file(path, *, m: int = TOP_GAPS, max_elements: int = DEFAULT_MAX_ELEMENTS,
+                progress: Callable[[float], None] | None = None,
+                labels: np.ndarray | None = None, source: RowSource | None = None,
+                ) -> tuple[ReducedRows, RowSource, str]:
+    """Stream a full-vocabulary matrix once and reduce every row.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    m : int, default TOP_GAPS
+        Gaps kept exactly per row.
+    max_elements : int
+        The element limit applies to what is kept: rows x (m + bins).
+    progress : callable, optional
+        Called with the fraction of rows done.
+    labels : ndarray of shape (n_rows,), int, optional
+        Validated labels in [0, V): each row's label gap is kept exactly (accuracy rows).
+    source : RowSource, optional
+        Where the matrix lies (default: :func:`open_rows` of ``path``).
+
+    Returns
+    -------
+    reduced : ReducedRows
+    source : RowSource
+    sha256 : str
+        Of the file's bytes (hashed as they stream).
+
+    Raises
+    ------
+    LogitsFileError
+        A bad header, a truncated file, a NaN or +inf row, or a reduced size over ``max_elements``.
+    """
+    from .gap_histogram import N_BINS
+
+    source = open_rows(path) if source is None else source
+    src = display_name(source.path)
+    m = check_kept_size(source, m=m, max_elements=max_elements)
+    top_gaps = np.empty((source.n_rows, m))
+    counts = np.empty((source.n_rows, N_BINS), dtype=np.int32)
+    out = [top_gaps, counts]
+    if labels is not None:
+        out += [np.empty(source.n_rows), np.empty(source.n_rows, dtype=np.int32)]
+    if can_map(source):
+        sha = _reduce_mapped(source, m, labels, out, src, progress)
+    else:
+        _reduce_read(source, m, labels, out, src, progress)
+        sha = _file_sha256(source.path)  # converted blocks are not the file's bytes: hashed from the file
+    return ReducedRows(top_gaps, counts, source.n_classes, *out[2:]), source, sha
+
+
+_BUFFERS = 3
+#: Threads that reduce blocks (numpy lets go of the interpreter lock in the row work).
+REDUCERS = 2
+
+
+def _reduce_mapped(source: RowSource, m: int, labels, out, src, progress) -> str:
+    """Reduce a float32 matrix read in place through a memory map; return the file's SHA-256.
+
+    One thread hashes the file's bytes in order (hashlib lets go of the interpreter lock), others
+    reduce blocks of rows; a block's pages are let go once both are done with it, so the resident
+    set holds the blocks in flight only.
+    """
+    digest = hashlib.sha256()
+    per_block = max(1, BLOCK_BYTES // (source.n_classes * 4))
+    workers = max(1, min(REDUCERS, os.cpu_count() or 1))
+    in_flight: list = []
+    with MappedMatrix(source) as mapped, ThreadPoolExecutor(max_workers=1) as hasher, \
+            ThreadPoolExecutor(max_workers=workers) as reducers:
+        hasher.submit(digest.update, mapped.bytes_between(0, source.offset))
+        for start in range(0, source.n_rows, per_block):
+            stop = min(source.n_rows, start + per_block)
+            lo, hi = source.offset + start * mapped.row_bytes, source.offset + stop * mapped.row_bytes
+            hashed = hasher.submit(digest.update, mapped.bytes_between(lo, hi))
+            block = mapped.rows[start:stop]
+            y = None if labels is None else labels[start:stop]
+            in_flight.append((start, block, hashed, reducers.submit(_reduce, block, m, y)))
+            if len(in_flight) > 2 * workers:
+                _finish(in_flight.pop(0), out, src, progress, source.n_rows, mapped)
+        while in_flight:
+            _finish(in_flight.pop(0), out, src, progress, source.n_rows, mapped)
+        end = source.offset + source.n_rows * mapped.row_bytes
+        hasher.submit(digest.update, mapped.bytes_between(end, mapped.size)).result()
+        del block
+    return digest.hexdigest()
+
+
+def _reduce_read(source: RowSource, m: int, labels, out, src, progress) -> None:
+    """Reduce a matrix read (and converted to float32) into reused buffers, one thread reading, one reducing."""
+    in_flight: list = []
+    with ThreadPoolExecutor(max_workers=1) as reducer:
+        for start, block in source.blocks(buffers=_BUFFERS):
+            if len(in_flight) == _BUFFERS - 1:
+                _finish(in_flight.pop(0), out, src, progress, source.n_rows)
+            y = None if labels is None else labels[start : start + block.shape[0]]
+            in_flight.append((start, block, None, reducer.submit(_reduce, block, m, y)))
+        while in_flight:
+            _finish(in_flight.pop(0), out, src, progress, source.n_rows)
+
+
+def check_kept_size(source: RowSource, *, m: int = TOP_GAPS, max_elements: int = DEFAULT_MAX_ELEMENTS) -> int:
+    """Refuse, from the header alone, a matrix whose reduction would hold more than ``max_elements``.
+
+    Returns
+    -------
+    int
+        The gaps kept exactly per row (``m``, at most V - 1).
+
+    Raises
+    ------
+    LogitsFileError
+        Rows x (m + bins) over ``max_elements``.
+    """
+    from .gap_histogram import N_BINS
+
+    m = min(m, source.n_classes - 1)
+    kept = source.n_rows * (m + N_BINS)
+    if kept > max_elements:
+        raise fail(display_name(source.path), f"{source.n_rows:,} rows reduce to {kept:,} numbers, more than "
+                   f"max_elements={max_elements:,}")
+    return m
+
+
+def _reduce(block: np.ndarray, m: int, labels):
+    try:
+        return reduce_block(block, m=m, labels=labels)
+    except ValueError:
+        return None  # a NaN or +inf row: _finish names it
+
+
+def _finish(job, out, src, progress, n_rows, mapped=None) -> None:
+    start, block, hashed, reduce_job = job
+    result = reduce_job.result()
+    if hashed is not None:
+        hashed.result()
+    if mapped is not None and result is not None:
+        mapped.release(start, start + block.shape[0])
+    if result is None:
+        row = start + int(np.argmax(~np.isfinite(block.max(axis=1))))
+        raise fail(src, f"row {row} holds NaN or +inf (every logit must be finite or -inf)")
+    rows = result[0].shape[0]
+    for whole, part in zip(out, result):
+        whole[start : start + rows] = part
+    if progress is not None:
+        progress((start + rows) / n_rows)
+
+
+def _file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 24), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+SUBSET_ROWS = 400
+
+
+def subset(reduced: ReducedRows, rows: int = SUBSET_ROWS) -> ReducedRows:
+    """Evenly spaced rows of a reduction (a first bracket for sigma, and the display fit).
+
+    Parameters
+    ----------
+    reduced : ReducedRows
+    rows : int, default ``SUBSET_ROWS``
+        Rows kept; a reduction with no more rows is returned as is.
+
+    Returns
+    -------
+    ReducedRows
+    """
+    if reduced.n_rows <= rows:
+        return reduced
+    pick = np.linspace(0, reduced.n_rows - 1, rows).round().astype(np.int64)
+    if not reduced.has_labels:
+        return ReducedRows(reduced.top_gaps[pick], reduced.counts[pick], reduced.n_classes)
+    return ReducedRows(reduced.top_gaps[pick], reduced.counts[pick], reduced.n_classes,
+                       reduced.label_gaps[pick], reduced.label_slots[pick])
+
+
+
+def stream_labels(source: RowSource, labels_path=None, *, max_elements: int = DEFAULT_MAX_ELEMENTS):
+    """The labels of a streamed matrix, validated against its shape, or None when there are none.
+
+    Parameters
+    ----------
+    source : RowSource
+    labels_path : str or path-like, optional
+        A separate labels file; without it an ``.npz``'s ``labels`` array, if any.
+    max_elements : int
+
+    Returns
+    -------
+    ndarray of shape (n_rows,), int64, or None
+
+    Raises
+    ------
+    LogitsFileError
+        A labels file that does not parse, of another length, or with a label outside [0, V).
+    """
+    from ..loading.checks import validate_labels
+    from ..loading.labels_file import read_labels_file
+    from ..loading.load import LABELS_EXTENSIONS, read_file
+    from ..loading.row_stream import npz_labels
+
+    src = display_name(source.path)
+    if labels_path is not None:
+        content = read_file(labels_path, max_elements=max_elements, allowed=LABELS_EXTENSIONS, what="labels")
+        lsrc = display_name(labels_path)
+        raw = read_labels_file(content, os.path.splitext(str(labels_path))[1].lower(), lsrc,
+                               max_elements=max_elements)
+    else:
+        raw, lsrc = npz_labels(source, max_elements=max_elements), src
+        if raw is None:
+            return None
+    return validate_labels(raw, lsrc, n_samples=source.n_rows, n_classes=source.n_classes, logits_src=src)
