@@ -37,6 +37,10 @@ FLAGGED_PATTERN = PREFIX + "{*}:flagged"
 ACCOUNT_PATTERN = PREFIX + "{*}:a"
 GROUP_FLAGGED_PATTERN = PREFIX + "{g:*}:flagged"
 GROUP_PATTERN = PREFIX + "{g:*}:a"
+#: How long a request's reply is kept under its token (``{fp}:r:<token>``): the window in which a
+#: retry or a resolve finds it. One key per request lives this long (about 100 bytes each), so it is
+#: kept short; a request still in doubt when it has expired is settled as not counted.
+TOKEN_SECONDS = 600
 
 
 def scoped_key(tag: str, field: str) -> str:

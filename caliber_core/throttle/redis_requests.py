@@ -33,7 +33,7 @@ import logging
 
 from .ledger import highest_segments, lifts
 from .ledger_store import StoreUnavailable
-from .redis_keys import GROUP_FLAGGED_PATTERN, GROUP_PATTERN, account_keys, members_key, tag_of
+from .redis_keys import GROUP_FLAGGED_PATTERN, GROUP_PATTERN, TOKEN_SECONDS, account_keys, members_key, tag_of
 from .redis_scripts import SHAS, decision_of
 
 log = logging.getLogger("caliber_core.throttle")
@@ -199,8 +199,6 @@ class RedisRequests:
 
         A lost reply is retried with the same token (the script marks it done in the account's slot).
         """
-        from .redis_store import TOKEN_SECONDS
-
         keys = account_keys(account, token)
         mark = f"{keys[3]}:{'lift' if sign > 0 else 'unlift'}"
         args = [TOKEN_SECONDS]

@@ -56,8 +56,8 @@ import time
 from .groups import is_group_id
 from .ledger import AccountState, Decision
 from .ledger_store import StoreUnavailable
-from .redis_keys import (ACCOUNT_PATTERN, FLAGGED_PATTERN, PREFIX, account_keys, reply_key, scoped_key, tag_of,
-                         uncounted_key)
+from .redis_keys import (ACCOUNT_PATTERN, FLAGGED_PATTERN, PREFIX, TOKEN_SECONDS, account_keys, reply_key,
+                         scoped_key, tag_of, uncounted_key)
 from .redis_requests import RedisRequests, NotReplicated
 from .redis_routes import Routes
 from .redis_scripts import SCRIPTS, SHAS, decision_of, event_of
@@ -66,10 +66,6 @@ __all__ = ["PREFIX", "RETRY_DELAYS", "TOKEN_SECONDS", "RedisStore"]
 
 #: Waits before each retry of a request whose reply was lost (same token, so never counted twice).
 RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8)
-#: How long a request's reply is kept under its token: the window in which a retry or a resolve
-#: finds it. One key per request lives this long (about 100 bytes each), so it is kept short; a
-#: request still in doubt when it has expired is settled as not counted.
-TOKEN_SECONDS = 600
 
 
 def _uncounted(entry: dict) -> dict:

@@ -22,6 +22,9 @@
   connection (which would kill the process with SIGBUS at its next access)
   is grown back with zeros, which SQLite rebuilds from the WAL, and the
   connection is reopened.
+
+A request with campaign groups is counted in one transaction by
+:mod:`.sqlite_groups`; the tables are in :mod:`.sqlite_schema`.
 """
 
 from __future__ import annotations
@@ -32,56 +35,20 @@ import os
 import sqlite3
 import threading
 
-from .ledger import AccountState, Event, advance, expired, highest_segments, lifts
+from .ledger import AccountState, Event, advance, expired
 from .ledger_store import StoreUnavailable
+from .sqlite_groups import SqliteGroups
+from .sqlite_schema import ADD_COUNT, ADD_EVENT, GET_ROW, SCHEMA, UPSERT_ACCOUNT
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS accounts (
-    account TEXT PRIMARY KEY, flagged INTEGER NOT NULL, level INTEGER NOT NULL, reason TEXT NOT NULL,
-    flagged_at REAL, at_level INTEGER NOT NULL, first_seen REAL, last_seen REAL) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS counts (
-    account TEXT NOT NULL, level INTEGER NOT NULL, queries INTEGER NOT NULL, shadow INTEGER NOT NULL,
-    PRIMARY KEY (account, level)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS history (
-    id INTEGER PRIMARY KEY, account TEXT NOT NULL, at REAL NOT NULL, event TEXT NOT NULL,
-    level INTEGER NOT NULL, reason TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS history_account ON history (account, id);
-CREATE TABLE IF NOT EXISTS failed (
-    account TEXT NOT NULL, level INTEGER NOT NULL, queries INTEGER NOT NULL,
-    PRIMARY KEY (account, level)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS uncounted (
-    id INTEGER PRIMARY KEY, account TEXT NOT NULL, process TEXT NOT NULL, first REAL NOT NULL,
-    last REAL NOT NULL, queries TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS uncounted_account ON uncounted (account, id);
-CREATE TABLE IF NOT EXISTS lifts (
-    account TEXT NOT NULL, own INTEGER NOT NULL, served INTEGER NOT NULL, queries INTEGER NOT NULL,
-    PRIMARY KEY (account, own, served)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS members (
-    grp TEXT NOT NULL, account TEXT NOT NULL, queries INTEGER NOT NULL, first_seen REAL NOT NULL,
-    last_seen REAL NOT NULL, PRIMARY KEY (grp, account)) WITHOUT ROWID;
-"""
 #: The smallest -shm SQLite maps (one 32 KiB region): a live one is never shorter.
 _SHM_REGION = 32768
-
-_UPSERT_ACCOUNT = (
-    "INSERT INTO accounts VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (account) DO UPDATE SET "
-    "flagged=excluded.flagged, level=excluded.level, reason=excluded.reason, flagged_at=excluded.flagged_at, "
-    "at_level=excluded.at_level, first_seen=excluded.first_seen, last_seen=excluded.last_seen")
-_ADD_COUNT = ("INSERT INTO counts VALUES (?, ?, ?, ?) ON CONFLICT (account, level) DO UPDATE SET "
-              "queries=queries+excluded.queries, shadow=shadow+excluded.shadow")
-_ADD_EVENT = "INSERT INTO history (account, at, event, level, reason) VALUES (?, ?, ?, ?, ?)"
-_ADD_MEMBER = ("INSERT INTO members VALUES (?, ?, ?, ?, ?) ON CONFLICT (grp, account) DO UPDATE SET "
-               "queries=queries+excluded.queries, last_seen=excluded.last_seen")
-_ADD_LIFT = ("INSERT INTO lifts VALUES (?, ?, ?, ?) ON CONFLICT (account, own, served) DO UPDATE SET "
-             "queries=queries+excluded.queries")
-_GET = "SELECT flagged, level, reason, flagged_at, at_level, first_seen, last_seen FROM accounts WHERE account=?"
 
 
 class _Replaced(Exception):
     """The path names another file than the connection's: reopen and run the transaction again."""
 
 
-class SqliteStore:
+class SqliteStore(SqliteGroups):
     """The ledger in one SQLite file (see the module docstring for the guarantees).
 
     Implements :class:`~caliber_core.throttle.ledger_store.LedgerStore`; its
@@ -138,7 +105,7 @@ class SqliteStore:
                                    check_same_thread=True)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
-            conn.executescript(_SCHEMA)
+            conn.executescript(SCHEMA)
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"sqlite store {self.path}: {exc}") from None
         local.conn, local.pid = conn, os.getpid()
@@ -233,7 +200,7 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ reads
     def _read(self, conn, account: str, *, with_history: bool) -> AccountState | None:
-        row = conn.execute(_GET, (account,)).fetchone()
+        row = conn.execute(GET_ROW, (account,)).fetchone()
         if row is None:
             if not with_history or conn.execute("SELECT 1 FROM uncounted WHERE account=? LIMIT 1",
                                                 (account,)).fetchone() is None:
@@ -272,24 +239,10 @@ class SqliteStore:
         """See :meth:`LedgerStore.accounts <caliber_core.throttle.ledger_store.LedgerStore.accounts>`."""
         return self._names(flagged_only, groups=False)
 
-    def groups(self, *, flagged_only: bool = True) -> list[str]:
-        """The groups' ledger names (``g:<kind>:<hex>``), sorted; the flagged ones only by default."""
-        return self._names(flagged_only, groups=True)
-
     def _names(self, flagged_only: bool, *, groups: bool) -> list[str]:
         where = ("account LIKE 'g:%'" if groups else "account NOT LIKE 'g:%'") + (" AND flagged=1" if flagged_only else "")
         try:
             return [r[0] for r in self._connect().execute(f"SELECT account FROM accounts WHERE {where} ORDER BY account")]
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"sqlite store {self.path}: {exc}") from None
-
-    def members(self, group: str) -> dict:
-        """The accounts seen in a group: ``{fingerprint: {"queries", "first_seen", "last_seen"}}``."""
-        try:
-            return {a: {"queries": n, "first_seen": first, "last_seen": last}
-                    for a, n, first, last in self._connect().execute(
-                        "SELECT account, queries, first_seen, last_seen FROM members WHERE grp=? ORDER BY account",
-                        (group,))}
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"sqlite store {self.path}: {exc}") from None
 
@@ -318,12 +271,12 @@ class SqliteStore:
 
     @staticmethod
     def _put(conn, account: str, new: AccountState, events, counts) -> None:
-        conn.execute(_UPSERT_ACCOUNT, (account, int(new.flagged), new.level, new.reason,
+        conn.execute(UPSERT_ACCOUNT, (account, int(new.flagged), new.level, new.reason,
                                        new.flagged_at, new.at_level, new.first_seen, new.last_seen))
         for level, n, s in counts:
-            conn.execute(_ADD_COUNT, (account, level, n, s))
+            conn.execute(ADD_COUNT, (account, level, n, s))
         for e in events:
-            conn.execute(_ADD_EVENT, (account, e.at, e.event, e.level, e.reason))
+            conn.execute(ADD_EVENT, (account, e.at, e.event, e.level, e.reason))
 
     def _transaction(self, run):
         """``run(conn)`` inside one BEGIN IMMEDIATE transaction (committed, or rolled back if it raises)."""
@@ -366,7 +319,7 @@ class SqliteStore:
 
     @staticmethod
     def _row(conn, account: str) -> AccountState:
-        row = conn.execute(_GET, (account,)).fetchone()
+        row = conn.execute(GET_ROW, (account,)).fetchone()
         if row is None:
             return AccountState()
         return AccountState(flagged=bool(row[0]), level=row[1], reason=row[2], flagged_at=row[3],
@@ -384,58 +337,6 @@ class SqliteStore:
 
         return self._write(account, full=False, change=change)
 
-    def record_request(self, entries, *, rows: int, now: float, top: int, shadow: bool, token=None) -> list:
-        """Count one request for an account and its groups in one transaction: all of them, or none.
-
-        Parameters
-        ----------
-        entries : sequence of (str, int, float or None, str or None)
-            ``(ledger name, escalate_after, expire_after, member)``: the account
-            first (member None), then each group with the account as its member.
-        rows, now, top, shadow :
-            As :meth:`record` takes them.
-        token : str, optional
-            Unused: a SQLite transaction commits or does not, so nothing is left in doubt.
-
-        Returns
-        -------
-        list of Decision
-            One per entry, in order.
-        """
-
-        def run(conn):
-            names = [entry[0] for entry in entries]
-            # One read for every row of the request, then the writes batched: fewer calls into SQLite.
-            found = {r[0]: r[1:] for r in conn.execute(
-                f"SELECT account, flagged, level, reason, flagged_at, at_level, first_seen, last_seen FROM accounts "
-                f"WHERE account IN ({','.join('?' * len(names))})", names)}
-            out, counts, events, members = [], [], [], []
-            for name, escalate_after, expire_after, member in entries:
-                row = found.get(name)
-                state = AccountState() if row is None else AccountState(
-                    flagged=bool(row[0]), level=row[1], reason=row[2], flagged_at=row[3], at_level=row[4],
-                    first_seen=row[5], last_seen=row[6])
-                decision = advance(state, rows=rows, now=now, escalate_after=escalate_after, top=top,
-                                   expire_after=expire_after, shadow=shadow)
-                new = decision.state
-                conn.execute(_UPSERT_ACCOUNT, (name, int(new.flagged), new.level, new.reason, new.flagged_at,
-                                               new.at_level, new.first_seen, new.last_seen))
-                counts += [(name, level, n, n if shadow and level > 0 else 0) for level, n in decision.segments]
-                events += [(name, e.at, e.event, e.level, e.reason) for e in decision.events]
-                if member is not None:
-                    members.append((name, member, rows, now, now))
-                out.append(decision)
-            conn.executemany(_ADD_COUNT, counts)
-            conn.executemany(_ADD_MEMBER, members)
-            if events:
-                conn.executemany(_ADD_EVENT, events)
-            if len(out) > 1 and not shadow:  # what the account received above its own level, same transaction
-                raised = lifts(out[0].segments, highest_segments(*(d.segments for d in out)))
-                conn.executemany(_ADD_LIFT, [(names[0], a, b, n) for (a, b), n in raised.items()])
-            return out
-
-        return self._transaction(run)
-
     def void(self, account: str, decision) -> None:
         """A counted request whose answer was not produced: its rows move from ``queries`` to ``failed``."""
 
@@ -446,14 +347,6 @@ class SqliteStore:
                 writes.append(("INSERT INTO failed VALUES (?, ?, ?) ON CONFLICT (account, level) DO UPDATE SET "
                                "queries=queries+excluded.queries", (account, level, n)))
             return None, (), writes, None
-
-        self._write(account, full=False, change=change)
-
-    def lift(self, account: str, raised: dict, *, token=None, sign: int = 1) -> None:
-        """Add (``sign`` -1: take back, for a voided request) rows a group served above the account's own level."""
-
-        def change(state):
-            return None, (), [(_ADD_LIFT, (account, a, b, sign * n)) for (a, b), n in raised.items()], None
 
         self._write(account, full=False, change=change)
 

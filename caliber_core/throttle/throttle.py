@@ -31,50 +31,21 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
 
 from ..validation import is_torch
 from .accounts import AccountBook
+from .group_requests import GroupRequests
 from .ledger import account_fingerprint, check_time
 from .outages import Outages, log
 from .policy import load_policy
 from .ledger_store import LedgerStore, PipelinedLedgerStore, StoreUnavailable
+from .response import Response
 from .stores import open_store
 
 LAST_KNOWN_CAPACITY = 100_000
 
 
-@dataclass(frozen=True)
-class Response:
-    """What ``respond`` returns. Send ``logits`` to the client, nothing else.
-
-    Attributes
-    ----------
-    logits : ndarray or torch.Tensor
-        The served logits (the input's type, dtype, device and shape).
-    level : int
-        The highest level decided for the request's rows (0: clean).
-    sigma : float
-        The sigma of that level (what was added, unless ``shadow``).
-    shadow : bool
-        The policy is in shadow mode: decided and counted, served clean.
-    segments : tuple of (level, rows)
-        Row ranges in order; more than one when the request crossed a threshold.
-    counted : bool
-        False when the store could not be reached and ``on_store_error`` is "last-known"
-        (the rows are tallied in the ledger's ``uncounted`` record once it answers).
-    """
-
-    logits: object
-    level: int
-    sigma: float
-    shadow: bool
-    segments: tuple
-    counted: bool = True
-    _ticket: object = field(default=None, repr=False, compare=False)  # what Throttle.void needs
-
-
-class Throttle(AccountBook):
+class Throttle(AccountBook, GroupRequests):
     """A policy, its level Perturbers and a ledger store.
 
     Parameters
@@ -230,15 +201,7 @@ class Throttle(AccountBook):
             # The account's own decision and each group's (a request with groups counted each).
             own = decision if not decision.groups else decision.own
             if decision.groups and not self.policy.shadow:
-                from .ledger import lifts
-
-                raised = lifts(own.segments, decision.segments)
-                if raised:  # what a group raised, taken back with the rows
-                    try:
-                        self.store.lift(ticket["fp"], raised, token=own.token, sign=-1)
-                    except StoreUnavailable as exc:
-                        log.warning("ledger store unreachable (%s): a failed request's raised rows stay recorded",
-                                    exc)
+                self._take_back_raised(ticket["fp"], own, decision)
             for name, counted in ((ticket["fp"], own),) + decision.groups:
                 try:
                     self.store.void(name, counted)
@@ -251,7 +214,6 @@ class Throttle(AccountBook):
             for name in (ticket["fp"],) + ticket.get("groups", ()):
                 self._outages.tally(name, response.segments, sign=-1)
 
-    # ------------------------------------------------------------------ flags
     # ------------------------------------------------------------------ serving
     def _remember(self, fp: str, level: int) -> None:
         cache = self._last_known
@@ -284,14 +246,7 @@ class Throttle(AccountBook):
                 counted = store.record(fp, **request)
                 finish = lambda: counted  # noqa: E731
         else:
-            entries = [(fp, policy.escalate_after, policy.expire_after, None)]
-            entries += [(name, kind.escalate_after, kind.expire_after, fp) for kind, name in kinds]
-            request = dict(rows=rows, now=self._now(), top=policy.top, shadow=policy.shadow)
-            if self._is_pipelined():
-                finish = store.begin_record_request(entries, **request)
-            else:
-                counted = store.record_request(entries, **request)
-                finish = lambda: counted  # noqa: E731
+            finish = self._begin_with_groups(fp, rows, kinds)
 
         def decided():
             result = finish()
@@ -309,22 +264,6 @@ class Throttle(AccountBook):
         if self._pipelined_for is not store:
             self._pipelined_for, self._pipelined = store, isinstance(store, PipelinedLedgerStore)
         return self._pipelined
-
-    def _merge(self, fp: str, kinds: tuple, decisions: list):
-        """One Decision for a request with groups: each row at the highest level of its account and groups."""
-        from .ledger import Decision, highest_segments
-
-        own, rest = decisions[0], decisions[1:]
-        for (_, name), counted in zip((("", fp),) + kinds, decisions):
-            self._remember(name, counted.state.level if counted.state.flagged else 0)
-        return Decision(highest_segments(*(d.segments for d in decisions)),
-                        own.events + tuple(e for d in rest for e in d.events), own.state, own.token,
-                        groups=tuple((name, d) for (_, name), d in zip(kinds, rest)), own=own)
-
-    def _kinds(self, groups) -> tuple:
-        from .groups import check_groups
-
-        return check_groups(self.policy, groups)
 
     def decide(self, account, rows: int = 1, *, groups=None):
         """Count ``rows`` queries for ``account`` (and its groups) and return the Decision, without serving anything.
