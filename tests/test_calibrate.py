@@ -148,9 +148,13 @@ def test_monte_carlo_curve_sigma_never_overshoots_beyond_its_error(calibrations,
     delivered = cal.engine.accuracy(t.sigma)[0]
     se = cal.intervals.accuracy_stderr(t.sigma)[0]
     assert delivered >= t.accuracy - N_SE * se
-    # and the curve it inverted is at the target within one Monte-Carlo step there
-    step = 1.0 / (cal.n_samples * cal.intervals.realizations)
-    assert measured_accuracy(mc, t.sigma)[0] == pytest.approx(t.accuracy, abs=step + 1e-12)
+    # and the curve it inverted crosses the target there. The curve is a step function of sigma
+    # (common draws); its jump at the crossing can be more than one step where several draws flip
+    # at the same sigma (digits_mlp-brief at retention 0.5464: 1.4 steps below the target), so the
+    # target is checked to lie between the curve just before and just after sigma.
+    before = measured_accuracy(mc, t.sigma * (1 - 1e-9))[0]
+    after = measured_accuracy(mc, t.sigma * (1 + 1e-9))[0]
+    assert after - 1e-12 <= t.accuracy <= before + 1e-12
 
 
 @settings(max_examples=20, deadline=None)
@@ -183,6 +187,8 @@ def test_targets_at_or_above_clean_need_no_noise(calibrations, kind, value):
     t = sigma_for_target(cal, value, kind=kind)
     assert t.sigma == 0.0 and t.v == 0.0
     assert t.method == "none-needed" and not t.saturated
+    if kind != "agreement":  # the record states what sigma 0 delivers, never more than the clean model
+        assert t.accuracy == cal.clean_accuracy and t.retention == 1.0
 
 
 def test_unreachable_target_raises_or_saturates(calibrations):
