@@ -103,3 +103,19 @@ def test_extract_measures_the_frontier_at_each_pool_size(small_archive, tmp_path
         assert 0.5 < point["teacher"]["mean"] < 1.0  # sigma solved on this size's rows for 0.75 of A0
     # σ is solved on each size's own rows: the two sizes calibrate apart
     assert doc["sizes"][0]["points"][0]["sigma_over_s"] != doc["sizes"][1]["points"][0]["sigma_over_s"]
+
+
+def test_the_extraction_page_reads_the_sizes_figure(tmp_path):
+    from caliber_dashboard.extraction.frontier_sizes import SIZES_JSON, measured_sizes, sizes_figure
+
+    assert measured_sizes(tmp_path / "absent.json") is None
+    (tmp_path / "other.json").write_text(json.dumps({"schema": "caliber.frontier/v1", "frontiers": []}))
+    assert measured_sizes(tmp_path / "other.json") is None
+    measured = measured_sizes(SIZES_JSON)  # the committed benchmark output
+    assert measured is not None and {"per-input", "field-4"} <= set(measured["curves"])
+    for pts in measured["curves"].values():
+        sizes = [p[0] for p in pts]
+        assert sizes == sorted(sizes) and sizes[0] == 500
+        assert all(lo <= mean <= hi for _, _, mean, lo, hi in pts)
+    fig = sizes_figure(measured)
+    assert len(fig.data) == 2 * len(measured["curves"]) and fig.layout.xaxis.type == "log"
