@@ -51,7 +51,7 @@ def test_check_pool_sizes_sorts_and_refuses_what_the_pool_cannot_serve():
     assert str(err.value) == ("demo holds 3000 pool rows: it can serve pool sizes 100 to 3000 (of those asked it can "
                               "serve 500, 2000; 8000, 32000 need a larger archive, e.g. from "
                               "scripts/make_extraction_archive.py)")
-    with pytest.raises(ValueError, match="it serves none of those asked; 8000 need"):
+    with pytest.raises(ValueError, match="it serves none of those asked; 8000 needs a larger archive"):
         check_pool_sizes([8000], 3000, 10)
     with pytest.raises(ValueError, match="50 rows is too few for 10 classes; a pool size must be at least 100"):
         check_pool_sizes([50, 500], 3000, 10)
