@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from figure_files import FIGURES_DIR, FigureFile  # noqa: E402
 
 from caliber_core.extraction.noise_designs import SERVED_DESIGN  # noqa: E402
-from caliber_core.extraction.pool_sizes import SizedFrontier, measure_pool_sizes, sizes_table, sizes_to_json  # noqa: E402
+from caliber_core.extraction.pool_sizes import (SizedFrontier, measure_pool_sizes, sizes_table,  # noqa: E402
+                                                sizes_to_json)
 
 
 def main(argv=None) -> int:

@@ -90,8 +90,9 @@ def test_a_malformed_pool_size_list_is_an_option_error(small_archive, capsys, wo
 
 def test_extract_measures_the_frontier_at_each_pool_size(small_archive, tmp_path, capsys):
     report = tmp_path / "sizes.json"
-    rc, stdout, err = _extract(capsys, small_archive, "--pool-sizes", "150,400", "--frontier", "field-4", "--keys", "1", "--seeds", "1",
-                   "--m", "1", "--processes", "1", "--quiet", "--json", str(report))
+    rc, stdout, err = _extract(capsys, small_archive, "--pool-sizes", "150,400", "--frontier", "field-4",
+                               "--keys", "1", "--seeds", "1", "--m", "1", "--processes", "1", "--quiet",
+                               "--json", str(report))
     assert rc == 0, err
     assert "| 150 | field-4 | 0.75 |" in stdout and "| 400 | field-4 | 0.75 |" in stdout
     doc = json.loads(report.read_text())

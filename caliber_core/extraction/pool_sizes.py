@@ -79,9 +79,9 @@ def check_pool_sizes(sizes: Sequence[int], n_pool: int, n_classes: int, *, name:
     if too_big:
         fits = [s for s in wanted if s <= n_pool]
         served = f"of those asked it can serve {', '.join(map(str, fits))}" if fits else "it serves none of those asked"
+        need = "needs" if len(too_big) == 1 else "need"
         raise ValueError(f"{name} holds {n_pool} pool rows: it can serve pool sizes {smallest} to {n_pool} "
-                         f"({served}; {', '.join(map(str, too_big))} {'needs' if len(too_big) == 1 else 'need'} a larger "
-                         "archive, e.g. from "
+                         f"({served}; {', '.join(map(str, too_big))} {need} a larger archive, e.g. from "
                          "scripts/make_extraction_archive.py)")
     return wanted
 
