@@ -66,7 +66,33 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    "retention against the strongest thief's (KD at T=1..32, hard labels, prior correction, "
                    "near-duplicates averaged, a thief who knows the class-cycle design); designs default to per-input and "
                    "the served field")
+    p.add_argument("--pool-sizes", type=pool_sizes, default=None, metavar="N,N,...",
+                   help="the frontier at several campaign sizes (e.g. 500,2000,8000,32000): each size uses the "
+                   "pool's first N rows; designs as for --frontier, targets from --retention (default 0.75)")
     return p
+
+
+def pool_sizes(text: str) -> list[int]:
+    """``--pool-sizes``: comma-separated positive integers (``500,2000,8000``).
+
+    Parameters
+    ----------
+    text : str
+        The command-line word.
+
+    Returns
+    -------
+    list of int
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        An empty list, or a part that is not a positive integer.
+    """
+    parts = [t.strip().replace("_", "") for t in text.split(",") if t.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated pool sizes such as 500,2000,8000, got {text!r}")
+    return [positive_int(t) for t in parts]
 
 
 def default_processes() -> int:
@@ -108,6 +134,8 @@ def run(args) -> int:
 
     limit = DEFAULT_MAX_ELEMENTS if args.max_elements is None else args.max_elements
     archive = load_archive(args.file, eval_path=args.eval_file, max_elements=limit)
+    if args.pool_sizes is not None:
+        return _run_pool_sizes(archive, args)
     if args.frontier is not None:
         return _run_frontier(args)
     if args.seeding is not None:
@@ -159,18 +187,45 @@ def _run_seedings(archive, args) -> int:
     return 0
 
 
-def _run_frontier(args) -> int:
-    from ..extraction.frontier_report import frontier_summary, frontier_table, frontier_to_json
+def _frontier_designs(args) -> list[str]:
     from ..extraction.noise_designs import DESIGNS, SERVED_DESIGN
-    from ..extraction.thief_frontier import DEFAULT_LEVELS, measure_frontier
 
+    option = "--pool-sizes" if args.pool_sizes is not None else "--frontier"
     if args.seeding is not None or args.key_file or args.length_scale is not None:
-        raise ValueError("--frontier compares noise designs by name: --seeding, --key-file and --length-scale "
+        raise ValueError(f"{option} compares noise designs by name: --seeding, --key-file and --length-scale "
                          "do not apply")
     designs = args.frontier or ["per-input", SERVED_DESIGN]
     unknown = [d for d in designs if d not in DESIGNS]
     if unknown:
         raise ValueError(f"--frontier: unknown design {unknown[0]!r}; choose from {', '.join(sorted(DESIGNS))}")
+    return designs
+
+
+def _run_pool_sizes(archive, args) -> int:
+    from ..extraction.pool_sizes import check_pool_sizes, measure_pool_sizes, sizes_table, sizes_to_json
+
+    designs = _frontier_designs(args)
+    sizes = check_pool_sizes(args.pool_sizes, archive.pool.n_samples, archive.n_classes, name=archive.name)
+    levels = (0.75,) if args.retention is None else tuple(args.retention)
+    tick = progress(not args.quiet, "frontier cells")
+    report = None if tick is None else (lambda done, total: tick(done / total))
+    result = measure_pool_sizes(args.file, eval_path=args.eval_file, sizes=sizes, designs=designs, levels=levels,
+                                keys=args.keys, seeds=args.seeds, near_duplicates=max(args.m),
+                                processes=default_processes() if args.processes is None else args.processes,
+                                progress=report)
+    print("\n".join(sizes_table(result)))
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as fh:
+            fh.write(sizes_to_json(result))
+        print(f"report written to {args.json_out}")
+    return 0
+
+
+def _run_frontier(args) -> int:
+    from ..extraction.frontier_report import frontier_summary, frontier_table, frontier_to_json
+    from ..extraction.thief_frontier import DEFAULT_LEVELS, measure_frontier
+
+    designs = _frontier_designs(args)
     levels = DEFAULT_LEVELS if args.retention is None else tuple(args.retention)
     tick = progress(not args.quiet, "frontier cells")
     report = None if tick is None else (lambda done, total: tick(done / total))

@@ -232,15 +232,21 @@ class Frontier:
 _STATE: dict = {}
 
 
-def _setup(path: str, eval_path: str | None) -> None:
+def _setup(path: str, eval_path: str | None, pool_rows: int | None = None) -> None:
+    import dataclasses
+
     import torch
 
-    from .archive import load_archive
+    from .archive import Split, load_archive
     from .attacker import Thief
     from .recalibration import labelled_rows
 
     torch.set_num_threads(1)
     archive = load_archive(path, eval_path=eval_path)
+    if pool_rows is not None:  # a campaign of this many queries: the pool's first rows
+        p = archive.pool
+        archive = dataclasses.replace(archive, pool=Split(p.inputs[:pool_rows], p.logits[:pool_rows],
+                                                          p.labels[:pool_rows]))
     pool, ev = archive.pool, archive.evaluation
     labelled = labelled_rows(pool.labels, per_class=LABELS_PER_CLASS)
     _STATE.update(archive=archive, thief=Thief(pool.inputs, ev.inputs, ev.labels, ev.logits.argmax(1),
@@ -317,7 +323,7 @@ def _scale(z: np.ndarray) -> float:
 
 def measure_frontier(path: str, *, designs: Sequence[str], levels: Sequence[float] = DEFAULT_LEVELS,
                      keys: int = 3, seeds: int = 2, near_duplicates: int = 16, processes: int = 1,
-                     eval_path: str | None = None,
+                     eval_path: str | None = None, pool_rows: int | None = None,
                      progress: Callable[[int, int], None] | None = None) -> Frontier:
     """The frontier of every design on one archive (see the module docstring).
 
@@ -330,6 +336,7 @@ def measure_frontier(path: str, *, designs: Sequence[str], levels: Sequence[floa
     keys, seeds : replicates (keys: noise draws; seeds: the thief's training seeds).
     near_duplicates : M of the near-duplicate thief (0: no such thief).
     processes : worker processes (each trains single-threaded).
+    pool_rows : the thief queries only the pool's first this many rows (σ is solved on them); None: all.
     progress : called with (cells done, cells) after each cell.
 
     Raises
@@ -341,7 +348,8 @@ def measure_frontier(path: str, *, designs: Sequence[str], levels: Sequence[floa
         design_named(name)
     if not levels or any(not 0 < r < 1 for r in levels):
         raise ValueError(f"levels must be retention fractions in (0, 1), got {tuple(levels)!r}")
-    for label, value in (("keys", keys), ("seeds", seeds), ("processes", processes)):
+    counts = (("keys", keys), ("seeds", seeds), ("processes", processes))
+    for label, value in counts + ((("pool_rows", pool_rows),) if pool_rows is not None else ()):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{label} must be a positive integer, got {value!r}")
     seed_list = tuple(range(seeds))
@@ -349,14 +357,14 @@ def measure_frontier(path: str, *, designs: Sequence[str], levels: Sequence[floa
     tasks += [(d, float(r), k, seed_list, int(near_duplicates)) for d in designs for r in levels for k in range(keys)]
     results = []
     if processes == 1:
-        _setup(path, eval_path)
+        _setup(path, eval_path, pool_rows)
         for t in tasks:
             results.append(_cell(t))
             if progress:
                 progress(len(results), len(tasks))
     else:
         ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(processes, initializer=_setup, initargs=(path, eval_path)) as pool:
+        with ctx.Pool(processes, initializer=_setup, initargs=(path, eval_path, pool_rows)) as pool:
             for out in pool.imap_unordered(_cell, tasks):
                 results.append(out)
                 if progress:

@@ -8,6 +8,7 @@ from caliber_core.extraction.experiment import ExtractionSettings
 from caliber_dashboard import navigation
 from caliber_dashboard.common import ui, upload_boundary
 from caliber_dashboard.common.targets import percent_to_fraction
+from caliber_dashboard.extraction import frontier_sizes
 from caliber_dashboard.extraction import runs
 from caliber_dashboard.extraction import seedings
 from caliber_dashboard.extraction import view
@@ -187,6 +188,15 @@ if measured:
                "(± half the 95% interval over keys and seeds), and beside it a thief holding 10 labels a class. "
                "From benchmarks/bench_frontier.py (docs/figures/frontier.md has every point); "
                "`caliber extract FILE --frontier` measures your own file.")
+
+by_size = frontier_sizes.measured_sizes()
+if by_size:
+    st.subheader("The thief across campaign sizes (measured on a synthetic archive)")
+    st.plotly_chart(frontier_sizes.sizes_figure(by_size), width="stretch", key="fig_extraction_sizes")
+    st.caption(f"On {by_size['archive']}: what the strongest label-free thief keeps of a clean-answer thief's "
+               "accuracy at the same number of queries (bars: 95% interval over keys), and what the flagged user "
+               "keeps (dotted). From benchmarks/bench_frontier_sizes.py (docs/figures/frontier-sizes.md); "
+               "`caliber extract FILE --pool-sizes 500,2000,8000` measures your own file.")
 
 from caliber_core.extraction.report import report_to_json, to_report  # noqa: E402
 
