@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
+from caliber_dashboard import warmup
 from caliber_dashboard.common import background, cache, calibration_store, precalibrate, state
 from caliber_dashboard.workspace import SQLiteStore, from_environment
 
@@ -34,6 +35,8 @@ def _wait(data, timeout=240.0) -> None:
 
 def test_an_upload_starts_its_calibration_and_the_page_reads_it(monkeypatch):
     monkeypatch.setattr(background, "serving", lambda: True)  # as inside `streamlit run`
+    # ... but not the server's warm-up: its thread is once per process and would outlive this test.
+    monkeypatch.setattr(warmup, "start", lambda **_: False)
     at = AppTest.from_file(APP, default_timeout=240)
     at.run()
     at.file_uploader(key="upload_logits").set_value(("bg.npz", _npz(1), "application/octet-stream")).run()
@@ -56,6 +59,7 @@ def test_an_upload_starts_its_calibration_and_the_page_reads_it(monkeypatch):
 
 def test_a_visitor_who_arrives_first_waits_for_the_same_job(monkeypatch):
     monkeypatch.setattr(background, "serving", lambda: True)
+    monkeypatch.setattr(warmup, "start", lambda **_: False)
     release = __import__("threading").Event()
     real = cache.pipeline.calibrate_data
     calls = []
