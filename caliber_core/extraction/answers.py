@@ -69,6 +69,47 @@ class Answers:
         return h.hexdigest()
 
 
+class DrawnAnswers:
+    """Soft answers to one fresh-seeded round (M = 1), drawn again each time they are read.
+
+    The same training signal as ``answer_queries(logits, sigma=sigma,
+    seed=seed)[("soft", 1)]`` (equal values, equal :meth:`digest`), without
+    holding an (n, K) float64 matrix per condition: a list of conditions costs
+    one matrix at a time, while it is read.
+
+    Parameters
+    ----------
+    logits : ndarray of shape (n_samples, n_classes)
+        The teacher's cached clean logits for the pool (held by reference).
+    sigma : float
+    seed : int
+    """
+
+    labels = None
+    m = 1
+    seeding = "fresh"
+    kind = "soft"
+
+    def __init__(self, logits: np.ndarray, sigma: float, seed: int):
+        self._logits = logits
+        self.sigma = float(sigma)
+        self.seed = int(seed)
+        self._digest: str | None = None
+
+    @property
+    def values(self) -> np.ndarray:
+        """The answers, drawn now: (n_samples, n_classes) float64."""
+        return answer_queries(self._logits, sigma=self.sigma, seed=self.seed)[("soft", 1)].values
+
+    def digest(self) -> str:
+        """SHA-256 of the answer bytes, as :meth:`Answers.digest` (computed once)."""
+        if self._digest is None:
+            h = hashlib.sha256(self.kind.encode())
+            h.update(np.ascontiguousarray(self.values).tobytes())
+            self._digest = h.hexdigest()
+        return self._digest
+
+
 def per_input_key(seed: int) -> bytes:
     """The provider's per-input secret in a simulation with this seed (the thief never sees it).
 
@@ -158,8 +199,9 @@ def answer_queries(
         ids = [f"pool-{i}" for i in range(n)]
     vote_gen = vote_generator(seed)
     first = None
-    dev_sum = np.zeros_like(z)
-    votes = np.zeros((n, k), dtype=np.int64)
+    # Only what is asked for is held: M = 1 soft answers need neither the deviations nor the votes.
+    dev_sum = np.zeros_like(z) if ms[-1] > 1 else None
+    votes = np.zeros((n, k), dtype=np.int64) if "hard" in kinds else None
     rows = np.arange(n)
     out: dict[tuple[str, int], Answers] = {}
     for m in range(1, ms[-1] + 1):
@@ -173,7 +215,8 @@ def answer_queries(
                     f"per-input seeding answered round {m} differently from round 1 on {diff} of {n} rows"
                 )
             dev_sum += answer - first
-        votes[rows, np.argmax(answer, axis=1)] += 1
+        if votes is not None:
+            votes[rows, np.argmax(answer, axis=1)] += 1
         if m not in ms:
             continue
         if "soft" in kinds:
