@@ -239,10 +239,15 @@ class Thief:
     def _key(answers: Answers, recipe: Recipe, seed: int) -> tuple:
         return (answers.digest(), recipe.key(), int(seed))
 
-    def _targets(self, answers: Answers, recipe: Recipe) -> np.ndarray:
-        if answers.kind == "hard":
-            return one_hot(answers.labels, self.shape.n_classes)
-        return tempered_targets(answers.values, recipe.temperature)
+    def _targets(self, jobs: Sequence[tuple[Answers, Recipe, int]]) -> np.ndarray:
+        """The jobs' targets as one (S, n_pool, K) float32 block, each made from its answers in its slot."""
+        block = np.empty((len(jobs), self.n_pool, self.shape.n_classes), dtype=np.float32)
+        for j, (answers, recipe, _) in enumerate(jobs):
+            if answers.kind == "hard":
+                block[j] = one_hot(answers.labels, self.shape.n_classes)
+            else:
+                tempered_targets(answers.values, recipe.temperature, out=block[j])
+        return block
 
     def _tune(self, requests: Sequence[Request]) -> None:
         """k-fold selection for every group of tuned requests not chosen yet, all fold models in batches."""
@@ -334,7 +339,7 @@ class Thief:
 
     def _distill(self, jobs: Sequence[tuple[Answers, Recipe, int]], *, train_rows=None, schedule=None):
         students = self._trainer.distill(
-            _Targets(self, [(a, rec) for a, rec, _ in jobs]),
+            self._targets(jobs),
             shape=self.shape,
             temperatures=[1.0 if a.kind == "hard" else rec.temperature for a, rec, _ in jobs],
             weight_decays=[rec.weight_decay for _, rec, _ in jobs],
@@ -346,22 +351,6 @@ class Thief:
         if self.on_runs is not None:
             self.on_runs(len(jobs))
         return students
-
-
-class _Targets(Sequence):
-    """A distill batch's targets, each made from its answers when read (one answer matrix at a time)."""
-
-    def __init__(self, thief: Thief, jobs: list[tuple[Answers, Recipe]]):
-        self._thief, self._jobs = thief, jobs
-
-    def __len__(self) -> int:
-        return len(self._jobs)
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return _Targets(self._thief, self._jobs[index])
-        answers, recipe = self._jobs[index]
-        return self._thief._targets(answers, recipe)
 
 
 def modal_choice(recipes: Sequence[Recipe]) -> Recipe:
