@@ -116,3 +116,15 @@ def test_a_thief_training_a_few_students_at_a_time_on_drawn_answers_gives_the_sa
     drawn = [Request(DrawnAnswers(z, sigma, s), r, s) for sigma, s in conditions for r in recipes]
     assert parts.train(drawn) == reference
     assert all(o.corrected_accuracy is not None for o in reference)
+
+
+@pytest.mark.parametrize("seeding", ["fresh", "per-input"])
+def test_drawn_averages_of_m_rounds_equal_the_answers_asked_for_with_other_m(archive, seeding):
+    z = archive.pool.logits[:200]
+    held = answer_queries(z, sigma=2.0, seed=5, m_values=(1, 2, 4), seeding=seeding, kinds=("soft", "hard"))
+    for m in (1, 2, 4):
+        drawn = DrawnAnswers(z, 2.0, 5, m, seeding)
+        assert np.array_equal(drawn.values, held[("soft", m)].values)
+        assert drawn.digest() == held[("soft", m)].digest()
+    alone = answer_queries(z, sigma=2.0, seed=5, m_values=(1, 2, 4), seeding=seeding, kinds=("hard",))
+    assert all(np.array_equal(alone[("hard", m)].labels, held[("hard", m)].labels) for m in (1, 2, 4))

@@ -70,12 +70,13 @@ class Answers:
 
 
 class DrawnAnswers:
-    """Soft answers to one fresh-seeded round (M = 1), drawn again each time they are read.
+    """Soft answers averaged over M rounds, drawn again each time they are read.
 
     The same training signal as ``answer_queries(logits, sigma=sigma,
-    seed=seed)[("soft", 1)]`` (equal values, equal :meth:`digest`), without
-    holding an (n, K) float64 matrix per condition: a list of conditions costs
-    one matrix at a time, while it is read.
+    seed=seed, m_values=..., seeding=seeding)[("soft", m)]`` (equal values,
+    equal :meth:`digest`: the rounds and their average do not depend on the
+    other M asked for), without holding an (n, K) float64 matrix per
+    condition: a list of conditions costs one matrix at a time, while it is read.
 
     Parameters
     ----------
@@ -83,23 +84,28 @@ class DrawnAnswers:
         The teacher's cached clean logits for the pool (held by reference).
     sigma : float
     seed : int
+    m : int, default 1
+    seeding : {"fresh", "per-input"}, default "fresh"
     """
 
     labels = None
-    m = 1
-    seeding = "fresh"
     kind = "soft"
 
-    def __init__(self, logits: np.ndarray, sigma: float, seed: int):
+    def __init__(self, logits: np.ndarray, sigma: float, seed: int, m: int = 1, seeding: str = "fresh"):
         self._logits = logits
         self.sigma = float(sigma)
         self.seed = int(seed)
+        self.m = _check_m_values(m)[0]
+        if seeding not in SEEDINGS:
+            raise ValueError(f"seeding must be one of {SEEDINGS}, got {seeding!r}")
+        self.seeding = seeding
         self._digest: str | None = None
 
     @property
     def values(self) -> np.ndarray:
         """The answers, drawn now: (n_samples, n_classes) float64."""
-        return answer_queries(self._logits, sigma=self.sigma, seed=self.seed)[("soft", 1)].values
+        return answer_queries(self._logits, sigma=self.sigma, seed=self.seed, m_values=(self.m,),
+                              seeding=self.seeding)[("soft", self.m)].values
 
     def digest(self) -> str:
         """SHA-256 of the answer bytes, as :meth:`Answers.digest` (computed once)."""
@@ -200,7 +206,7 @@ def answer_queries(
     vote_gen = vote_generator(seed)
     first = None
     # Only what is asked for is held: M = 1 soft answers need neither the deviations nor the votes.
-    dev_sum = np.zeros_like(z) if ms[-1] > 1 else None
+    dev_sum = np.zeros_like(z) if ms[-1] > 1 and "soft" in kinds else None
     votes = np.zeros((n, k), dtype=np.int64) if "hard" in kinds else None
     rows = np.arange(n)
     out: dict[tuple[str, int], Answers] = {}
@@ -214,7 +220,8 @@ def answer_queries(
                 raise RepeatMismatchError(
                     f"per-input seeding answered round {m} differently from round 1 on {diff} of {n} rows"
                 )
-            dev_sum += answer - first
+            if dev_sum is not None:
+                dev_sum += answer - first
         if votes is not None:
             votes[rows, np.argmax(answer, axis=1)] += 1
         if m not in ms:

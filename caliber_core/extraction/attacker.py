@@ -34,7 +34,7 @@ from .workers import DistillPool
 _BATCH_LIMIT = 48
 # Bytes of float32 targets one distill() call may hold: a large pool trains fewer students at a
 # time (a student's numbers do not depend on its batch), so memory grows with one pool, not 48.
-_TARGET_BYTES = 24 * 2**20
+_TARGET_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True)
