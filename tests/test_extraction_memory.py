@@ -8,6 +8,7 @@ a reference and asks for bit-identical results on a fixed seed.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +92,7 @@ def test_drawn_answers_equal_the_answers_they_stand_for(archive):
         held = answer_queries(z, sigma=sigma, seed=seed)[("soft", 1)]
         drawn = DrawnAnswers(z, sigma, seed)
         assert np.array_equal(drawn.values, held.values) and drawn.digest() == held.digest()
+        assert drawn.digest() == hashlib.sha256(b"soft" + held.values.tobytes()).hexdigest()
         assert (drawn.kind, drawn.m, drawn.seeding, drawn.sigma) == (held.kind, held.m, held.seeding, held.sigma)
 
 

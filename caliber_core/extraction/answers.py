@@ -65,7 +65,7 @@ class Answers:
         """SHA-256 of the answer bytes: equal digests mean equal training data."""
         arr = self.values if self.kind == "soft" else self.labels
         h = hashlib.sha256(self.kind.encode())
-        h.update(np.ascontiguousarray(arr).tobytes())
+        h.update(np.ascontiguousarray(arr))  # the array's own buffer: no copy of its bytes
         return h.hexdigest()
 
 
@@ -111,7 +111,7 @@ class DrawnAnswers:
         """SHA-256 of the answer bytes, as :meth:`Answers.digest` (computed once)."""
         if self._digest is None:
             h = hashlib.sha256(self.kind.encode())
-            h.update(np.ascontiguousarray(self.values).tobytes())
+            h.update(np.ascontiguousarray(self.values))
             self._digest = h.hexdigest()
         return self._digest
 
