@@ -65,8 +65,55 @@ class Answers:
         """SHA-256 of the answer bytes: equal digests mean equal training data."""
         arr = self.values if self.kind == "soft" else self.labels
         h = hashlib.sha256(self.kind.encode())
-        h.update(np.ascontiguousarray(arr).tobytes())
+        h.update(np.ascontiguousarray(arr))  # the array's own buffer: no copy of its bytes
         return h.hexdigest()
+
+
+class DrawnAnswers:
+    """Soft answers averaged over M rounds, drawn again each time they are read.
+
+    The same training signal as ``answer_queries(logits, sigma=sigma,
+    seed=seed, m_values=..., seeding=seeding)[("soft", m)]`` (equal values,
+    equal :meth:`digest`: the rounds and their average do not depend on the
+    other M asked for), without holding an (n, K) float64 matrix per
+    condition: a list of conditions costs one matrix at a time, while it is read.
+
+    Parameters
+    ----------
+    logits : ndarray of shape (n_samples, n_classes)
+        The teacher's cached clean logits for the pool (held by reference).
+    sigma : float
+    seed : int
+    m : int, default 1
+    seeding : {"fresh", "per-input"}, default "fresh"
+    """
+
+    labels = None
+    kind = "soft"
+
+    def __init__(self, logits: np.ndarray, sigma: float, seed: int, m: int = 1, seeding: str = "fresh"):
+        self._logits = logits
+        self.sigma = float(sigma)
+        self.seed = int(seed)
+        self.m = _check_m_values(m)[0]
+        if seeding not in SEEDINGS:
+            raise ValueError(f"seeding must be one of {SEEDINGS}, got {seeding!r}")
+        self.seeding = seeding
+        self._digest: str | None = None
+
+    @property
+    def values(self) -> np.ndarray:
+        """The answers, drawn now: (n_samples, n_classes) float64."""
+        return answer_queries(self._logits, sigma=self.sigma, seed=self.seed, m_values=(self.m,),
+                              seeding=self.seeding)[("soft", self.m)].values
+
+    def digest(self) -> str:
+        """SHA-256 of the answer bytes, as :meth:`Answers.digest` (computed once)."""
+        if self._digest is None:
+            h = hashlib.sha256(self.kind.encode())
+            h.update(np.ascontiguousarray(self.values))
+            self._digest = h.hexdigest()
+        return self._digest
 
 
 def per_input_key(seed: int) -> bytes:
@@ -158,8 +205,9 @@ def answer_queries(
         ids = [f"pool-{i}" for i in range(n)]
     vote_gen = vote_generator(seed)
     first = None
-    dev_sum = np.zeros_like(z)
-    votes = np.zeros((n, k), dtype=np.int64)
+    # Only what is asked for is held: M = 1 soft answers need neither the deviations nor the votes.
+    dev_sum = np.zeros_like(z) if ms[-1] > 1 and "soft" in kinds else None
+    votes = np.zeros((n, k), dtype=np.int64) if "hard" in kinds else None
     rows = np.arange(n)
     out: dict[tuple[str, int], Answers] = {}
     for m in range(1, ms[-1] + 1):
@@ -172,8 +220,10 @@ def answer_queries(
                 raise RepeatMismatchError(
                     f"per-input seeding answered round {m} differently from round 1 on {diff} of {n} rows"
                 )
-            dev_sum += answer - first
-        votes[rows, np.argmax(answer, axis=1)] += 1
+            if dev_sum is not None:
+                dev_sum += answer - first
+        if votes is not None:
+            votes[rows, np.argmax(answer, axis=1)] += 1
         if m not in ms:
             continue
         if "soft" in kinds:

@@ -24,14 +24,17 @@ import torch
 
 from .answers import Answers
 from .distill import Schedule, one_hot, tempered_targets
-from .prior_correction import corrected_predictions
+from .prior_correction import lockstep_biases
 from .recalibration import recalibrated_predictions
 from .recipes import DEFAULT_FOLDS, TUNED, Recipe, candidates_for, fixed_recipe, fold_rows, select_by_agreement
-from .students import DEFAULT_HIDDEN, StudentShape
+from .students import DEFAULT_HIDDEN, StudentBatch, StudentShape
 from .workers import DistillPool
 
-# Students trained per distill() call: bounds memory and gives progress ticks.
+# Students scored together (one prior-correction lockstep, :func:`~.prior_correction.lockstep_biases`).
 _BATCH_LIMIT = 48
+# Bytes of float32 targets one distill() call may hold: a large pool trains fewer students at a
+# time (a student's numbers do not depend on its batch), so memory grows with one pool, not 48.
+_TARGET_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -236,10 +239,15 @@ class Thief:
     def _key(answers: Answers, recipe: Recipe, seed: int) -> tuple:
         return (answers.digest(), recipe.key(), int(seed))
 
-    def _targets(self, answers: Answers, recipe: Recipe) -> np.ndarray:
-        if answers.kind == "hard":
-            return one_hot(answers.labels, self.shape.n_classes)
-        return tempered_targets(answers.values, recipe.temperature)
+    def _targets(self, jobs: Sequence[tuple[Answers, Recipe, int]]) -> np.ndarray:
+        """The jobs' targets as one (S, n_pool, K) float32 block, each made from its answers in its slot."""
+        block = np.empty((len(jobs), self.n_pool, self.shape.n_classes), dtype=np.float32)
+        for j, (answers, recipe, _) in enumerate(jobs):
+            if answers.kind == "hard":
+                block[j] = one_hot(answers.labels, self.shape.n_classes)
+            else:
+                tempered_targets(answers.values, recipe.temperature, out=block[j])
+        return block
 
     def _tune(self, requests: Sequence[Request]) -> None:
         """k-fold selection for every group of tuned requests not chosen yet, all fold models in batches."""
@@ -272,11 +280,13 @@ class Thief:
                     jobs.append((m.answers, cand, training_seed(m.seed, 2 + f_i), train_rows, held))
                     layout.append((gkey, c_i, f_i))
         hits: dict[tuple, np.ndarray] = {}
-        for start in range(0, len(jobs), _BATCH_LIMIT):
-            chunk = jobs[start:start + _BATCH_LIMIT]
+        step = self._students_per_batch()
+        for start in range(0, len(jobs), step):
+            chunk = jobs[start:start + step]
             students = self._distill([(a, rec, s) for a, rec, s, _, _ in chunk],
                                      train_rows=[t for _, _, _, t, _ in chunk], schedule=fold_schedule)
             pred = students.predict_logits(self._pool).argmax(dim=2).numpy()
+            del students
             for j, (answers, _, _, _, held) in enumerate(chunk):
                 given = answers.labels if answers.kind == "hard" else np.argmax(answers.values, axis=1)
                 gkey, c_i, f_i = layout[start + j]
@@ -290,22 +300,38 @@ class Thief:
             for m in members:
                 self._choice[(m.answers.digest(), m.seed)] = cands[best]
 
+    def _students_per_batch(self) -> int:
+        """Students per distill() call: as many as ``_TARGET_BYTES`` of targets allow (1 to 48)."""
+        per_student = 4 * self.n_pool * self.shape.n_classes
+        return max(1, min(_BATCH_LIMIT, _TARGET_BYTES // per_student))
+
     def _run_jobs(self, items: list[tuple[tuple, tuple[Answers, Recipe, int]]]) -> None:
+        step = self._students_per_batch()
         for start in range(0, len(items), _BATCH_LIMIT):
             chunk = items[start:start + _BATCH_LIMIT]
-            students = self._distill([job for _, job in chunk])
-            eval_logits = students.predict_logits(self._eval)
+            # Trained in parts of `step` students; each student's parameters are kept (they are
+            # small) and its pool logits made again when the prior correction reads them.
+            singles, evals, labelled = [], [], []
+            for sub in range(0, len(chunk), step):
+                students = self._distill([job for _, job in chunk[sub:sub + step]])
+                evals.append(students.predict_logits(self._eval))
+                singles.extend(StudentBatch.from_params(self.shape, [p[i:i + 1] for p in students.params])
+                               for i in range(students.size))
+                if self._labelled is not None:
+                    rows = self._labelled[0]
+                    labelled.append(students.predict_logits(self._pool)[:, rows].clone())
+                del students
+            eval_logits = torch.cat(evals)
             pred = eval_logits.argmax(dim=2)
             acc = (pred == self._eval_labels).float().mean(dim=1).numpy()
             agr = (pred == self._eval_teacher).float().mean(dim=1).numpy()
-            pool_logits = students.predict_logits(self._pool)
-            fixed = torch.from_numpy(corrected_predictions(pool_logits.numpy(), eval_logits.numpy()))
+            bias = lockstep_biases(lambda j: singles[j].predict_logits(self._pool)[0].numpy(), len(singles))
+            fixed = torch.from_numpy(np.argmax(eval_logits.numpy().astype(np.float64) + bias[:, None, :], axis=2))
             c_acc = (fixed == self._eval_labels).float().mean(dim=1).numpy()
             c_agr = (fixed == self._eval_teacher).float().mean(dim=1).numpy()
             r_acc = [None] * len(chunk)
             if self._labelled is not None:
-                rows, labels = self._labelled
-                recal = recalibrated_predictions(pool_logits[:, rows], labels, eval_logits)
+                recal = recalibrated_predictions(torch.cat(labelled), self._labelled[1], eval_logits)
                 r_acc = [float(v) for v in (recal == self._eval_labels).float().mean(dim=1).numpy()]
             for j, (key, (_, recipe, _)) in enumerate(chunk):
                 self._memo[key] = Outcome(float(acc[j]), float(agr[j]), recipe, float(c_acc[j]), float(c_agr[j]),
@@ -313,7 +339,7 @@ class Thief:
 
     def _distill(self, jobs: Sequence[tuple[Answers, Recipe, int]], *, train_rows=None, schedule=None):
         students = self._trainer.distill(
-            [self._targets(a, rec) for a, rec, _ in jobs],
+            self._targets(jobs),
             shape=self.shape,
             temperatures=[1.0 if a.kind == "hard" else rec.temperature for a, rec, _ in jobs],
             weight_decays=[rec.weight_decay for _, rec, _ in jobs],

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .answers import answer_queries
+from .answers import DrawnAnswers, answer_queries
 from .attacker import Request, Thief, noise_group
 from .recipes import Recipe
 from .spread import Spread
@@ -92,10 +92,11 @@ def averaging_rows(thief: Thief, soft_attacker: str | Recipe, attacker: Recipe, 
     answers = {}
     for seeding, s_val in plan:
         for s in seeds:
-            got = answer_queries(logits, sigma=s_val, seed=s, m_values=m_values, seeding=seeding,
-                                 kinds=("soft", "hard"))
-            for (kind, m), a in got.items():
-                answers[(seeding, kind, m, s)] = a
+            # Hard labels are kept (one int a row); soft answers are drawn again when trained on.
+            got = answer_queries(logits, sigma=s_val, seed=s, m_values=m_values, seeding=seeding, kinds=("hard",))
+            for m in sorted(m_values):
+                answers[(seeding, "soft", m, s)] = DrawnAnswers(logits, s_val, s, m, seeding)
+                answers[(seeding, "hard", m, s)] = got[("hard", m)]
     # The tuned attacker's choice is shared by the answers of one effective
     # noise level: sigma / sqrt(M) for fresh averages, sigma for per-input ones
     # (identical repeats), whose choice is then the retention target's.

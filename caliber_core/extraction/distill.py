@@ -30,6 +30,7 @@ import torch
 from .students import StudentBatch, StudentShape
 
 _BETA1, _BETA2, _EPS = 0.9, 0.999, 1e-8
+_TARGET_ROWS = 4096
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class Schedule:
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
-def tempered_targets(answers: np.ndarray, temperature: float) -> np.ndarray:
+def tempered_targets(answers: np.ndarray, temperature: float, *, out: np.ndarray | None = None) -> np.ndarray:
     """softmax(answers / T) row by row, float32 (the targets of Eq. 1).
 
     Parameters
@@ -84,10 +85,13 @@ def tempered_targets(answers: np.ndarray, temperature: float) -> np.ndarray:
         Logits as answered.
     temperature : float
         T, finite and > 0.
+    out : ndarray of shape (n, K), float32, optional
+        Written in place (e.g. one student's slot of a batch's targets).
 
     Returns
     -------
     ndarray of shape (n, K), float32
+        ``out`` when given.
 
     Raises
     ------
@@ -96,11 +100,19 @@ def tempered_targets(answers: np.ndarray, temperature: float) -> np.ndarray:
     """
     if not (math.isfinite(temperature) and temperature > 0):
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-    z = np.asarray(answers, dtype=np.float64) / temperature
-    z -= z.max(axis=1, keepdims=True)
-    np.exp(z, out=z)
-    z /= z.sum(axis=1, keepdims=True)
-    return z.astype(np.float32)
+    a = np.asarray(answers)
+    if out is None:
+        out = np.empty(a.shape, dtype=np.float32)
+    elif out.shape != a.shape or out.dtype != np.float32:
+        raise ValueError(f"out must be float32 of shape {a.shape}, got {out.dtype} {out.shape}")
+    # Row blocks: the float64 work space stays small whatever the pool (each row is its own softmax).
+    for start in range(0, a.shape[0], _TARGET_ROWS):
+        z = np.asarray(a[start:start + _TARGET_ROWS], dtype=np.float64) / temperature
+        z -= z.max(axis=1, keepdims=True)
+        np.exp(z, out=z)
+        z /= z.sum(axis=1, keepdims=True)
+        out[start:start + _TARGET_ROWS] = z
+    return out
 
 
 def one_hot(labels: np.ndarray, n_classes: int) -> np.ndarray:
@@ -146,8 +158,9 @@ def distill(
     ----------
     inputs : Tensor of shape (n_samples, n_features), float32
         The thief's (standardized) query inputs, shared by every student.
-    targets : sequence of S arrays of shape (n_samples, n_classes)
-        Target probabilities per student (:func:`tempered_targets` or :func:`one_hot`).
+    targets : sequence of S arrays of shape (n_samples, n_classes), or one (S, n_samples, n_classes) array
+        Target probabilities per student (:func:`tempered_targets` or :func:`one_hot`);
+        a float32 block is trained on in place, not copied.
     shape : StudentShape
     temperatures, weight_decays, seeds : sequences of length S
     train_rows : sequence of S int arrays, optional
@@ -181,11 +194,23 @@ def distill(
     # Row streams as flat indices into the pool, one (max_steps, bs) block per student.
     streams = torch.from_numpy(np.stack([_row_stream(np.asarray(r), max_steps, bs, s)
                                          for r, s in zip(train_rows, seeds)]).reshape(n_jobs, max_steps, bs))
-    target_t = torch.from_numpy(np.stack([np.asarray(t, dtype=np.float32) for t in targets]))
-    n_classes = target_t.shape[2]
+    # One (S, n, K) float32 block: a float32 ndarray block is used as it is (the thief
+    # writes each student's targets into its slot), a list is copied in array by array.
+    target_t = None
     # The targets' entropy turns the cross-entropy into the KL of Eq. 1; the
     # stopping rule needs the KL (at large T the entropy dwarfs it).
-    entropy = -(target_t * torch.log(target_t.clamp_min(1e-30))).sum(dim=2)
+    entropy = torch.empty((n_jobs, n_samples), dtype=torch.float32)
+    if isinstance(targets, np.ndarray) and targets.dtype == np.float32 and targets.ndim == 3:
+        target_t = torch.from_numpy(targets)  # already one block: no copy
+    for j in range(n_jobs):
+        t = torch.from_numpy(np.asarray(targets[j], dtype=np.float32))
+        if target_t is None:
+            target_t = torch.empty((n_jobs,) + tuple(t.shape), dtype=torch.float32)
+        if t.data_ptr() != target_t[j].data_ptr():
+            target_t[j] = t
+        entropy[j] = -(t * torch.log(t.clamp_min(1e-30))).sum(dim=1)
+        del t
+    n_classes = target_t.shape[2]
     temp = torch.tensor(np.asarray(temperatures, dtype=np.float32)).view(n_jobs, 1, 1)
     decay = torch.tensor(np.asarray(weight_decays, dtype=np.float32)).view(n_jobs, 1, 1)
     students = StudentBatch(shape, seeds)

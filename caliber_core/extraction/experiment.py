@@ -46,7 +46,7 @@ import numpy as np
 
 from ..calibration.calibrate import Calibration, calibrate_model, sigma_for_target
 from ..calibration.engine import CurveEngine
-from .answers import answer_queries
+from .answers import DrawnAnswers
 from .archive import ExtractionArchive
 from .attacker import Outcome, Request, Thief, modal_choice, noise_group
 from .averaging import AveragingRow, averaging_rows
@@ -416,7 +416,8 @@ def _experiment(archive, settings, thief, cal, exact, tick, timer, progress, sta
 
 
 def _soft(logits, sigma, seed):
-    return answer_queries(logits, sigma=sigma, seed=seed, m_values=(1,), seeding="fresh")[("soft", 1)]
+    # Drawn when a surrogate trains on them: a grid of conditions holds no answer matrices.
+    return DrawnAnswers(logits, sigma, seed)
 
 
 def _sigma_or_none(cal, retention: float) -> float | None:
