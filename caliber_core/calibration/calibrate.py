@@ -322,9 +322,8 @@ def sigma_for_target(
                        agreement=None, sigma=sigma, sigma_logistic=sig_log, method=method,
                        saturated=saturated)
 
-    if accuracy >= a0:  # no noise: what it delivers is the clean model, whatever was asked
-        return _record(cal, kind=kind, requested=value, accuracy=a0, retention=1.0, agreement=None, sigma=0.0,
-                       sigma_logistic=sig_log, method="none-needed", saturated=False)
+    if accuracy >= a0:
+        return result(0.0, "none-needed")
     if inversion == "logistic":
         if not np.isfinite(sig_log):
             return _unreachable(cal, kind, value, accuracy, saturate, result, "logistic")
