@@ -25,8 +25,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
@@ -216,35 +214,7 @@ def _cache_key(root: Path, path: str, labels_path: str | None) -> tuple:
     return tuple(out)
 
 
-class _Cache:
-    """Opened files by :func:`_cache_key`, bounded by their matrices' bytes (least recent first out)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self._lock = threading.Lock()
-        self._items: OrderedDict[tuple, LogitsData] = OrderedDict()
-        self._max = max_bytes
-
-    def get(self, key: tuple) -> LogitsData | None:
-        with self._lock:
-            data = self._items.get(key)
-            if data is not None:
-                self._items.move_to_end(key)
-            return data
-
-    def put(self, key: tuple, data: LogitsData) -> None:
-        with self._lock:
-            self._items[key] = data
-            total = sum(d.logits.nbytes for d in self._items.values())
-            while total > self._max and len(self._items) > 1:
-                _, dropped = self._items.popitem(last=False)
-                total -= dropped.logits.nbytes
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-
-
-_CACHE = _Cache(_CACHE_BYTES)
+_CACHE = workspace.ModelCache(_CACHE_BYTES)  # opened files, bounded as the parsed uploads are
 
 
 def record(data: LogitsData) -> dict:

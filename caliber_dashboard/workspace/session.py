@@ -224,8 +224,11 @@ def _load_record(record: UploadRecord) -> LogitsData:
     return data
 
 
-class _ParsedCache:
-    """Parsed models by (digest, labels digest, names), bounded by their array bytes."""
+class ModelCache:
+    """Parsed models by a key, bounded by their arrays' bytes (least recently used out first).
+
+    Shared by the workspace's parsed uploads and the data root's opened files.
+    """
 
     def __init__(self, max_bytes: int) -> None:
         self._lock = threading.Lock()
@@ -252,10 +255,14 @@ class _ParsedCache:
                 _, dropped = self._items.popitem(last=False)
                 total -= self._size(dropped)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
 
 @st.cache_resource(max_entries=1, show_spinner=False)
-def _parsed() -> _ParsedCache:
-    return _ParsedCache(_PARSED_CACHE_BYTES)
+def _parsed() -> ModelCache:
+    return ModelCache(_PARSED_CACHE_BYTES)
 
 
 # -------------------------------------------------------------------- results
