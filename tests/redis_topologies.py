@@ -119,7 +119,22 @@ class Node:
                 self.proc.wait(timeout=10)
 
 
-class SentinelSet:
+class _Topology:
+    """Started on entry and stopped on exit; a start that fails stops what it had started."""
+
+    def __enter__(self):
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class SentinelSet(_Topology):
     """A primary, ``replicas`` replicas and ``sentinels`` sentinels (quorum: a majority), in ``folder``.
 
     Parameters
@@ -142,17 +157,6 @@ class SentinelSet:
         """``redis+sentinel://`` naming every sentinel and the service."""
         hosts = ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
         return f"redis+sentinel://{hosts}/{SERVICE}" + (f"?{query}" if query else "")
-
-    def __enter__(self) -> "SentinelSet":
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def start(self) -> None:
         primary = self.nodes[0]
@@ -216,7 +220,7 @@ class SentinelSet:
             node.stop()
 
 
-class ClusterSet:
+class ClusterSet(_Topology):
     """A Redis Cluster of ``primaries`` primaries with one replica each, in ``folder``.
 
     Parameters
@@ -238,17 +242,6 @@ class ClusterSet:
         """``redis+cluster://`` naming every node (any reachable one is enough to start)."""
         hosts = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
         return f"redis+cluster://{hosts}" + (f"?{query}" if query else "")
-
-    def __enter__(self) -> "ClusterSet":
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def start(self) -> None:
         for node in self.nodes:
