@@ -15,6 +15,7 @@ resident memory after start-up and its peak (``VmHWM``), against the file's size
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -113,7 +114,7 @@ def main() -> None:
                     note="One run (each step is timed once: a spread needs repeated runs, which a "
                          "calibration of this size makes too long here). Memory is this process's "
                          "(it plays the server), from /proc/self/status.") if not args.no_write \
-            else _Nothing():
+            else contextlib.nullcontext():
         print(f"file: {args.rows:,} x {args.vocab:,} float32 .npy, {size_mb:,.1f} MB, with a labels .npy")
         for what, seconds in times.items():
             print(f"  {what:<42} {seconds:8.1f} s")
@@ -126,14 +127,6 @@ def main() -> None:
     if check.returncode != 0:
         print(check.stdout, check.stderr)
         sys.exit(1)
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 if __name__ == "__main__":

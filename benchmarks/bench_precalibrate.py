@@ -21,6 +21,7 @@ Calibrate part (what a visitor who opens Calibrate at once waits, at most).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import os
 import statistics
@@ -105,7 +106,7 @@ def main() -> None:
     note = ("Server-side script time in this process (AppTest), not a browser's; arms interleaved, a fresh "
             "file per run. Other processes shared the CPUs (the load average above).")
     with (transcript("precalibrate", f"Opening Calibrate at {n:,} x {k:,}, with and without the background "
-                     "calibration", note=note) if not args.no_write else _Nothing()):
+                     "calibration", note=note) if not args.no_write else contextlib.nullcontext()):
         print(f"{args.repeats} repeats, {n:,} x {k:,} float32 .npy with a labels .npy, "
               f"load average {os.getloadavg()[0]:.1f} now")
         for name, values in arms.items():
@@ -117,14 +118,6 @@ def main() -> None:
         ratio = [b / p for b, p in zip(arms["background"], arms["on the page"])]
         print(f"  paired ratio background / on the page       : median {statistics.median(ratio):.2f} "
               f"(range {min(ratio):.2f}-{max(ratio):.2f})")
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 if __name__ == "__main__":
