@@ -184,8 +184,9 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) 
     On the CPU the fused kernel (:mod:`.fused_noise`) serves every dtype in one
     pass; where it is unavailable, float16, float32 and float64 logits go
     through numpy's kernel on the tensor's memory and bfloat16 through
-    :func:`add_keyed_noise_torch`, with the same bits. Other devices use
-    :func:`add_keyed_noise_torch`.
+    :func:`add_keyed_noise_torch`, with the same bits. Other devices (CUDA) use
+    the kernel :mod:`.compiled_noise` compiled when the server was built, and
+    :func:`add_keyed_noise_torch` where it could not be.
 
     Parameters
     ----------
@@ -225,6 +226,29 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) 
                                     (n_rows, n_classes), name, seeds, increments, served,
                                     n_threads=torch.get_num_threads())
         return out
+    if logits.device.type != "cpu" and increments:
+        from . import compiled_noise  # imported (and compiled) when the server was built
+
+        return compiled_noise.add_keyed_noise(logits, level_seeds, increments, served)
+    return add_keyed_noise_op_by_op(logits, level_seeds, increments, served)
+
+
+def add_keyed_noise_op_by_op(logits: torch.Tensor, level_seeds, increments, served=None) -> torch.Tensor:
+    """:func:`add_keyed_noise` without a fused or compiled kernel: numpy's kernel on a CPU tensor's memory, else
+    torch's ops one at a time. The same bits; what serves where no kernel can be built.
+
+    Parameters
+    ----------
+    logits, level_seeds, increments, served
+        As :func:`add_keyed_noise`.
+
+    Returns
+    -------
+    torch.Tensor of shape (n_rows, n_classes), the logits' dtype and device
+    """
+    n_rows = logits.shape[0]
+    if served is not None and all(k == len(increments) for k in served):
+        served = None
     if served is not None:  # each run of rows with one count adds its levels and draws the rest
         out = logits.detach().clone()
         served, start = [int(k) for k in served], 0
@@ -235,9 +259,9 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) 
             part, k = slice(start, stop), served[start]
             seeds = [np.asarray(s, dtype=np.uint64).reshape(-1)[part] for s in level_seeds]
             if k:
-                out[part] = add_keyed_noise(logits[part], seeds[:k], increments[:k])
+                out[part] = add_keyed_noise_op_by_op(logits[part], seeds[:k], increments[:k])
             if k < len(increments):
-                add_keyed_noise(logits[part], seeds[k:], increments[k:])
+                add_keyed_noise_op_by_op(logits[part], seeds[k:], increments[k:])
             start = stop
         return out
     if logits.device.type == "cpu" and logits.dtype in _NUMPY_DTYPES:

@@ -145,7 +145,9 @@ class Perturber:
     to the input dtype. A torch tensor's noise is made on the tensor's device
     (only 8 bytes a row of seed leave the host): on the CPU by the fused kernel
     of :mod:`.fused_noise`, which a per-input Perturber builds or loads when it
-    is constructed, elsewhere by torch's ops; the same bits either way. The
+    is constructed, on CUDA by the kernel :mod:`.compiled_noise` compiles for
+    the current device when the Perturber is constructed (with torch
+    imported), elsewhere by torch's ops; the same bits either way. The
     result has the input's dtype and device and does not track gradients.
     """
 
@@ -182,7 +184,10 @@ class Perturber:
         if seeding == "per-input":
             fused_noise.prepare()  # built or loaded now, never on a request (warns once if it cannot be)
             if "torch" in sys.modules:  # a server of tensors: the torch side is imported now, not on a request
-                from . import keyed_noise_torch  # noqa: F401
+                from . import compiled_noise
+
+                # On a CUDA machine, the kernel for this level's draws is compiled now (warns once if it cannot be).
+                compiled_noise.prepare(n_levels=sum(1 for inc in self._increments if inc != 0.0) or 1)
 
     @classmethod
     def from_config(cls, config, *, target: int = 0, seeding: str = "per-input", key: bytes | None = None,

@@ -139,6 +139,11 @@ class LevelNoise:
             return
         import torch
 
+        if torch.device(device).type != "cpu" and self.seeding == "per-input":
+            from ..serving import compiled_noise
+
+            # The engine's device: its kernel for the top level's draws, compiled now (a no-op where done).
+            compiled_noise.prepare(device, n_levels=max(1, len(self._drawn)))
         logits = torch.zeros(2, self.n_classes, device=device)
         ids = [b"caliber.warm-up\x00", b"caliber.warm-up\x01"] if self.seeding == "per-input" else None
         self.serve(logits, ids, ((0, 1), (self.top, 1)), shadow=False)
