@@ -7,6 +7,7 @@ The package, by purpose:
   nested levels bound to the config; per-input, fresh and consistent seeding), ``keyed_noise``,
   ``keyed_noise_torch`` and ``normal_table`` (the one keyed generator, numpy and torch),
   ``fused_noise`` (the same noise as one compiled CPU kernel for torch tensors),
+  ``compiled_noise`` (the same noise as one torch.compile kernel for CUDA tensors),
   ``keys`` (key files, fingerprints), ``rows`` (row checks, ids), ``consistent_noise`` (the
   keyed smooth function of the logits), ``class_cycle_noise`` (the class-cycle design),
   ``consistent_levels`` (a consistent config's nested levels), ``responses`` (probabilities, top-k
