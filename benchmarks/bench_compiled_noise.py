@@ -90,23 +90,24 @@ def _core(folder: Path, vocab: int, device: str):
 
 
 def prepare(device: str) -> dict:
+    """Each variant the run needs, compiled and self-checked now; seconds per variant, or why it is not served."""
     import torch
 
     from caliber_core.serving import compiled_noise
 
     dtypes = compiled_noise.DTYPES if device.startswith("cuda") else (torch.float32,)
-    out = {}
-    for n_levels in (3, 1):
+    wanted = [(3, dtype) for dtype in dtypes] + [(1, torch.float32)]
+    for n_levels, dtype in wanted:  # one at a time: a dtype that fails its self-check leaves the others served
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", compiled_noise.CompiledNoiseWarning)
-            ok = compiled_noise.prepare(device, n_levels=n_levels, dtypes=dtypes if n_levels == 3 else dtypes[:1])
+            compiled_noise.prepare(device, n_levels=n_levels, dtypes=(dtype,))
         for w in caught:
             print(f"warning: {w.message}", flush=True)
-        if not ok:
-            raise RuntimeError(compiled_noise.unavailable_reason(device) or "a variant failed its self-check")
-    for (where, n_levels, dtype), seconds in compiled_noise.compile_seconds().items():
-        out[f"{n_levels} level(s), {str(dtype).split('.')[-1]}"] = seconds
-    return out
+    seconds = {(n, d): s for (_, n, d), s in compiled_noise.compile_seconds().items()}
+    return {f"{n_levels} level(s), {str(dtype).split('.')[-1]}":
+            (f"{seconds[(n_levels, dtype)]:.1f}" if compiled_noise.ready(device, n_levels, dtype)
+             else "not served (see the warning)")
+            for n_levels, dtype in wanted}
 
 
 def _reference_bits(logits, seeds, increments, served):
@@ -244,7 +245,7 @@ def _cell(r, name) -> str:
     return f"{mean:,.2f} ± {sd:,.2f} ({ratio:.2f} ± {ratio_sd:.2f}×)"
 
 
-def write_figure(result: dict, name: str) -> None:
+def write_figure(result: dict, name: str) -> Path:
     from figure_files import FigureFile
 
     device, cuda = result["device"], result["device"].startswith("cuda")
@@ -261,7 +262,7 @@ def write_figure(result: dict, name: str) -> None:
     fig.note(f"Device: {where}; torch {result['torch']}. Timed by {clock}. Mean ± sd over repeats; ratios are "
              "paired (each repeat's time over the same repeat's `torch.randn` + add).")
     fig.table(["variant", "seconds to compile and self-check"],
-              [[k, f"{v:.1f}"] for k, v in result["compile_seconds"].items()],
+              [[k, v] for k, v in result["compile_seconds"].items()],
               caption="Compile at start (`compiled_noise.prepare`: batch 1 and 5, then a bit check against numpy's "
                       "reference); this process's first compile includes the compiler's own start.")
     fig.table(["dtype", "cases bit-equal to numpy's reference"],
@@ -287,12 +288,13 @@ def write_figure(result: dict, name: str) -> None:
                for level, v in c["levels"].items()],
               caption=f"Constant time across levels: `BatchNoise.serve` of {c['rows']} rows of K = {c['vocab']:,}, "
                       f"every row at level 0 (served clean), 1, and the top, alternating ({c['repeats']} repeats).")
-    fig.write()
+    return fig.write()
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where the logits live (default cuda)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="where the logits live (default cuda)")
     parser.add_argument("--repeats", type=int, default=7, help="timed repeats per size (default 7)")
     parser.add_argument("--figure", default="compiled-noise", help="docs/figures/NAME.md (default compiled-noise)")
     parser.add_argument("--no-figure", action="store_true", help="print only")
@@ -312,12 +314,14 @@ def main(argv=None) -> int:
     print(f"torch {torch.__version__}, device {device_name}", flush=True)
     timer = Timer(device)
     result = {"device": device, "device_name": device_name, "torch": torch.__version__, "per_row": []}
-    try:
-        result["compile_seconds"] = prepare(device)
-    except RuntimeError as exc:
-        print(f"error: the compiled kernel is unavailable on {device}: {exc}", file=sys.stderr)
-        return 1
+    from caliber_core.serving import compiled_noise
+
+    result["compile_seconds"] = prepare(device)
     print(json.dumps({"compile_seconds": result["compile_seconds"]}), flush=True)
+    if not (compiled_noise.ready(device, 3, torch.float32) and compiled_noise.ready(device, 1, torch.float32)):
+        print(f"error: the compiled kernel is unavailable on {device} for float32 logits: "
+              f"{compiled_noise.unavailable_reason(device) or 'it failed its self-check'}", file=sys.stderr)
+        return 1
     result["bits"] = bit_check(device)
     print(json.dumps({"bits": result["bits"]}), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -340,7 +344,8 @@ def main(argv=None) -> int:
     failed = [k for k, (a, b) in result["bits"].items() if a != b] + [
         f"K={r['vocab']} batch {r['rows']}" for r in result["per_row"] if r["bits_equal"] is False]
     if not args.no_figure:
-        write_figure(result, args.figure)
+        # Printed too, so that the run's output holds every figure.
+        print(write_figure(result, args.figure).read_text(encoding="utf-8"), flush=True)
     if failed:
         print(f"error: bits differ from numpy's reference: {', '.join(failed)}", file=sys.stderr)
         return 1
