@@ -27,12 +27,14 @@ throttle's levels, the vLLM processors), never on a request: one variant per
 dimension of size 1 is specialized by the compiler). Where ``torch.compile``
 is unavailable or fails, or a variant fails its self-check, it warns once
 (:class:`CompiledNoiseWarning`, naming the cost) and the op-by-op path
-serves, with the same bits. A request whose variant was not prepared is
-served by the op-by-op path too (it never waits for a compiler).
+serves, with the same bits (``CALIBER_COMPILED_KERNEL=0`` selects it). A
+request whose variant was not prepared is served by the op-by-op path too (it
+never waits for a compiler).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import warnings
@@ -183,16 +185,23 @@ def _warn(key, message: str) -> None:
 
 
 def _warm_and_check(function, device: str, n_levels: int, dtype: torch.dtype) -> None:
-    """Compile ``function`` at the warm-up shapes and compare each with numpy's reference, bit for bit."""
+    """Compile ``function`` at the warm-up shapes and compare each with numpy's reference, bit for bit
+    (rows at every count of levels, 0 included)."""
     rng = np.random.default_rng(20261127 + n_levels)
     for n_rows in _WARM_ROWS:
         wide = rng.standard_normal((n_rows, _WARM_CLASSES)) * 8
         logits = torch.from_numpy(wide).to(dtype)
+        wide = logits.to(torch.float64).numpy()  # exact
         level_seeds = [rng.integers(0, 2**64 - 1, size=n_rows, dtype=np.uint64, endpoint=True)
                        for _ in range(n_levels)]
         increments = [float(x) for x in rng.uniform(0.25, 2.0, size=n_levels)]
-        got = _call(function, logits.to(device), level_seeds, increments, None)
-        want = keyed_noise.add_keyed_noise(logits.to(torch.float64).numpy(), level_seeds, increments)
+        served = [n_levels - row % (n_levels + 1) for row in range(n_rows)]
+        got = _call(function, logits.to(device), level_seeds, increments, served)
+        want = wide.copy()
+        for row, k in enumerate(served):
+            if k:
+                want[row] = keyed_noise.add_keyed_noise(wide[row:row + 1], [s[row:row + 1] for s in level_seeds[:k]],
+                                                        increments[:k])[0]
         want = _round_once(torch.from_numpy(want), dtype)
         if not torch.equal(got.cpu().view(_BITS_VIEW[dtype]), want.view(_BITS_VIEW[dtype])):
             raise RuntimeError(f"the compiled kernel differs from numpy's reference on {dtype} logits")
@@ -255,6 +264,8 @@ def prepare(device=None, *, n_levels: int = 1, dtypes=(torch.float32,)) -> bool:
             name = f"noisy_logits_{device.replace(':', '')}_{n_levels}_{str(dtype).split('.')[-1]}"
             started = time.perf_counter()
             try:
+                if os.environ.get("CALIBER_COMPILED_KERNEL", "").lower() in ("0", "off", "no"):
+                    raise RuntimeError("CALIBER_COMPILED_KERNEL is off")
                 function = _compile(name)
                 _warm_and_check(function, device, n_levels, dtype)
             except RuntimeError as exc:
