@@ -184,12 +184,15 @@ def test_torch_compile_on_the_cpu_gives_numpys_bits(fresh_state):
     if not compiled_noise.prepare("cpu", n_levels=2, dtypes=(torch.float32,)):
         pytest.skip(f"torch.compile cannot build on this machine: {compiled_noise.unavailable_reason('cpu')}")
     seconds = time.perf_counter() - started
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
     rng = np.random.default_rng(11)
-    function = compiled_noise._variants[("cpu", 2, torch.float32)]
     for n_rows, n_classes in ((1, 64), (2, 1000), (9, 333), (64, 1000)):
         logits, seeds, increments, served = random_case(rng, torch.float32, n_rows, n_classes, 2)
-        got = compiled_noise._call(function, logits, seeds, increments, served)
+        got = compiled_noise.add_keyed_noise(logits, seeds, increments, served)
         assert np.array_equal(bits_of(got), served_reference(logits, seeds, increments, served)), (n_rows, n_classes)
+    assert counters["stats"]["unique_graphs"] == graphs  # batch sizes and K never seen at start: no compile
     print(f"compiled for the CPU (batch 1 and 5) in {seconds:.1f} s")
 
 
