@@ -60,11 +60,9 @@ DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _WARM_ROWS = (1, 5)
 _WARM_CLASSES = 1_003
 
-_T_BITS = keyed_noise_torch._T_BITS
-_SIGN_INDEX = keyed_noise_torch._SIGN_INDEX
-_GAMMA, _M1, _M2 = keyed_noise_torch._GAMMA, keyed_noise_torch._M1, keyed_noise_torch._M2
-_MASK52, _MASK_T = keyed_noise_torch._MASK52, keyed_noise_torch._MASK_T
-_BITS_OF_2_52, _BITS_OF_64 = keyed_noise_torch._BITS_OF_2_52, keyed_noise_torch._BITS_OF_64
+_T_BITS, _SIGN_INDEX, _GAMMA, _M1, _M2, _MASK52, _MASK_T, _BITS_OF_2_52, _BITS_OF_64 = (
+    keyed_noise_torch.WORD_CONSTANTS[name] for name in
+    ("T_BITS", "SIGN_INDEX", "GAMMA", "M1", "M2", "MASK52", "MASK_T", "BITS_OF_2_52", "BITS_OF_64"))
 
 
 class CompiledNoiseWarning(RuntimeWarning):
@@ -317,12 +315,12 @@ def _static(tensor: torch.Tensor, *dims) -> torch.Tensor:
 
 def _increments_on(increments, device) -> torch.Tensor:
     key = ("increments", tuple(float(x) for x in increments))
-    return keyed_noise_torch._on_device(key, device, lambda: _static(
+    return keyed_noise_torch.on_device(key, device, lambda: _static(
         torch.tensor(key[1], dtype=torch.float64, device=device), 0))
 
 
 def _table_on(device) -> torch.Tensor:
-    return keyed_noise_torch._on_device("table-2d", device, lambda: _static(
+    return keyed_noise_torch.on_device("table-2d", device, lambda: _static(
         torch.from_numpy(keyed_noise.gather_table()).to(device), 0, 1))
 
 
@@ -369,3 +367,6 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) 
                                          f"start); they are served by {FALLBACK_COST}")
         return keyed_noise_torch.add_keyed_noise_op_by_op(logits, level_seeds, increments, served)
     return _call(function, logits, level_seeds, increments, served)
+
+
+keyed_noise_torch.use_device_kernel(add_keyed_noise)

@@ -36,12 +36,16 @@ _MASK52 = (1 << 52) - 1
 _MASK_T = (1 << _T_BITS) - 1
 _BITS_OF_2_52 = int(np.float64(2.0 ** 52).view(np.int64))
 _BITS_OF_64 = int(np.float64(64.0).view(np.int64))
+#: The derivation's constants as int64 words, one definition for every torch form of it (the compiled kernel's too).
+WORD_CONSTANTS = {"T_BITS": _T_BITS, "SIGN_INDEX": _SIGN_INDEX, "GAMMA": _GAMMA, "M1": _M1, "M2": _M2,
+                  "MASK52": _MASK52, "MASK_T": _MASK_T, "BITS_OF_2_52": _BITS_OF_2_52, "BITS_OF_64": _BITS_OF_64}
 
 _cache: dict = {}
 _cache_lock = threading.Lock()
 
 
-def _on_device(name: str, device, make):
+def on_device(name: str, device, make):
+    """The value ``make()`` for (name, device), made once per process (tables and constants on a device)."""
     key = (name, str(device))
     with _cache_lock:
         value = _cache.get(key)
@@ -52,7 +56,7 @@ def _on_device(name: str, device, make):
 
 def _table(device) -> tuple:
     """The gather table's rows on ``device`` (on the CPU they share numpy's untouched zero pages)."""
-    return _on_device("table", device, lambda: tuple(torch.from_numpy(keyed_noise.gather_table()).to(device)))
+    return on_device("table", device, lambda: tuple(torch.from_numpy(keyed_noise.gather_table()).to(device)))
 
 
 class _Constants:
@@ -75,12 +79,12 @@ class _Constants:
 
 
 def _constants(device) -> _Constants:
-    return _on_device("constants", device, lambda: _Constants(device))
+    return on_device("constants", device, lambda: _Constants(device))
 
 
 def _counters(n_classes: int, device) -> torch.Tensor:
     # Wrapping int64 product: the same bits as numpy's uint64 j * GAMMA.
-    return _on_device(f"counters{n_classes}", device,
+    return on_device(f"counters{n_classes}", device,
                       lambda: torch.arange(n_classes, dtype=torch.int64, device=device) * _GAMMA)
 
 
@@ -185,7 +189,8 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) 
     pass; where it is unavailable, float16, float32 and float64 logits go
     through numpy's kernel on the tensor's memory and bfloat16 through
     :func:`add_keyed_noise_torch`, with the same bits. Other devices (CUDA) use
-    the kernel :mod:`.compiled_noise` compiled when the server was built, and
+    the kernel :mod:`.compiled_noise` compiled when the server was built (it registers itself by
+    :func:`use_device_kernel` when imported), and
     :func:`add_keyed_noise_torch` where it could not be.
 
     Parameters
@@ -226,11 +231,25 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) 
                                     (n_rows, n_classes), name, seeds, increments, served,
                                     n_threads=torch.get_num_threads())
         return out
-    if logits.device.type != "cpu" and increments:
-        from . import compiled_noise  # imported (and compiled) when the server was built
-
-        return compiled_noise.add_keyed_noise(logits, level_seeds, increments, served)
+    if logits.device.type != "cpu" and increments and _device_kernel:
+        return _device_kernel[0](logits, level_seeds, increments, served)
     return add_keyed_noise_op_by_op(logits, level_seeds, increments, served)
+
+
+# The kernel for other devices' tensors, registered by compiled_noise when it is imported (at a server's build):
+# it imports this module, so this one names no import of it.
+_device_kernel: list = []
+
+
+def use_device_kernel(function) -> None:
+    """Serve tensors off the CPU by ``function`` (same signature and bits as :func:`add_keyed_noise`).
+
+    Parameters
+    ----------
+    function : callable
+        ``function(logits, level_seeds, increments, served)``.
+    """
+    _device_kernel[:] = [function]
 
 
 def add_keyed_noise_op_by_op(logits: torch.Tensor, level_seeds, increments, served=None) -> torch.Tensor:

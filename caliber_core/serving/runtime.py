@@ -143,12 +143,10 @@ class Perturber:
     -----
     Noise is drawn in float64, added to the logits in float64 and rounded once
     to the input dtype. A torch tensor's noise is made on the tensor's device
-    (only 8 bytes a row of seed leave the host): on the CPU by the fused kernel
-    of :mod:`.fused_noise`, which a per-input Perturber builds or loads when it
-    is constructed, on CUDA by the kernel :mod:`.compiled_noise` compiles for
-    the current device when the Perturber is constructed (with torch
-    imported), elsewhere by torch's ops; the same bits either way. The
-    result has the input's dtype and device and does not track gradients.
+    (8 bytes a row of seed leave the host): on the CPU by :mod:`.fused_noise`'s
+    kernel, on CUDA by :mod:`.compiled_noise`'s, each built when a per-input
+    Perturber is constructed, elsewhere by torch's ops; the same bits either
+    way. The result has the input's dtype and device and tracks no gradients.
     """
 
     def __init__(self, sigma, *, seeding: str = "per-input", key: bytes | None = None, generator=None):
@@ -184,9 +182,7 @@ class Perturber:
         if seeding == "per-input":
             fused_noise.prepare()  # built or loaded now, never on a request (warns once if it cannot be)
             if "torch" in sys.modules:  # a server of tensors: the torch side is imported now, not on a request
-                from . import compiled_noise
-
-                # On a CUDA machine, the kernel for this level's draws is compiled now (warns once if it cannot be).
+                from . import compiled_noise  # on a CUDA machine, compiled now (warns once if it cannot be)
                 compiled_noise.prepare(n_levels=sum(1 for inc in self._increments if inc != 0.0) or 1)
 
     @classmethod
@@ -290,8 +286,7 @@ class Perturber:
         return f"Perturber(sigma={self._sigma!r}, seeding={self._seeding!r}{where})"
 
     def __getstate__(self):
-        # A pickled generator would replay the same "fresh" noise in every
-        # process it is sent to, so the copy gets its own OS-seeded one.
+        # A pickled generator would replay one "fresh" noise in every process: each copy seeds its own.
         state = self.__dict__.copy()
         state["_generator"] = None
         return state
