@@ -27,11 +27,13 @@ def test_windowed_bounds_bracket_the_all_node_bounds_within_the_window_mass(sigm
     assert red.label_slots[2] >= 0 and (red.label_slots == LABEL_BINNED).any()
     full = row_bounds(red, sigma, agreement=False)
     fast = accuracy_row_bounds(red, sigma)
-    # The window drops non-negative terms (lower bound) and adds their ceiling back (upper bound).
-    assert np.all(fast.acc_lo <= full.acc_lo + 1e-15)
-    assert np.all(full.acc_lo - fast.acc_lo <= WINDOW_MASS)
-    assert np.all(full.acc_hi <= fast.acc_hi + 1e-15)
-    assert np.all(fast.acc_hi - full.acc_hi <= WINDOW_MASS)
+    # The window drops non-negative terms (lower bound) and adds their ceiling back (upper bound); both
+    # paths sum the tail bins' logs as float32 products (relative rounding ~1e-7), hence rtol.
+    rtol = 1e-6
+    assert np.all(fast.acc_lo <= full.acc_lo * (1 + rtol) + 1e-15)
+    assert np.all(full.acc_lo - fast.acc_lo <= WINDOW_MASS + rtol * full.acc_lo)
+    assert np.all(full.acc_hi <= fast.acc_hi * (1 + rtol) + 1e-15)
+    assert np.all(fast.acc_hi - full.acc_hi <= WINDOW_MASS + rtol * full.acc_hi)
     correct = red.correct
     np.testing.assert_array_equal(fast.agree_lo[correct], fast.acc_lo[correct])
     assert np.isnan(fast.agree_lo[~correct]).all()

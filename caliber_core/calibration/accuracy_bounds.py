@@ -35,6 +35,20 @@ _LENGTH_STEP = 8  # window lengths rounded up to a multiple of this: rows of one
 _ROWS_PER_CHUNK = 256  # 256 x 32 x 64 float64: 4 MB a chunk
 
 
+_COUNTS: list = []  # (reduction, its counts as float32): a sigma search reads them a dozen times
+
+
+def _float_counts(reduced: ReducedRows) -> np.ndarray:
+    """The reduction's bin counts as float32 (exact below 2^24), converted once per reduction."""
+    for red, counts in _COUNTS:
+        if red is reduced:
+            return counts
+    counts = reduced.counts.astype(np.float32)
+    _COUNTS.append((reduced, counts))
+    del _COUNTS[:-2]
+    return counts
+
+
 def _windows(ceiling: np.ndarray, mass: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each row's run of nodes outside which its integrand's ceiling sums to at most ``mass``.
 
@@ -111,11 +125,11 @@ def accuracy_row_bounds(reduced: ReducedRows, sigma: float, *, window_mass: floa
     # Tail bins at their lower and upper edges, on the whole grid (one matrix product), read per window.
     lower_edge, upper_edge = bin_edges()
     cut = (_PHI_ONE + U_MAX) * s  # Phi == 1 in float64 beyond, on every node
-    live = lower_edge < cut
-    counts = reduced.counts[rows][:, live].astype(np.float32)  # float32 products: counts are exact
-    hi_edges = np.where(np.isfinite(upper_edge[live]), upper_edge[live], 1e300)
-    tails = [(counts @ log_ndtr(e[:, None] / s + _NODES[None, :]).astype(np.float32)).astype(np.float64)
-             for e in (lower_edge[live], hi_edges)]
+    live = int(np.searchsorted(lower_edge, cut))  # the edges ascend: the live bins are the first ones
+    counts = _float_counts(reduced)[:, :live]
+    hi_edges = np.where(np.isfinite(upper_edge[:live]), upper_edge[:live], 1e300)
+    tails = [(counts @ log_ndtr(e[:, None] / s + _NODES[None, :]).astype(np.float32))[rows].astype(np.float64)
+             for e in (lower_edge[:live], hi_edges)]
     # A node's term is its weight (times Phi(w) on a wrong row) times factors in [0, 1]: that is its ceiling.
     end_weights = np.ones(_NODES.size)
     end_weights[[0, -1]] = 0.5
