@@ -19,10 +19,14 @@ of the memory-mapped matrix for its top 33), which no reduction of the file
 can beat. ``--labels`` writes a float32 ``.npz`` of logits and labels (standard
 normal with the label's logit raised by 2.5, the shape bench_memory writes)
 and times ``calibrate --retention 0.9 0.8 0.7 0.6`` on it, with the peak's
-bytes per logit element and each target's certified retention bound.
+bytes per logit element and each target's certified retention bound;
+``--truth-draws N`` then checks each served retention against an independent
+Monte-Carlo of the full rows (:mod:`caliber_core.simulation.accuracy_truth`,
+N draws a target) and prints the mean relative error with its 99% interval.
 
     python benchmarks/bench_full_vocab.py [--rows 4000] [--vocab 128000] [--cores 0,1]
     python benchmarks/bench_full_vocab.py --labels --rows 2000 --vocab 32000 --path benchmarks/_work/l.npz
+    python benchmarks/bench_full_vocab.py --labels --rows 2000 --vocab 32000 --truth-draws 1000000
 
 Writes docs/figures/full_vocab.md (``--labels``: docs/figures/full_vocab_labels.md).
 """
@@ -241,7 +245,8 @@ def main_labelled(args) -> None:
     lines = [
         f"Measured {dt.date.today().isoformat()} on {platform.platform()} ({platform.processor() or 'cpu'}), "
         f"{pinned}, load average {load_before:.1f} when the timing started and {load_after:.1f} when it ended; "
-        f"`python benchmarks/bench_full_vocab.py --labels --rows {args.rows} --vocab {args.vocab}`",
+        f"`python benchmarks/bench_full_vocab.py --labels --rows {args.rows} --vocab {args.vocab}"
+        + (f" --truth-draws {args.truth_draws}`" if args.truth_draws else "`"),
         "",
         f"{args.rows:,} x {args.vocab:,} float32 `.npz` with labels ({path.stat().st_size / 2**20:.0f} MiB, "
         f"page cache): `calibrate --retention 0.9 0.8 0.7 0.6` took **{wall:.1f} s** (best of {args.repeat}; "

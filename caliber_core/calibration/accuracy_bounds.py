@@ -143,7 +143,8 @@ def accuracy_row_bounds(reduced: ReducedRows, sigma: float, *, window_mass: floa
         r = rows[part]
         idx = first[part, None] + np.arange(int(length[part[0]]))[None, :]
         g = reduced.top_gaps[r]
-        k = max(1, int(np.max(np.sum(g < cut, axis=1))))  # gaps beyond cut have Phi == 1 on every node
+        # Gaps whose factor is Phi == 1.0 (float64) on every node of the row's window need no evaluation.
+        k = max(1, int(np.max(np.sum(g * (1.0 / s) + _NODES[idx[:, 0], None] < _PHI_ONE, axis=1))))
         x = g[:, :k, None] * (1.0 / s) + _NODES[idx][:, None, :]
         slots = reduced.label_slots[r]
         own = np.flatnonzero((slots >= 0) & (slots < k))
@@ -154,7 +155,8 @@ def accuracy_row_bounds(reduced: ReducedRows, sigma: float, *, window_mass: floa
             out[part] = np.sum(head * np.exp(np.take_along_axis(tail[part], idx, axis=1)), axis=1)
 
     parts = []
-    for size in np.unique(length):
+    lo[length == 0] = hi[length == 0] = 0.0  # the whole row's ceiling is within the window mass: left_out bounds it
+    for size in np.unique(length[length > 0]):
         same = np.flatnonzero(length == size)
         parts += [same[a : a + _ROWS_PER_CHUNK] for a in range(0, same.size, _ROWS_PER_CHUNK)]
     workers = min(len(parts), os.cpu_count() or 1)
