@@ -5,7 +5,9 @@ N(0, sigma^2) noise to a row's own competitors (every class but the label, read
 from the full row) and takes their maximum M. Conditioning on the competitors'
 noise, the label wins with probability Phi((z_label - M) / sigma), so each draw
 contributes that number instead of a 0/1 hit: the same mean, a far smaller
-spread (Rao-Blackwell).
+spread (Rao-Blackwell). Draws come in mirrored pairs (the noise and its
+negative, each a draw of the same law): half the normals, and the pair's two
+maxima move against each other. The standard error is taken over pairs.
 
 A competitor j that would need to beat the row's clean top to matter is left
 out when the union bound of such events over the classes left out, the sum of
@@ -70,7 +72,7 @@ def monte_carlo_accuracy(logits: np.ndarray, labels: np.ndarray, sigma: float, *
     sigma : float
         > 0.
     draws_per_row : int
-        >= 2.
+        >= 2; taken as mirrored pairs (an odd count loses one).
     seed : int, default 0
         Row i draws from ``SeedSequence(seed).spawn(n)[i]``: the same numbers on any number of threads.
     slack : float, default ``SLACK``
@@ -115,21 +117,24 @@ def monte_carlo_accuracy(logits: np.ndarray, labels: np.ndarray, sigma: float, *
             means[i], variances[i] = 1.0, 0.0
             return
         rng = np.random.default_rng(seeds[i])
-        per = max(1, min(draws_per_row, _BATCH_BYTES // (4 * max(1, comp.size))))
-        values = np.empty(draws_per_row)
-        for a in range(0, draws_per_row, per):
-            b = min(draws_per_row, a + per)
+        pairs = draws_per_row // 2
+        per = max(1, min(pairs, _BATCH_BYTES // (4 * max(1, comp.size))))
+        values = np.empty(pairs)
+        for a in range(0, pairs, per):
+            b = min(pairs, a + per)
             noise = rng.standard_normal((b - a, comp.size), dtype=np.float32)
             noise *= np.float32(sigma)
-            noise += comp
-            top = noise.max(axis=1).astype(np.float64)
-            values[a:b] = ndtr((z[y[i]] - top) / sigma)
-        means[i], variances[i] = values.mean(), values.var(ddof=1)
+            # Each draw and its mirror image (noise -> -noise): two draws of the same law for one set of normals.
+            high = (comp + noise).max(axis=1).astype(np.float64)
+            np.subtract(comp, noise, out=noise)
+            low = noise.max(axis=1).astype(np.float64)
+            values[a:b] = 0.5 * (ndtr((z[y[i]] - high) / sigma) + ndtr((z[y[i]] - low) / sigma))
+        means[i], variances[i] = values.mean(), values.var(ddof=1) / pairs
 
     n_workers = workers or min(x.shape[0], os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=max(1, n_workers)) as pool:
         list(pool.map(row, range(x.shape[0])))
     n = x.shape[0]
-    return AccuracyTruth(mean=float(means.mean()),
-                         standard_error=float(np.sqrt(variances.sum() / draws_per_row) / n),
-                         bias_bound=float(bias.mean()), draws=n * draws_per_row, classes_drawn=float(drawn.mean()))
+    return AccuracyTruth(mean=float(means.mean()), standard_error=float(np.sqrt(variances.sum()) / n),
+                         bias_bound=float(bias.mean()), draws=n * 2 * (draws_per_row // 2),
+                         classes_drawn=float(drawn.mean()))
