@@ -214,7 +214,8 @@ def config_for_vocab_file(path, targets: Sequence[tuple[str, float]], *, side: s
     Parameters
     ----------
     path : str or path-like
-        ``.npy``, ``.safetensors``, ``.pt`` or an uncompressed ``.npz`` (its ``labels`` array read too).
+        ``.npy``, ``.safetensors``, ``.pt`` or ``.npz`` (``np.savez`` or ``np.savez_compressed``; its
+        ``labels`` array read too).
     targets : sequence of (kind, value)
         Agreement targets; accuracy and retention ones with labels.
     side : {"point", "at-least", "at-most"}, default "point"
