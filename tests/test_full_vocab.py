@@ -91,11 +91,9 @@ def test_every_format_and_dtype_streams_the_same_rows(logits, tmp_path):
     torch.save(torch.from_numpy(x.copy()), tmp_path / "d.pt")
     bf = (np.frombuffer(bf16_bytes(x), np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(x.shape)
     np.savez(tmp_path / "e.npz", labels=np.arange(20), logits=x)  # stored: streamed in place
-    np.savez_compressed(tmp_path / "f.npz", logits=x)
-    with pytest.raises(LogitsFileError, match="compressed in the npz"):
-        open_rows(tmp_path / "f.npz")  # the ordinary loader reads it instead
+    np.savez_compressed(tmp_path / "f.npz", logits=x)  # compressed: inflated block by block
     expect = {"a.npy": x, "h.npy": x.astype(np.float16).astype(np.float32), "b.safetensors": bf,
-              "c.pt": as_bf16.float().numpy(), "d.pt": x, "e.npz": x}
+              "c.pt": as_bf16.float().numpy(), "d.pt": x, "e.npz": x, "f.npz": x}
     for name, want in expect.items():
         src = open_rows(tmp_path / name)
         got = np.concatenate([b.copy() for _, b in src.blocks(block_bytes=7 * V * src.itemsize)])

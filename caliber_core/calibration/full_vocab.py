@@ -10,6 +10,8 @@ both bounds. The streaming and solving names are importable from here too.
 
 from __future__ import annotations
 
+import importlib
+import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -19,6 +21,7 @@ from ..config import CERTIFIED_LEVEL, SCHEMA, SIDES, TargetRecord
 from ..loading.row_stream import open_rows
 from ..loading.safety import DEFAULT_MAX_ELEMENTS
 from . import margins
+from .accuracy_bounds import accuracy_row_bounds
 from .fit import fit_logistic
 from .gap_histogram import ReducedRows, row_bounds
 from .vocab_sigma import (
@@ -165,7 +168,7 @@ def _curves(reduced: ReducedRows, grid) -> dict[str, tuple[np.ndarray, np.ndarra
         out["accuracy"] = (np.empty(grid.size), np.empty(grid.size))
     for i, s in enumerate(grid):
         # With labels only the accuracy is drawn and solved: the wrong rows' agreement is not computed.
-        b = row_bounds(reduced, s, agreement=not reduced.has_labels)
+        b = accuracy_row_bounds(reduced, s) if reduced.has_labels else row_bounds(reduced, s)
         out["agreement"][0][i], out["agreement"][1][i] = b.agree_lo.mean(), b.agree_hi.mean()
         if reduced.has_labels:
             out["accuracy"][0][i], out["accuracy"][1][i] = b.acc_lo.mean(), b.acc_hi.mean()
@@ -211,7 +214,8 @@ def config_for_vocab_file(path, targets: Sequence[tuple[str, float]], *, side: s
     Parameters
     ----------
     path : str or path-like
-        ``.npy``, ``.safetensors``, ``.pt`` or an uncompressed ``.npz`` (its ``labels`` array read too).
+        ``.npy``, ``.safetensors``, ``.pt`` or ``.npz`` (``np.savez`` or ``np.savez_compressed``; its
+        ``labels`` array read too).
     targets : sequence of (kind, value)
         Agreement targets; accuracy and retention ones with labels.
     side : {"point", "at-least", "at-most"}, default "point"
@@ -242,6 +246,8 @@ def config_for_vocab_file(path, targets: Sequence[tuple[str, float]], *, side: s
     if wrong and labels is None:  # before the file is read, not after
         raise ValueError(f"a full-vocabulary dump read without labels: only --agreement targets apply, "
                          f"got {wrong[0]} (give --labels, or a .npz with a `labels` array)")
+    # scipy.special (the bounds' normal CDF) takes ~0.5 CPU-s to import: it loads while the file streams.
+    threading.Thread(target=importlib.import_module, args=("scipy.special",), daemon=True).start()
     reduced, source, sha = reduce_file(path, max_elements=max_elements, progress=progress, labels=labels,
                                        source=source)
     return config_for_full_vocab(reduced, targets, name=source.name, side=side, sha256=sha,

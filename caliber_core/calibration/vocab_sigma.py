@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .accuracy_bounds import accuracy_row_bounds
 from .gap_histogram import ReducedRows, row_bounds
 from .vocab_stream import SUBSET_ROWS, subset
 
@@ -65,7 +66,8 @@ def bounds_at(reduced: ReducedRows, sigma: float, *, agreement: bool = True):
     reduced : ReducedRows
     sigma : float
     agreement : bool, default True
-        False: the accuracy rows only (see :func:`row_bounds`).
+        False: the accuracy rows only, each on its own window of nodes
+        (:func:`.accuracy_bounds.accuracy_row_bounds`); True: :func:`row_bounds`.
 
     Returns
     -------
@@ -75,7 +77,7 @@ def bounds_at(reduced: ReducedRows, sigma: float, *, agreement: bool = True):
     for red, at, full, b in _CACHE:
         if red is reduced and at == s and (full or not agreement):
             return b
-    b = row_bounds(reduced, s, agreement=agreement)
+    b = row_bounds(reduced, s) if agreement or not reduced.has_labels else accuracy_row_bounds(reduced, s)
     _CACHE.append((reduced, s, agreement or not reduced.has_labels, b))
     del _CACHE[:-_CACHE_SIZE]
     return b

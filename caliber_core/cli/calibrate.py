@@ -184,7 +184,7 @@ def _run_llm(args) -> int:
 
 
 def _is_full_vocabulary(path) -> bool:
-    """A .npy/.safetensors/.pt/stored .npz matrix of at least STREAM_MIN_CLASSES classes: streamed, never loaded."""
+    """A .npy/.safetensors/.pt/.npz matrix of at least STREAM_MIN_CLASSES classes: streamed, never loaded."""
     from ..calibration.full_vocab import STREAM_MIN_CLASSES
     from ..loading.row_stream import STREAM_EXTENSIONS, declared_shape
 

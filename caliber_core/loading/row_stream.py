@@ -9,6 +9,9 @@ reads into one reused buffer, converting float16 / bfloat16 / float64 rows to
 float32 block by block. Nothing is memory-mapped: a mapped file counts every
 page it touches in the process's resident memory.
 
+An ``.npz`` written by ``np.savez_compressed`` is inflated block by block
+through :mod:`zipfile` (never mapped; its rows are read as a stored one's).
+
 ``.pt`` files are zip archives whose tensors are stored uncompressed; the
 tensor's shape, dtype and storage come from ``torch.load(weights_only=True,
 mmap=True)``, which maps but does not read the data, and the storage's bytes
@@ -22,7 +25,9 @@ import json
 import os
 import struct
 import zipfile
+import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,8 +52,10 @@ class RowSource:
     n_rows, n_classes : int
     dtype : {"float32", "float16", "bfloat16", "float64"}
     offset : int
-        Byte offset of the first element.
+        Byte offset of the first element (in the member's inflated bytes when ``member`` is set).
     name : str
+    member : str, optional
+        A compressed ``.npz`` member the matrix is inflated from as it streams (never mapped).
     """
 
     path: str
@@ -57,6 +64,7 @@ class RowSource:
     dtype: str
     offset: int
     name: str
+    member: str | None = None
 
     @property
     def itemsize(self) -> int:
@@ -93,8 +101,7 @@ class RowSource:
         for _ in range(buffers):
             raw = np.empty(per_block * self.n_classes, dtype=_NUMPY_DTYPES[self.dtype])
             pool.append((raw, raw if self.dtype == "float32" else np.empty(raw.size, dtype=np.float32)))
-        with open(self.path, "rb", buffering=0) as fh:
-            fh.seek(self.offset)
+        with self._opened() as fh:
             for number, start in enumerate(range(0, self.n_rows, per_block)):
                 raw, out = pool[number % buffers]
                 rows = min(per_block, self.n_rows - start)
@@ -102,7 +109,7 @@ class RowSource:
                 view = memoryview(raw.view(np.uint8))[:want]
                 got = 0
                 while got < want:
-                    n = fh.readinto(view[got:])
+                    n = self._read_into(fh, view[got:], src)
                     if not n:
                         raise fail(src, f"the file ends inside row {start + got // row_bytes} "
                                    f"(truncated: {self.n_rows:,} rows declared)")
@@ -113,6 +120,33 @@ class RowSource:
                 elif self.dtype != "float32":
                     out[:count] = raw[:count]
                 yield start, out[:count].reshape(rows, self.n_classes)
+
+
+    def _read_into(self, fh, view: memoryview, src: str) -> int:
+        """``fh.readinto(view)``; a member that does not inflate is refused in one line."""
+        if self.member is None:
+            return fh.readinto(view)
+        try:
+            return fh.readinto(view)
+        except (zlib.error, zipfile.BadZipFile, EOFError):
+            raise fail(src, "the `logits` member of the npz does not inflate (corrupt archive)") from None
+
+    @contextmanager
+    def _opened(self):
+        """The file, or the inflating member, positioned at the first element."""
+        if self.member is None:
+            with open(self.path, "rb", buffering=0) as fh:
+                fh.seek(self.offset)
+                yield fh
+            return
+        with zipfile.ZipFile(self.path) as zf, zf.open(self.member) as fh:
+            remaining = self.offset
+            while remaining:
+                got = len(fh.read(min(remaining, 1 << 20)))
+                if not got:
+                    break  # a short member: the row reads report the truncation
+                remaining -= got
+            yield fh
 
 
 class MappedMatrix:
@@ -181,7 +215,7 @@ def can_map(source: RowSource) -> bool:
     """
     import sys
 
-    return source.dtype == "float32" and sys.byteorder == "little"
+    return source.dtype == "float32" and sys.byteorder == "little" and source.member is None
 
 
 def _matrix_check(src: str, shape, dtype: str, *, what: str) -> tuple[int, int]:
@@ -344,12 +378,19 @@ def _open_npz(path: str, src: str, size: int) -> RowSource:
     info = members.get("logits.npy")
     if info is None:
         raise fail(src, "no `logits` array in the npz")
-    if info.compress_type != zipfile.ZIP_STORED:
-        raise fail(src, "the `logits` array is compressed in the npz; it cannot be streamed")
-    with open(path, "rb") as fh:
-        start = _member_start(fh, info)
-        fh.seek(start)
-        head = fh.read(min(info.file_size, npy.HEAD_BYTES))
+    compressed = info.compress_type != zipfile.ZIP_STORED
+    if compressed:  # np.savez_compressed: the member is inflated block by block as it streams
+        start = 0
+        try:
+            with zipfile.ZipFile(path) as zf, zf.open(info) as member:
+                head = member.read(min(info.file_size, npy.HEAD_BYTES))
+        except (zipfile.BadZipFile, OSError, NotImplementedError, EOFError, zlib.error):
+            raise fail(src, "the `logits` member of the npz cannot be inflated") from None
+    else:
+        with open(path, "rb") as fh:
+            start = _member_start(fh, info)
+            fh.seek(start)
+            head = fh.read(min(info.file_size, npy.HEAD_BYTES))
     header = npy.read_header(io.BytesIO(head), src=src, where="npz member logits.npy")
     if header.fortran_order:
         raise fail(src, "the logits array is stored column-major (fortran order); a streamed vocabulary "
@@ -361,6 +402,8 @@ def _open_npz(path: str, src: str, size: int) -> RowSource:
     if header.data_offset + n * v * itemsize > info.file_size:
         raise fail(src, f"the logits header declares {n:,} x {v:,} values but the member holds "
                    f"{info.file_size - header.data_offset:,} bytes (truncated?)")
+    if compressed:
+        return RowSource(path, n, v, dtype, header.data_offset, _stem(path), member=info.filename)
     _check_span(src, size, start + header.data_offset, n, v, itemsize)
     return RowSource(path, n, v, dtype, start + header.data_offset, _stem(path))
 
