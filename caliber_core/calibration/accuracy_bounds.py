@@ -25,7 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..validation import as_sigmas
-from .gap_histogram import _NODES, _PHI_ONE, _STEP, H_CUT, LABEL_IS_TOP, ReducedRows, RowBounds, bin_edges, row_bounds
+from .gap_histogram import (H_CUT, LABEL_IS_TOP, PHI_ONE, QUADRATURE_NODES, QUADRATURE_STEP, ReducedRows, RowBounds,
+                            bin_edges, row_bounds)
 from .survival import U_MAX
 
 #: What a row may leave out of its trapezoid sum by skipping nodes (then added to its upper bound);
@@ -124,17 +125,18 @@ def accuracy_row_bounds(reduced: ReducedRows, sigma: float, *, window_mass: floa
     rows = np.flatnonzero(~far)
     # Tail bins at their lower and upper edges, on the whole grid (one matrix product), read per window.
     lower_edge, upper_edge = bin_edges()
-    cut = (_PHI_ONE + U_MAX) * s  # Phi == 1 in float64 beyond, on every node
+    cut = (PHI_ONE + U_MAX) * s  # Phi == 1 in float64 beyond, on every node
     live = int(np.searchsorted(lower_edge, cut))  # the edges ascend: the live bins are the first ones
     counts = _float_counts(reduced)[:, :live]
     hi_edges = np.where(np.isfinite(upper_edge[:live]), upper_edge[:live], 1e300)
-    tails = [(counts @ log_ndtr(e[:, None] / s + _NODES[None, :]).astype(np.float32))[rows].astype(np.float64)
+    tails = [(counts @ log_ndtr(e[:, None] / s + QUADRATURE_NODES[None, :]).astype(np.float32))[rows].astype(np.float64)
              for e in (lower_edge[:live], hi_edges)]
     # A node's term is its weight (times Phi(w) on a wrong row) times factors in [0, 1]: that is its ceiling.
-    end_weights = np.ones(_NODES.size)
+    end_weights = np.ones(QUADRATURE_NODES.size)
     end_weights[[0, -1]] = 0.5
-    weight = (_STEP / np.sqrt(2 * np.pi)) * end_weights * np.exp(-0.5 * (_NODES[None, :] + shift[rows, None]) ** 2)
-    ceiling = weight * np.where(correct[rows, None], 1.0, ndtr(_NODES)[None, :])
+    weight = ((QUADRATURE_STEP / np.sqrt(2 * np.pi)) * end_weights
+              * np.exp(-0.5 * (QUADRATURE_NODES[None, :] + shift[rows, None]) ** 2))
+    ceiling = weight * np.where(correct[rows, None], 1.0, ndtr(QUADRATURE_NODES)[None, :])
     first, length, left_out = _windows(ceiling, window_mass)
     lo, hi = np.empty(rows.size), np.empty(rows.size)
 
@@ -144,8 +146,8 @@ def accuracy_row_bounds(reduced: ReducedRows, sigma: float, *, window_mass: floa
         idx = first[part, None] + np.arange(int(length[part[0]]))[None, :]
         g = reduced.top_gaps[r]
         # Gaps whose factor is Phi == 1.0 (float64) on every node of the row's window need no evaluation.
-        k = max(1, int(np.max(np.sum(g * (1.0 / s) + _NODES[idx[:, 0], None] < _PHI_ONE, axis=1))))
-        x = g[:, :k, None] * (1.0 / s) + _NODES[idx][:, None, :]
+        k = max(1, int(np.max(np.sum(g * (1.0 / s) + QUADRATURE_NODES[idx[:, 0], None] < PHI_ONE, axis=1))))
+        x = g[:, :k, None] * (1.0 / s) + QUADRATURE_NODES[idx][:, None, :]
         slots = reduced.label_slots[r]
         own = np.flatnonzero((slots >= 0) & (slots < k))
         x[own, slots[own], :] = np.inf  # a wrong row's label leaves the product (Phi(inf) = 1)

@@ -40,6 +40,8 @@ _PHI_ONE = 8.3  # ndtr(x) == 1.0 in float64 for x above
 _STEP = 0.2
 _NODES = np.arange(-U_MAX, U_MAX + _STEP / 2, _STEP)
 _WEIGHTS = np.full(_NODES.shape, _STEP) * np.exp(-0.5 * _NODES**2) / np.sqrt(2 * np.pi)
+#: The quadrature grid and where ndtr reaches 1.0, shared with the accuracy kernel (accuracy_bounds).
+PHI_ONE, QUADRATURE_STEP, QUADRATURE_NODES = _PHI_ONE, _STEP, _NODES
 _WEIGHTS[[0, -1]] *= 0.5
 
 

@@ -2,20 +2,15 @@
 
 A language model's positions x vocabulary dump (``generate(output_logits=True)``,
 vLLM raw logits) is 4,000 x 128,000 float32 = 2 GB: more than any reader here
-should hold. :func:`open_rows` parses only the header of a ``.npy``,
+should hold. :func:`open_rows` parses only the header of a ``.npy``, ``.npz``,
 ``.safetensors`` or ``.pt`` file and finds where the row-major ``logits``
-matrix lies in the file; :meth:`RowSource.blocks` then reads it with plain file
-reads into one reused buffer, converting float16 / bfloat16 / float64 rows to
-float32 block by block. Nothing is memory-mapped: a mapped file counts every
-page it touches in the process's resident memory.
-
-An ``.npz`` written by ``np.savez_compressed`` is inflated block by block
-through :mod:`zipfile` (never mapped; its rows are read as a stored one's).
-
-``.pt`` files are zip archives whose tensors are stored uncompressed; the
-tensor's shape, dtype and storage come from ``torch.load(weights_only=True,
-mmap=True)``, which maps but does not read the data, and the storage's bytes
-are then read through the archive member's own offset.
+matrix lies; :meth:`RowSource.blocks` then reads it with plain file reads into
+one reused buffer (a ``np.savez_compressed`` member inflated as it goes),
+converting float16 / bfloat16 / float64 rows to float32 block by block. Nothing
+is memory-mapped: a mapped file counts every page it touches as resident.
+``.pt`` files are zip archives of uncompressed tensors: shape, dtype and storage
+come from ``torch.load(weights_only=True, mmap=True)``, which maps but does not
+read the data, and the bytes are read through the archive member's offset.
 """
 
 from __future__ import annotations
@@ -121,11 +116,9 @@ class RowSource:
                     out[:count] = raw[:count]
                 yield start, out[:count].reshape(rows, self.n_classes)
 
-
-    def _read_into(self, fh, view: memoryview, src: str) -> int:
+    @staticmethod
+    def _read_into(fh, view: memoryview, src: str) -> int:
         """``fh.readinto(view)``; a member that does not inflate is refused in one line."""
-        if self.member is None:
-            return fh.readinto(view)
         try:
             return fh.readinto(view)
         except (zlib.error, zipfile.BadZipFile, EOFError):
@@ -141,11 +134,8 @@ class RowSource:
             return
         with zipfile.ZipFile(self.path) as zf, zf.open(self.member) as fh:
             remaining = self.offset
-            while remaining:
-                got = len(fh.read(min(remaining, 1 << 20)))
-                if not got:
-                    break  # a short member: the row reads report the truncation
-                remaining -= got
+            while remaining and (got := len(fh.read(min(remaining, 1 << 20)))):
+                remaining -= got  # a short member stops here: the row reads report the truncation
             yield fh
 
 
