@@ -250,6 +250,203 @@ def _tail_ceiling(rows: TopKRows, sl: slice, sigma: float, nodes: np.ndarray) ->
     return np.where(ok, f, 0.0)
 
 
+# --- Extremal tails: the bounds as agreements of tails the log allows --------------------------
+
+#: Grid points per round and rounds of the zooming search along a family of tails.
+SEARCH_POINTS = 9
+SEARCH_ROUNDS = 9
+#: The search only ranks tails of one row, whose integrands are smooth (no envelope kink), so a
+#: coarser rule suffices there; the tail it picks is then integrated on the bounds' own rule.
+SEARCH_STEP = 0.25
+#: What the search may leave: a row whose simple tails (vertex, even split) already reach the
+#: proven per-node bound within this is not searched, and a searched bound is moved this far
+#: towards the outside (never past the per-node bound) to cover the search's own resolution.
+SEARCH_SLACK = 1e-6
+
+
+@dataclass(frozen=True)
+class Tails:
+    """One unseen tail per row, in three groups of equal probabilities.
+
+    Row i's unseen classes are ``count_a[i]`` classes at ``prob_a[i]``, one class
+    at ``prob_b[i]`` and ``count_c[i]`` classes at ``prob_c[i]``; the rest of its
+    m unseen classes are at probability 0 (a vanishing logprob). Counts are
+    float64 holding integers.
+    """
+
+    count_a: np.ndarray
+    prob_a: np.ndarray
+    prob_b: np.ndarray
+    count_c: np.ndarray
+    prob_c: np.ndarray
+
+    def take(self, keep: np.ndarray, into: Tails) -> None:
+        """Copy the rows ``keep`` (a boolean mask over ``into``'s rows) from this one."""
+        for name in ("count_a", "prob_a", "prob_b", "count_c", "prob_c"):
+            getattr(into, name)[keep] = getattr(self, name)
+
+    def logprobs(self, i: int, unseen: int, *, floor: float = -1e4) -> np.ndarray:
+        """Row i's m unseen logprobs (zero classes at ``floor``), for checks against a full row."""
+        ca, cc = int(round(self.count_a[i])), int(round(self.count_c[i]))
+        with np.errstate(divide="ignore"):
+            parts = [np.full(ca, np.log(self.prob_a[i])), [np.log(self.prob_b[i])],
+                     np.full(cc, np.log(self.prob_c[i]))]
+        out = np.concatenate(parts + [np.full(unseen - ca - 1 - cc, -np.inf)])
+        return np.maximum(out, floor)
+
+
+_SEARCH_NODES, _SEARCH_WEIGHTS = _rule(SEARCH_STEP)
+
+
+def _groups(tails: Tails) -> tuple:
+    return tails.count_a, tails.prob_a, tails.prob_b, tails.count_c, tails.prob_c
+
+
+def _tail_sum(top, tails_groups, sigma, nodes):
+    """sum over a tail's classes of log Phi((l_top - log p) / sigma + u): shape tails_groups[0].shape + nodes."""
+    from scipy.special import log_ndtr
+
+    count_a, prob_a, prob_b, count_c, prob_c = tails_groups
+    total = 0.0
+    for count, prob in ((count_a, prob_a), (1.0, prob_b), (count_c, prob_c)):
+        if not np.any(count) or not np.any(prob):
+            continue  # an empty group adds log Phi(+inf) = 0
+        with np.errstate(divide="ignore"):
+            x = (top[..., None] - np.log(prob)[..., None]) / sigma + nodes  # p = 0: x = +inf, term 0
+        total = total + np.asarray(count)[..., None] * log_ndtr(x)
+    return total
+
+
+def _low_family(t, r, m, p_k):
+    """The family holding the minimizing tail, at t in [0, 1] (module docstring, "Extremal tails").
+
+    nu = r / b classes' worth of mass at b, from nu_0 = max(1, r / p_k) (the vertex: as many
+    classes at p_k as fit and one remainder) to m (the even split): floor(nu) classes at b,
+    one class at r - floor(nu) b, the rest at 0.
+    """
+    nu_0 = np.maximum(1.0, np.minimum(r / p_k, m))
+    nu = nu_0 * (m / nu_0) ** t
+    b = r / nu
+    j = np.floor(nu)
+    a = np.clip(r - j * b, 0.0, None)
+    zero = np.zeros_like(b)
+    return j, b, a, zero, zero
+
+
+def _high_family(t, r, m, p_k):
+    """The family holding the maximizing tail, at t in [0, 1].
+
+    nu = t * min(r / p_k, m - 1) classes' worth of mass at p_k: floor(nu) classes at p_k,
+    one class between the rest's level and p_k, the other m - floor(nu) - 1 classes at an
+    even level a = (r - nu p_k) / (m - nu). t = 0 is the even split, t = 1 the vertex.
+    """
+    nu = t * np.minimum(r / p_k, m - 1.0)
+    n_c = np.floor(nu)
+    a = np.clip((r - nu * p_k) / (m - nu), 0.0, None)
+    b = a + (nu - n_c) * (p_k - a)
+    return n_c, np.broadcast_to(p_k, nu.shape).copy(), b, m - n_c - 1.0, a
+
+
+def _search(family, seen_coarse, top, r, m, p_k, sigma, nodes, weights, *, maximize: bool):
+    """Zooming grid search of the agreement along a one-parameter family of tails, per row.
+
+    Returns the tail with the best agreement found (``nodes``, ``weights``: the search's rule).
+    """
+    sign = -1.0 if maximize else 1.0
+    seen = seen_coarse
+    lo, hi = np.zeros(r.shape), np.ones(r.shape)
+    grid = np.linspace(0.0, 1.0, SEARCH_POINTS)
+    rows = np.arange(r.size)
+    best_val = np.full(r.shape, np.inf)
+    best_t = np.zeros(r.shape)
+    for _ in range(SEARCH_ROUNDS):
+        t = lo[:, None] + (hi - lo)[:, None] * grid[None, :]
+        groups = family(t, r[:, None], m[:, None], p_k[:, None])
+        vals = np.exp(seen[:, None, :] + _tail_sum(top[:, None], groups, sigma, nodes)) @ weights
+        k = np.argmin(sign * vals, axis=1)
+        better = sign * vals[rows, k] < best_val
+        best_val = np.where(better, sign * vals[rows, k], best_val)
+        best_t = np.where(better, t[rows, k], best_t)
+        lo = t[rows, np.maximum(k - 1, 0)]
+        hi = t[rows, np.minimum(k + 1, SEARCH_POINTS - 1)]
+    groups = family(best_t, r, m, p_k)
+    return Tails(*(np.asarray(g, dtype=np.float64).copy() for g in groups))
+
+
+def extremal_tails(rows: TopKRows, sigma: float) -> tuple[np.ndarray, np.ndarray, Tails, Tails]:
+    """Per-row lower and upper bounds of pi(sigma), and the tails the log allows that reach them.
+
+    Parameters
+    ----------
+    rows : TopKRows
+    sigma : float > 0
+
+    Returns
+    -------
+    lower, upper : ndarray of shape (n_rows,)
+        The smallest and largest agreement of any tail consistent with each row,
+        to within ``SEARCH_SLACK`` towards the outside.
+    lowest, highest : Tails
+        A tail consistent with each row whose agreement is within ``SEARCH_SLACK``
+        of ``lower`` (of ``upper``): the bounds are attained.
+
+    Notes
+    -----
+    Each bound is first taken node by node (the convex envelope below, the
+    tangent above); where a simple tail (the vertex or the even split) reaches
+    it, that is the bound. Elsewhere the bound is the best agreement along the
+    one-parameter family that holds the extremal tail (module docstring), never
+    past the node-by-node bound.
+    """
+    from scipy.special import log_ndtr
+
+    s = float(as_sigmas(sigma)[0])
+    if s == 0.0:
+        raise ValueError("extremal tails need sigma > 0 (at sigma = 0 the tail cannot matter)")
+    n = rows.n_rows
+    y_star = worst_slope_point(s)
+    lower, upper = np.empty(n), np.empty(n)
+    empty = [np.zeros(n) for _ in range(5)]
+    lowest, highest = Tails(*empty), Tails(*(x.copy() for x in empty))
+    width = rows.gaps.shape[1]
+    per_row = max(1, _CHUNK_ELEMENTS // ((width + 1 + 3 * SEARCH_POINTS) * _NODES.size))
+    for start in range(0, n, per_row):
+        sl = slice(start, min(n, start + per_row))
+        seen = log_ndtr(rows.gaps[sl, :, None] / s + _NODES[None, None, :]).sum(axis=1)
+        env_lo = np.exp(seen + _tail_floor(rows, sl, s, y_star, _NODES)) @ _WEIGHTS
+        env_hi = np.exp(seen + _tail_ceiling(rows, sl, s, _NODES)) @ _WEIGHTS
+        top, r = rows.top_logprob[sl], rows.tail_mass[sl]
+        m = rows.unseen[sl].astype(np.float64)
+        p_k = np.exp(top - rows.floor_gap[sl])
+        ends = [Tails(*(np.asarray(g, dtype=np.float64).copy() for g in _high_family(np.full(r.shape, t), r, m, p_k)))
+                for t in (1.0, 0.0)]  # the vertex and the even split
+        end_vals = [np.exp(seen + _tail_sum(top, _groups(e), s, _NODES)) @ _WEIGHTS for e in ends]
+        for env, family, maximize, out, tails in ((env_lo, _low_family, False, lower, lowest),
+                                                  (env_hi, _high_family, True, upper, highest)):
+            pick = (end_vals[0] >= end_vals[1]) if maximize else (end_vals[0] <= end_vals[1])
+            best = np.where(pick, end_vals[0], end_vals[1])
+            chosen = Tails(*(np.where(pick, a, b) for a, b in zip(_groups(ends[0]), _groups(ends[1]))))
+            gap = env - best if maximize else best - env
+            need = gap > SEARCH_SLACK
+            if np.any(need):
+                seen_coarse = log_ndtr(rows.gaps[sl][need][:, :, None] / s + _SEARCH_NODES).sum(axis=1)
+                found_tails = _search(family, seen_coarse, top[need], r[need], m[need], p_k[need], s,
+                                      _SEARCH_NODES, _SEARCH_WEIGHTS, maximize=maximize)
+                found = np.exp(seen[need] + _tail_sum(top[need], _groups(found_tails), s, _NODES)) @ _WEIGHTS
+                better = (found > best[need]) if maximize else (found < best[need])
+                idx = np.flatnonzero(need)[better]
+                best[idx] = found[better]
+                mask = np.zeros(r.size, dtype=bool)
+                mask[idx] = True
+                Tails(*(g[better] for g in _groups(found_tails))).take(mask, chosen)
+            out[sl] = (np.minimum(env, best + SEARCH_SLACK) if maximize
+                       else np.maximum(env, best - SEARCH_SLACK))
+            rows_here = np.zeros(n, dtype=bool)
+            rows_here[sl] = True
+            chosen.take(rows_here, tails)
+    return np.clip(lower, 0.0, 1.0), np.clip(upper, 0.0, 1.0), lowest, highest
+
+
 def agreement_bounds(rows: TopKRows, sigma: float) -> tuple[np.ndarray, np.ndarray]:
     """Per-row lower and upper bounds of pi(sigma) over every tail consistent with the row.
 
@@ -261,29 +458,20 @@ def agreement_bounds(rows: TopKRows, sigma: float) -> tuple[np.ndarray, np.ndarr
     Returns
     -------
     lower, upper : ndarray of shape (n_rows,)
+        Each attained by a tail the log allows (:func:`extremal_tails`), so no
+        method that sees the same log can certify a narrower band.
 
     Notes
     -----
     Eq. top1-exact of Proposition 1 with the unseen classes bounded as in the
     module docstring.
     """
-    from scipy.special import log_ndtr
-
     s = float(as_sigmas(sigma)[0])
-    n = rows.n_rows
     if s == 0.0:
-        ones = np.where(rows.gaps[:, 0] > 0, 1.0, 0.5) if rows.gaps.shape[1] else np.ones(n)
+        ones = np.where(rows.gaps[:, 0] > 0, 1.0, 0.5) if rows.gaps.shape[1] else np.ones(rows.n_rows)
         return ones.copy(), ones
-    y_star = worst_slope_point(s)
-    lower, upper = np.empty(n), np.empty(n)
-    width = rows.gaps.shape[1]
-    per_row = max(1, _CHUNK_ELEMENTS // ((width + 1) * _NODES.size))
-    for start in range(0, n, per_row):
-        sl = slice(start, min(n, start + per_row))
-        seen = log_ndtr(rows.gaps[sl, :, None] / s + _NODES[None, None, :]).sum(axis=1)
-        upper[sl] = np.exp(seen + _tail_ceiling(rows, sl, s, _NODES)) @ _WEIGHTS
-        lower[sl] = np.exp(seen + _tail_floor(rows, sl, s, y_star, _NODES)) @ _WEIGHTS
-    return np.clip(lower, 0.0, 1.0), np.clip(upper, 0.0, 1.0)
+    lower, upper, _, _ = extremal_tails(rows, s)
+    return lower, upper
 
 
 def mean_agreement_bounds(rows: TopKRows, sigma) -> tuple[np.ndarray, np.ndarray]:
