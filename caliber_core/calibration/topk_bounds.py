@@ -8,24 +8,67 @@ r = 1 - sum of the shown probabilities. The agreement of the position,
     pi(sigma) = int phi(u) prod_{j != top} Phi(g_j / sigma + u) du     (Eq. top1-exact)
 
 with g_j = l_top - l_j (logprob differences are logit differences), is then
-known only up to the tail. For every tail consistent with the row:
+known only up to the tail. Both bounds below are **attained**: each is the
+exact agreement of an unseen tail consistent with the row (:func:`extremal_tails`
+returns those tails), so no method that sees the same log can certify a
+narrower band.
 
-* **upper bound**: at each node the tail contributes at most m * f(r / m),
-  the even split, wherever the tangent of f at r / m lies above f on all of
-  [0, p_k] (f concave at r / m and the tangent above f(p_k): f is concave and
-  then convex, so the tangent then dominates f everywhere and sum_i f(p_i) <=
-  sum_i of the tangent = m f(r / m)); at a node where that check fails the tail
-  is bounded by 0 (every factor at most 1). Where the check holds at every
-  node, the even-split tail (m classes at r / m each) is consistent with the
-  row and attains the bound exactly: no tail, hence no method, does better;
-* **lower bound**: at each quadrature node u the tail contributes
+Extremal tails
+--------------
+Write J(p) = int w(u) prod_i Phi(x_i(p_i) + u) du for the agreement as a
+function of the unseen probabilities p on the polytope {0 <= p_i <= p_k,
+sum p_i = r} (w holds phi and the shown classes, x_i = (l_top - log p_i) /
+sigma). J is continuous on a compact set, so both extremes are reached; the
+constraints are linear, so they satisfy the KKT conditions. With E(u) the full
+integrand and f_u(p) = log Phi(x(p) + u),
+
+    dJ / dp_i = D(p_i),   D(p) = int E(u) f_u'(p) du = -Lambda(log p) / (sigma p),
+    Lambda(t) = int E(u) lambda(l_top / sigma + u - t / sigma) du,
+
+with lambda = phi / Phi. E is log-concave in u (phi and every Phi factor are)
+and lambda is strictly log-concave ((log lambda)'' = -1 + lambda (x + lambda)
+lies in (-1, 0)), so by Prekopa's theorem Lambda is log-concave and
+g(t) = log Lambda(t) - t is strictly concave. Every interior p_i shares one
+multiplier, D(p_i) = mu, so the interior probabilities take at most two
+values a < b (the two roots of g = const), with g increasing at log a and
+decreasing at log b. Moving mass between two classes at one level p changes
+J at second order by 2 int E f_u''(p) du, whose sign is D'(p)'s, i.e. minus
+g'(log p)'s. Hence:
+
+* **minimum**: several classes may share b, at most one sits at a; a class
+  at p_k needs D(p_k) <= mu, which g's decrease beyond log b rules out next to
+  a class at b. So the minimizer is j classes at b plus one at
+  a = r - j b in [0, b], the others at 0 (probability 0 is the limit of a
+  vanishing logprob): with nu = r / b from max(1, r / p_k) (the *vertex*: as
+  many classes at p_k as fit, one remainder) to m (the even split), one
+  parameter;
+* **maximum**: a class at 0 needs D(0) = 0 <= mu < 0, impossible beside any
+  interior class, so every unseen class is positive; several share a, at most
+  one sits at b, and the rest are at p_k: floor(nu) classes at p_k, one
+  between, m - floor(nu) - 1 at a common level, with nu from 0 (the even split)
+  to r / p_k (the vertex), one parameter.
+
+Each bound is the extreme of the exact agreement along its family, found per
+row by a zooming grid search. Two node-by-node bounds below, proven without a
+search, screen it: where the vertex or the even split is within
+``SEARCH_SLACK`` of them, they are the answer, and a searched value is never
+taken past them:
+
+* **upper, node by node**: at each node the tail contributes at most
+  m * f(r / m), the even split, wherever the tangent of f at r / m lies above
+  f on all of [0, p_k] (f concave at r / m and the tangent above f(p_k): f is
+  concave and then convex, so the tangent then dominates f everywhere and
+  sum_i f(p_i) <= sum_i of the tangent = m f(r / m)); at a node where that
+  check fails the tail is bounded by 0 (every factor at most 1);
+* **lower, node by node**: at each quadrature node u the tail contributes
   sum_unseen f(p_i) with f(p) = log Phi((l_top - log p) / sigma + u), and
 
       min { sum_i f(p_i) : 0 <= p_i <= p_k, sum_i p_i = r }  >=  m * conv f (r / m),
 
   where conv f is the convex envelope of f on [0, p_k] (Jensen: the envelope
-  is convex and below f). Integrating exp of the shown classes' log-product
-  plus this minimum over the nodes gives a lower bound of pi.
+  is convex and below f). That minimum packs the mass differently at each
+  node (and in fractional classes), so no single tail reaches it; on flat
+  logs it sits up to ~2e-4 below the vertex tail.
 
 Why the convex envelope and what it is
 --------------------------------------
@@ -41,9 +84,7 @@ with f(0) = 0 the convex envelope on [0, p_k] is the chord from the origin to
 the point q that minimizes the slope f(p) / p, then f itself on [q, p_k]:
 h(p) = p f'(p) - f(p) has h(0+) = 0 and h' = p f'' (< 0 then > 0), so h is
 negative and then crosses zero once, i.e. f(p) / p decreases to its minimum
-at q and increases after it. The worst tail therefore packs the leftover mass
-into r / q classes at probability q each (when r / m <= q), which is why
-ignoring the tail is far from the worst case.
+at q and increases after it.
 
 In terms of y = x, the slope f(p) / p = e^{sigma (y - u) - l_top} log Phi(y)
 depends on the row only through its constant factor, so its unconstrained
@@ -255,6 +296,7 @@ def _tail_ceiling(rows: TopKRows, sl: slice, sigma: float, nodes: np.ndarray) ->
 #: Grid points per round and rounds of the zooming search along a family of tails.
 SEARCH_POINTS = 9
 SEARCH_ROUNDS = 9
+SEGMENT_ROUNDS = 5
 #: The search only ranks tails of one row, whose integrands are smooth (no envelope kink), so a
 #: coarser rule suffices there; the tail it picks is then integrated on the bounds' own rule.
 SEARCH_STEP = 0.25
@@ -317,15 +359,13 @@ def _tail_sum(top, tails_groups, sigma, nodes):
     return total
 
 
-def _low_family(t, r, m, p_k):
-    """The family holding the minimizing tail, at t in [0, 1] (module docstring, "Extremal tails").
+def _low_family(nu, r, m, p_k):
+    """The family holding the minimizing tail (module docstring, "Extremal tails"), at nu.
 
-    nu = r / b classes' worth of mass at b, from nu_0 = max(1, r / p_k) (the vertex: as many
-    classes at p_k as fit and one remainder) to m (the even split): floor(nu) classes at b,
-    one class at r - floor(nu) b, the rest at 0.
+    nu = r / b classes' worth of mass at b, from max(1, r / p_k) (the vertex: as many classes at
+    p_k as fit and one remainder) to m (the even split): floor(nu) classes at b, one class at
+    r - floor(nu) b, the rest at 0.
     """
-    nu_0 = np.maximum(1.0, np.minimum(r / p_k, m))
-    nu = nu_0 * (m / nu_0) ** t
     b = r / nu
     j = np.floor(nu)
     a = np.clip(r - j * b, 0.0, None)
@@ -333,44 +373,69 @@ def _low_family(t, r, m, p_k):
     return j, b, a, zero, zero
 
 
-def _high_family(t, r, m, p_k):
-    """The family holding the maximizing tail, at t in [0, 1].
+def _low_range(r, m, p_k):
+    nu_0 = np.maximum(1.0, np.minimum(r / p_k, m))
+    return nu_0, m
 
-    nu = t * min(r / p_k, m - 1) classes' worth of mass at p_k: floor(nu) classes at p_k,
-    one class between the rest's level and p_k, the other m - floor(nu) - 1 classes at an
-    even level a = (r - nu p_k) / (m - nu). t = 0 is the even split, t = 1 the vertex.
+
+def _high_family(nu, r, m, p_k):
+    """The family holding the maximizing tail, at nu.
+
+    nu from 0 (the even split) to min(r / p_k, m - 1) (the vertex) classes' worth of mass at
+    p_k: floor(nu) classes at p_k, one class between the rest's level and p_k, the other
+    m - floor(nu) - 1 classes at an even level a = (r - nu p_k) / (m - nu).
     """
-    nu = t * np.minimum(r / p_k, m - 1.0)
     n_c = np.floor(nu)
     a = np.clip((r - nu * p_k) / (m - nu), 0.0, None)
     b = a + (nu - n_c) * (p_k - a)
     return n_c, np.broadcast_to(p_k, nu.shape).copy(), b, m - n_c - 1.0, a
 
 
-def _search(family, seen_coarse, top, r, m, p_k, sigma, nodes, weights, *, maximize: bool):
-    """Zooming grid search of the agreement along a one-parameter family of tails, per row.
+def _high_range(r, m, p_k):
+    return np.zeros_like(r), np.minimum(r / p_k, m - 1.0)
 
-    Returns the tail with the best agreement found (``nodes``, ``weights``: the search's rule).
+
+def _zoom(value, lo, hi, rounds, *, log_scale):
+    """Zooming grid search of ``value(nu)`` (smaller is better) on [lo, hi] per row: best nu and value."""
+    grid = np.linspace(0.0, 1.0, SEARCH_POINTS)
+    rows = np.arange(lo.size)
+    best_val, best_nu = np.full(lo.shape, np.inf), lo.copy()
+    a, b = (np.log(lo), np.log(hi)) if log_scale else (lo.copy(), hi.copy())
+    for _ in range(rounds):
+        t = a[:, None] + (b - a)[:, None] * grid[None, :]
+        nu = np.exp(t) if log_scale else t
+        nu = np.clip(nu, lo[:, None], hi[:, None])  # exp(log) may round past an end
+        vals = value(nu)
+        k = np.argmin(vals, axis=1)
+        better = vals[rows, k] < best_val
+        best_val = np.where(better, vals[rows, k], best_val)
+        best_nu = np.where(better, nu[rows, k], best_nu)
+        a, b = t[rows, np.maximum(k - 1, 0)], t[rows, np.minimum(k + 1, SEARCH_POINTS - 1)]
+    return best_nu, best_val
+
+
+def _search(family, span, seen_coarse, top, r, m, p_k, sigma, nodes, weights, *, maximize: bool):
+    """The tail of a family with the best agreement, per row (``nodes``, ``weights``: the search's rule).
+
+    A zoom over the whole family (log-spaced for the minimum's, which runs up to m classes) finds
+    the region; the family is continuous but scalloped, one scallop per integer nu (one class
+    moving between two levels), so the scallops beside the region's are then searched one by one.
     """
     sign = -1.0 if maximize else 1.0
-    seen = seen_coarse
-    lo, hi = np.zeros(r.shape), np.ones(r.shape)
-    grid = np.linspace(0.0, 1.0, SEARCH_POINTS)
-    rows = np.arange(r.size)
-    best_val = np.full(r.shape, np.inf)
-    best_t = np.zeros(r.shape)
-    for _ in range(SEARCH_ROUNDS):
-        t = lo[:, None] + (hi - lo)[:, None] * grid[None, :]
-        groups = family(t, r[:, None], m[:, None], p_k[:, None])
-        vals = np.exp(seen[:, None, :] + _tail_sum(top[:, None], groups, sigma, nodes)) @ weights
-        k = np.argmin(sign * vals, axis=1)
-        better = sign * vals[rows, k] < best_val
-        best_val = np.where(better, sign * vals[rows, k], best_val)
-        best_t = np.where(better, t[rows, k], best_t)
-        lo = t[rows, np.maximum(k - 1, 0)]
-        hi = t[rows, np.minimum(k + 1, SEARCH_POINTS - 1)]
-    groups = family(best_t, r, m, p_k)
-    return Tails(*(np.asarray(g, dtype=np.float64).copy() for g in groups))
+
+    def value(nu):
+        groups = family(nu, r[:, None], m[:, None], p_k[:, None])
+        return sign * (np.exp(seen_coarse[:, None, :] + _tail_sum(top[:, None], groups, sigma, nodes)) @ weights)
+
+    lo, hi = span(r, m, p_k)
+    best_nu, best_val = _zoom(value, lo, hi, SEARCH_ROUNDS, log_scale=not maximize)
+    for shift in (-1.0, 0.0, 1.0):
+        seg_lo = np.clip(np.floor(best_nu) + shift, lo, hi)
+        seg_hi = np.clip(seg_lo + 1.0, lo, hi)
+        nu, val = _zoom(value, seg_lo, seg_hi, SEGMENT_ROUNDS, log_scale=False)
+        better = val < best_val
+        best_val, best_nu = np.where(better, val, best_val), np.where(better, nu, best_nu)
+    return Tails(*(np.asarray(g, dtype=np.float64).copy() for g in family(best_nu, r, m, p_k)))
 
 
 def extremal_tails(rows: TopKRows, sigma: float) -> tuple[np.ndarray, np.ndarray, Tails, Tails]:
@@ -418,11 +483,11 @@ def extremal_tails(rows: TopKRows, sigma: float) -> tuple[np.ndarray, np.ndarray
         top, r = rows.top_logprob[sl], rows.tail_mass[sl]
         m = rows.unseen[sl].astype(np.float64)
         p_k = np.exp(top - rows.floor_gap[sl])
-        ends = [Tails(*(np.asarray(g, dtype=np.float64).copy() for g in _high_family(np.full(r.shape, t), r, m, p_k)))
-                for t in (1.0, 0.0)]  # the vertex and the even split
+        ends = [Tails(*(np.asarray(g, dtype=np.float64).copy() for g in _high_family(nu, r, m, p_k)))
+                for nu in _high_range(r, m, p_k)[::-1]]  # the vertex and the even split
         end_vals = [np.exp(seen + _tail_sum(top, _groups(e), s, _NODES)) @ _WEIGHTS for e in ends]
-        for env, family, maximize, out, tails in ((env_lo, _low_family, False, lower, lowest),
-                                                  (env_hi, _high_family, True, upper, highest)):
+        for env, family, span, maximize, out, tails in ((env_lo, _low_family, _low_range, False, lower, lowest),
+                                                        (env_hi, _high_family, _high_range, True, upper, highest)):
             pick = (end_vals[0] >= end_vals[1]) if maximize else (end_vals[0] <= end_vals[1])
             best = np.where(pick, end_vals[0], end_vals[1])
             chosen = Tails(*(np.where(pick, a, b) for a, b in zip(_groups(ends[0]), _groups(ends[1]))))
@@ -430,7 +495,7 @@ def extremal_tails(rows: TopKRows, sigma: float) -> tuple[np.ndarray, np.ndarray
             need = gap > SEARCH_SLACK
             if np.any(need):
                 seen_coarse = log_ndtr(rows.gaps[sl][need][:, :, None] / s + _SEARCH_NODES).sum(axis=1)
-                found_tails = _search(family, seen_coarse, top[need], r[need], m[need], p_k[need], s,
+                found_tails = _search(family, span, seen_coarse, top[need], r[need], m[need], p_k[need], s,
                                       _SEARCH_NODES, _SEARCH_WEIGHTS, maximize=maximize)
                 found = np.exp(seen[need] + _tail_sum(top[need], _groups(found_tails), s, _NODES)) @ _WEIGHTS
                 better = (found > best[need]) if maximize else (found < best[need])
