@@ -295,8 +295,10 @@ def _tail_ceiling(rows: TopKRows, sl: slice, sigma: float, nodes: np.ndarray) ->
 
 #: Grid points per round and rounds of the zooming search along a family of tails.
 SEARCH_POINTS = 9
-SEARCH_ROUNDS = 9
-SEGMENT_ROUNDS = 5
+SEARCH_ROUNDS = 6
+#: The scallops' search: three unit segments of nu on 8 points each, then zooms.
+SEGMENT_POINTS = 25
+SEGMENT_ROUNDS = 3
 #: The search only ranks tails of one row, whose integrands are smooth (no envelope kink), so a
 #: coarser rule suffices there; the tail it picks is then integrated on the bounds' own rule.
 SEARCH_STEP = 0.25
@@ -395,22 +397,26 @@ def _high_range(r, m, p_k):
     return np.zeros_like(r), np.minimum(r / p_k, m - 1.0)
 
 
-def _zoom(value, lo, hi, rounds, *, log_scale):
-    """Zooming grid search of ``value(nu)`` (smaller is better) on [lo, hi] per row: best nu and value."""
-    grid = np.linspace(0.0, 1.0, SEARCH_POINTS)
+def _zoom(value, lo, hi, rounds, *, log_scale, points=SEARCH_POINTS, within=None):
+    """Zooming grid search of ``value(nu)`` (smaller is better) on [lo, hi] per row: best nu and value.
+
+    ``within`` (a pair of arrays) clips the grid to the family's range when [lo, hi] overhangs it.
+    """
+    grid = np.linspace(0.0, 1.0, points)
     rows = np.arange(lo.size)
-    best_val, best_nu = np.full(lo.shape, np.inf), lo.copy()
+    low_end, high_end = within if within is not None else (lo, hi)
+    best_val, best_nu = np.full(lo.shape, np.inf), np.clip(lo, low_end, high_end)
     a, b = (np.log(lo), np.log(hi)) if log_scale else (lo.copy(), hi.copy())
     for _ in range(rounds):
         t = a[:, None] + (b - a)[:, None] * grid[None, :]
         nu = np.exp(t) if log_scale else t
-        nu = np.clip(nu, lo[:, None], hi[:, None])  # exp(log) may round past an end
+        nu = np.clip(nu, low_end[:, None], high_end[:, None])  # exp(log) may round past an end
         vals = value(nu)
         k = np.argmin(vals, axis=1)
         better = vals[rows, k] < best_val
         best_val = np.where(better, vals[rows, k], best_val)
         best_nu = np.where(better, nu[rows, k], best_nu)
-        a, b = t[rows, np.maximum(k - 1, 0)], t[rows, np.minimum(k + 1, SEARCH_POINTS - 1)]
+        a, b = t[rows, np.maximum(k - 1, 0)], t[rows, np.minimum(k + 1, points - 1)]
     return best_nu, best_val
 
 
@@ -419,7 +425,8 @@ def _search(family, span, seen_coarse, top, r, m, p_k, sigma, nodes, weights, *,
 
     A zoom over the whole family (log-spaced for the minimum's, which runs up to m classes) finds
     the region; the family is continuous but scalloped, one scallop per integer nu (one class
-    moving between two levels), so the scallops beside the region's are then searched one by one.
+    moving between two levels), so the region's scallop and its two neighbours are then searched
+    on a grid that holds every integer nu.
     """
     sign = -1.0 if maximize else 1.0
 
@@ -429,12 +436,11 @@ def _search(family, span, seen_coarse, top, r, m, p_k, sigma, nodes, weights, *,
 
     lo, hi = span(r, m, p_k)
     best_nu, best_val = _zoom(value, lo, hi, SEARCH_ROUNDS, log_scale=not maximize)
-    for shift in (-1.0, 0.0, 1.0):
-        seg_lo = np.clip(np.floor(best_nu) + shift, lo, hi)
-        seg_hi = np.clip(seg_lo + 1.0, lo, hi)
-        nu, val = _zoom(value, seg_lo, seg_hi, SEGMENT_ROUNDS, log_scale=False)
-        better = val < best_val
-        best_val, best_nu = np.where(better, val, best_val), np.where(better, nu, best_nu)
+    # Three scallops at once, on a grid with every integer nu on it (the peaks sit at or next to them).
+    nu, val = _zoom(value, np.floor(best_nu) - 1.0, np.floor(best_nu) + 2.0, SEGMENT_ROUNDS, log_scale=False,
+                    points=SEGMENT_POINTS, within=(lo, hi))
+    better = val < best_val
+    best_nu = np.where(better, nu, best_nu)
     return Tails(*(np.asarray(g, dtype=np.float64).copy() for g in family(best_nu, r, m, p_k)))
 
 
