@@ -281,3 +281,29 @@ def test_where_the_vertex_is_the_worst_tail_the_old_envelope_was_not_attained():
     assert np.all(lo >= envelope - 1e-12)
     p_k = np.exp(rows.top_logprob - rows.floor_gap)
     assert np.mean(np.isclose(lowest.prob_a, p_k, rtol=1e-9)) > 0.9  # mostly classes packed at p_k
+
+
+@pytest.mark.parametrize("vocab,k,zipf,seed", [(300, 3, (0.8, 1.0), 4), (5_000, 10, (1.2, 1.8), 2),
+                                               (128_000, 20, (1.0, 1.4), 3)])
+def test_the_search_finds_the_extreme_of_each_family_at_other_vocabularies(vocab, k, zipf, seed):
+    """Against a dense scan with every integer count (and counts a hair below each, where the scallops'
+    bottoms sit): at V = 128,000 the flat stretch of the family has bottoms 1e-6 apart over tens of counts."""
+    lp = log_softmax(llm_like_logits(6, vocab, seed=seed, zipf=zipf))
+    rows = TopKRows.from_logprobs(-np.sort(-lp, axis=1)[:, :k], vocab_size=vocab)
+    for sigma in (1.0, 3.0, 10.0):
+        lo, hi, _, _ = tb.extremal_tails(rows, sigma)
+        for i in range(rows.n_rows):
+            r, m, top = rows.tail_mass[i], float(rows.unseen[i]), rows.top_logprob[i]
+            p_k = np.exp(top - rows.floor_gap[i])
+            seen = log_ndtr(rows.gaps[i][:, None] / sigma + tb._NODES).sum(axis=0)
+            for family, span, bound, side in ((tb._low_family, tb._low_range, lo[i], -1),
+                                              (tb._high_family, tb._high_range, hi[i], 1)):
+                a, b = (float(x) for x in span(r, m, p_k))
+                counts = np.arange(np.ceil(a), min(b, a + 400) + 1)
+                nu = np.clip(np.concatenate([a + (b - a) * np.linspace(0.0, 1.0, 2001) ** 3, counts, counts - 0.03,
+                                             [a, b]]), a, b)
+                scan = np.exp(seen[None, :] + tb._tail_sum(np.full(nu.shape, top), family(nu, r, m, p_k), sigma,
+                                                           tb._NODES)) @ tb._WEIGHTS
+                extreme = scan.max() if side > 0 else scan.min()
+                assert side * extreme <= side * bound + 1e-9, (sigma, i)
+                assert abs(extreme - bound) <= 2e-6  # and the bound is that extreme, to the search's slack

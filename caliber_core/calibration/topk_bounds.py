@@ -296,7 +296,9 @@ def _tail_ceiling(rows: TopKRows, sl: slice, sigma: float, nodes: np.ndarray) ->
 #: Grid points per round and rounds of the zooming search along a family of tails.
 SEARCH_POINTS = 9
 SEARCH_ROUNDS = 6
-#: The scallops' search: three unit segments of nu on 8 points each, then zooms.
+#: The scallops' search: every integer count within this of the region found, then the two unit
+#: segments around the best on 12 points each, then zooms.
+INTEGER_WINDOW = 24
 SEGMENT_POINTS = 25
 SEGMENT_ROUNDS = 3
 #: The search only ranks tails of one row, whose integrands are smooth (no envelope kink), so a
@@ -425,8 +427,8 @@ def _search(family, span, seen_coarse, top, r, m, p_k, sigma, nodes, weights, *,
 
     A zoom over the whole family (log-spaced for the minimum's, which runs up to m classes) finds
     the region; the family is continuous but scalloped, one scallop per integer nu (one class
-    moving between two levels), so the region's scallop and its two neighbours are then searched
-    on a grid that holds every integer nu.
+    moving between two levels), so every integer nu near the region is then tried and the two
+    scallops beside the best one searched.
     """
     sign = -1.0 if maximize else 1.0
 
@@ -436,8 +438,15 @@ def _search(family, span, seen_coarse, top, r, m, p_k, sigma, nodes, weights, *,
 
     lo, hi = span(r, m, p_k)
     best_nu, best_val = _zoom(value, lo, hi, SEARCH_ROUNDS, log_scale=not maximize)
-    # Three scallops at once, on a grid with every integer nu on it (the peaks sit at or next to them).
-    nu, val = _zoom(value, np.floor(best_nu) - 1.0, np.floor(best_nu) + 2.0, SEGMENT_ROUNDS, log_scale=False,
+    # Where the family is flat the scallops' bottoms differ by ~1e-6 over tens of counts: every
+    # integer count near the region first, then the scallops either side of the best one.
+    centre = np.floor(best_nu)
+    nu, val = _zoom(value, centre - INTEGER_WINDOW, centre + INTEGER_WINDOW, 1, log_scale=False,
+                    points=2 * INTEGER_WINDOW + 1, within=(lo, hi))
+    better = val < best_val
+    best_val, best_nu = np.where(better, val, best_val), np.where(better, nu, best_nu)
+    centre = np.round(best_nu)
+    nu, val = _zoom(value, centre - 1.0, centre + 1.0, SEGMENT_ROUNDS, log_scale=False,
                     points=SEGMENT_POINTS, within=(lo, hi))
     better = val < best_val
     best_nu = np.where(better, nu, best_nu)
