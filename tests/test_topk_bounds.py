@@ -132,6 +132,8 @@ def test_bad_rows_and_targets_are_refused():
         TopKRows.from_logprobs([[-0.1, -0.2]], vocab_size=10)
     with pytest.raises(ValueError, match="vocab size must be an integer above"):
         TopKRows.from_logprobs([[-0.1, -3.0, -4.0]], vocab_size=3)
+    with pytest.raises(ValueError, match=r"row 1's leftover mass 0.69 does not fit .* vocabulary size 12 is too small"):
+        TopKRows.from_logprobs([[-0.01, -5.0, -6.0], [np.log(0.3), np.log(0.01), -np.inf]], vocab_size=12)
     rows = TopKRows.from_logprobs([[-0.1, -3.0, -4.0]], vocab_size=100)
     with pytest.raises(ValueError, match="side must be one of"):
         sigma_for_agreement_bound(rows, 0.8, side="both")

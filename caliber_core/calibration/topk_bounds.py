@@ -176,7 +176,8 @@ class TopKRows:
         ------
         ValueError
             Fewer than two shown classes in a row, a positive logprob, shown
-            mass above 1 beyond rounding, or V not above the classes shown.
+            mass above 1 beyond rounding, V not above the classes shown, or a
+            leftover mass that V - k classes at or below the k-th cannot hold.
         """
         lp = np.array(logprobs, dtype=np.float64, copy=True)
         if lp.ndim != 2 or lp.shape[0] == 0:
@@ -200,6 +201,14 @@ class TopKRows:
             i = int(np.argmax(mass > 1.0 + 1e-3))
             raise ValueError(f"row {i}'s shown probabilities sum to {float(mass[i]):.6g} > 1")
         rows = np.arange(lp.shape[0])
+        # The unseen classes, each at most the k-th shown, must be able to hold the leftover mass.
+        unseen = vocab_size - shown
+        room = unseen * np.exp(lp[rows, shown - 1]) * (1.0 + 1e-3) + 1e-6
+        if np.any(1.0 - mass > room):
+            i = int(np.argmax(1.0 - mass > room))
+            raise ValueError(f"row {i}'s leftover mass {float(1.0 - mass[i]):.4g} does not fit in its "
+                             f"{int(unseen[i]):,} unseen classes at or below its smallest shown probability: "
+                             f"the vocabulary size {vocab_size:,} is too small for this log")
         gaps = top[:, None] - lp[:, 1:]
         return cls(
             gaps=gaps,
