@@ -336,7 +336,7 @@ class Tails:
     prob_c: np.ndarray
 
     def take(self, keep: np.ndarray, into: Tails) -> None:
-        """Copy the rows ``keep`` (a boolean mask over ``into``'s rows) from this one."""
+        """Write this tail's rows into ``into`` at the rows ``keep`` marks (a mask with as many True as rows here)."""
         for name in ("count_a", "prob_a", "prob_b", "count_c", "prob_c"):
             getattr(into, name)[keep] = getattr(self, name)
 
