@@ -126,6 +126,9 @@ def test_cli_refuses_what_a_log_cannot_give(tmp_path, full, capsys):
     assert code == EXIT_USER_ERROR and "only --agreement targets apply" in err
     code, _, err = run(["calibrate", log, "--agreement", "0.9", "--vocab-size", 10], capsys)
     assert code == EXIT_USER_ERROR and "vocab size must be an integer above" in err
+    code, _, err = run(["calibrate", log, "--agreement", "0.9", "--vocab-size", 25], capsys)
+    assert code == EXIT_USER_ERROR and len(err.strip().splitlines()) == 1
+    assert "row 0's leftover mass" in err and "vocabulary size 25 is too small" in err
     bad = tmp_path / "bad.jsonl"
     bad.write_text(log.read_text() + '{"choices": [{"logprobs": {"content": [{"token": "a", "top_logprobs": []}]}}]}\n')
     code, _, err = run(["calibrate", bad, "--agreement", "0.9", "--vocab-size", V], capsys)

@@ -4,7 +4,8 @@ The log holds no labels, so only agreement targets are possible. Each target is
 solved on the side's bound of :mod:`.topk_bounds` (lower for at-least, upper
 for at-most, their midpoint for point), and its record states the method, k, V
 and both bounds at the sigma served: the bound's width there is how much the
-unseen tail leaves open.
+unseen tail leaves open (each end is the agreement of a tail the log allows, so
+no method narrows it with the same log).
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def config_for_logs(
                     "for display only",
         },
         "bounds": {
-            "method": "top-k certified agreement bounds (convex envelope of the unseen tail)",
+            "method": "top-k certified agreement bounds (extremal unseen tails: both ends attained)",
             "k": rows.shown,
             "vocab_size": rows.vocab_size,
             "side": side,
