@@ -7,6 +7,9 @@ import pytest
 from scipy.special import log_ndtr
 
 from caliber_core.calibration import topk_bounds as tb
+from caliber_core.calibration import topk_node_bounds as tn
+from caliber_core.calibration import topk_rows as tr
+from caliber_core.calibration import topk_tails as tt
 from caliber_core.calibration.topk_bounds import (
     TopKRows,
     agreement_bounds,
@@ -62,7 +65,7 @@ def test_tail_floor_is_the_convex_envelope_minimum(sigma, u, top, p_k, r, m):
     rows = TopKRows(gaps=np.array([[top - np.log(p_k)]]), top_logprob=np.array([top]),
                     tail_mass=np.array([r]), floor_gap=np.array([top - np.log(p_k)]),
                     unseen=np.array([m]), vocab_size=m + 2)
-    ours = tb._tail_floor(rows, slice(0, 1), sigma, worst_slope_point(sigma), np.array([u]))[0, 0]
+    ours = tn.tail_floor(rows, slice(0, 1), sigma, worst_slope_point(sigma), np.array([u]))[0, 0]
     brute = brute_force_min(sigma, u, top, p_k, r, m)
     assert ours <= brute + 1e-9 * abs(brute)
     assert ours == pytest.approx(brute, rel=2e-3, abs=1e-9)
@@ -189,11 +192,11 @@ def shapes():
 def tail_agreement(rows, i, sigma, counts, probs):
     """Exact agreement of row i with an unseen tail of ``counts[l]`` classes at ``probs[l]``, on the bounds' rule."""
     g = rows.gaps[i][np.isfinite(rows.gaps[i])]
-    log_f = log_ndtr(g[:, None] / sigma + tb._NODES[None, :]).sum(axis=0)
+    log_f = log_ndtr(g[:, None] / sigma + tr.BOUND_NODES[None, :]).sum(axis=0)
     for c, p in zip(counts, probs):
         if c and p > 0:
-            log_f = log_f + c * log_ndtr((rows.top_logprob[i] - np.log(p)) / sigma + tb._NODES)
-    return float(np.exp(log_f) @ tb._WEIGHTS)
+            log_f = log_f + c * log_ndtr((rows.top_logprob[i] - np.log(p)) / sigma + tr.BOUND_NODES)
+    return float(np.exp(log_f) @ tr.BOUND_WEIGHTS)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -241,21 +244,21 @@ def test_no_tail_the_log_allows_goes_beyond_the_bounds(shapes, shape):
         for i in range(0, rows.n_rows, 2):
             r, m, top = rows.tail_mass[i], float(rows.unseen[i]), rows.top_logprob[i]
             p_k = np.exp(top - rows.floor_gap[i])
-            seen = log_ndtr(rows.gaps[i][:, None] / sigma + tb._NODES).sum(axis=0)
-            for family, span, bound, side in ((tb._low_family, tb._low_range, lo[i], -1),
-                                              (tb._high_family, tb._high_range, hi[i], 1)):
+            seen = log_ndtr(rows.gaps[i][:, None] / sigma + tr.BOUND_NODES).sum(axis=0)
+            for family, span, bound, side in ((tt._low_family, tt._low_range, lo[i], -1),
+                                              (tt._high_family, tt._high_range, hi[i], 1)):
                 a, b = (float(x) for x in span(r, m, p_k))
                 # The families are scalloped at integer nu: scan every integer near the vertex too.
                 nu = np.concatenate([a + (b - a) * np.linspace(0.0, 1.0, 801) ** 3,
                                      np.arange(np.ceil(a), min(b, a + 400) + 1), [a, b]])
                 nu = np.clip(nu, a, b)
-                scan = np.exp(seen[None, :] + tb._tail_sum(np.full(nu.shape, top), family(nu, r, m, p_k), sigma,
-                                                           tb._NODES)) @ tb._WEIGHTS
+                scan = np.exp(seen[None, :] + tt._tail_sum(np.full(nu.shape, top), family(nu, r, m, p_k), sigma,
+                                                           tr.BOUND_NODES)) @ tr.BOUND_WEIGHTS
                 assert side * (scan.max() if side > 0 else scan.min()) <= side * bound + 1e-9, (sigma, i)
             values = [tail_agreement(rows, i, sigma, c, p) for c, p in random_tails(rng, r, int(m), p_k, 40)]
             # Perturb the extremal tails: move mass between a class of one group and another class.
             for tails, sign in ((lowest, 1), (highest, -1)):
-                ca, pa, pb, cc, pc = (float(x[i]) for x in tb._groups(tails))
+                ca, pa, pb, cc, pc = (float(x[i]) for x in tt._groups(tails))
                 for frac in (0.01, 0.1, 0.5):
                     if ca >= 1 and pa > 0:
                         d = frac * min(pa, p_k - pb)
@@ -276,9 +279,9 @@ def test_where_the_vertex_is_the_worst_tail_the_old_envelope_was_not_attained():
     rows = top_k_rows(full)
     sigma = 2.0
     lo, _, lowest, _ = tb.extremal_tails(rows, sigma)
-    seen = log_ndtr(rows.gaps[:, :, None] / sigma + tb._NODES).sum(axis=1)
-    envelope = np.exp(seen + tb._tail_floor(rows, slice(None), sigma, worst_slope_point(sigma), tb._NODES)) \
-        @ tb._WEIGHTS
+    seen = log_ndtr(rows.gaps[:, :, None] / sigma + tr.BOUND_NODES).sum(axis=1)
+    envelope = np.exp(seen + tn.tail_floor(rows, slice(None), sigma, worst_slope_point(sigma), tr.BOUND_NODES)) \
+        @ tr.BOUND_WEIGHTS
     assert np.max(lo - envelope) > 1e-4  # what the envelope left open
     assert np.all(lo >= envelope - 1e-12)
     p_k = np.exp(rows.top_logprob - rows.floor_gap)
@@ -297,15 +300,15 @@ def test_the_search_finds_the_extreme_of_each_family_at_other_vocabularies(vocab
         for i in range(rows.n_rows):
             r, m, top = rows.tail_mass[i], float(rows.unseen[i]), rows.top_logprob[i]
             p_k = np.exp(top - rows.floor_gap[i])
-            seen = log_ndtr(rows.gaps[i][:, None] / sigma + tb._NODES).sum(axis=0)
-            for family, span, bound, side, tails in ((tb._low_family, tb._low_range, lo[i], -1, lowest),
-                                                     (tb._high_family, tb._high_range, hi[i], 1, highest)):
+            seen = log_ndtr(rows.gaps[i][:, None] / sigma + tr.BOUND_NODES).sum(axis=0)
+            for family, span, bound, side, tails in ((tt._low_family, tt._low_range, lo[i], -1, lowest),
+                                                     (tt._high_family, tt._high_range, hi[i], 1, highest)):
                 a, b = (float(x) for x in span(r, m, p_k))
                 counts = np.arange(np.ceil(a), min(b, a + 400) + 1)
                 nu = np.clip(np.concatenate([a + (b - a) * np.linspace(0.0, 1.0, 2001) ** 3, counts, counts - 0.03,
                                              [a, b]]), a, b)
-                scan = np.exp(seen[None, :] + tb._tail_sum(np.full(nu.shape, top), family(nu, r, m, p_k), sigma,
-                                                           tb._NODES)) @ tb._WEIGHTS
+                scan = np.exp(seen[None, :] + tt._tail_sum(np.full(nu.shape, top), family(nu, r, m, p_k), sigma,
+                                                           tr.BOUND_NODES)) @ tr.BOUND_WEIGHTS
                 extreme = scan.max() if side > 0 else scan.min()
                 assert side * extreme <= side * bound + 1e-9, (sigma, i)
                 # ... and the bound is the agreement of the tail found (the scan may miss a sharper peak).
