@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -64,17 +63,31 @@ def _write_dump(root: Path, rows: int, vocab: int) -> tuple[Path, Path]:
     return logits_path, labels_path
 
 
+# `caliber check` with its own peak resident set (VmHWM, KiB; ru_maxrss would carry this process's
+# peak across the fork) as the last line on stderr.
+_CHECK = ("import re, sys\nfrom pathlib import Path\nfrom caliber_core.cli import main\ncode = main(sys.argv[1:])\n"
+          "print('peak resident KiB', re.search(r'VmHWM:\\s+(\\d+)', Path('/proc/self/status').read_text())[1], "
+          "file=sys.stderr)\nsys.exit(code)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--no-write", action="store_true", help="print only; do not write docs/figures/")
+    parser.add_argument("--write-dump", metavar="ROOT", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.write_dump:
+        _write_dump(Path(args.write_dump), args.rows, args.vocab)
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         root = tmp / "root"
-        logits_path, labels_path = _write_dump(root, args.rows, args.vocab)
+        # Written by a child process: this one (the server) never holds the matrix itself.
+        subprocess.run([sys.executable, __file__, "--write-dump", str(root), "--rows", str(args.rows),
+                        "--vocab", str(args.vocab)], check=True, cwd=ROOT)
+        logits_path, labels_path = root / "evals" / "next_token.npy", root / "evals" / "next_token_labels.npy"
         os.environ["CALIBER_DATA_ROOT"] = str(root)
         os.environ["CALIBER_DATA_DIR"] = str(tmp / "workspaces")
         size_mb = logits_path.stat().st_size / 1e6
@@ -119,11 +132,11 @@ def main() -> None:
         config_path.write_text(config_to_json(entry["config"]))  # the download button's bytes
         peak_mb = _status_mb("VmHWM")
         t = time.perf_counter()
-        check = subprocess.run([sys.executable, "-m", "caliber_core", "check", str(config_path), str(logits_path),
+        check = subprocess.run([sys.executable, "-c", _CHECK, "check", str(config_path), str(logits_path),
                                 "--labels", str(labels_path)], capture_output=True, text=True, cwd=ROOT,
                                env=dict(os.environ, PYTHONPATH=str(ROOT)))
         times["caliber check (separate process)"] = time.perf_counter() - t
-        check_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        check_mb = int(check.stderr.strip().splitlines()[-1].split()[-1]) / 1024
         targets = json.loads(config_path.read_text())["targets"]
 
     with transcript("data-root", "A large labelled dump opened from the data root",
