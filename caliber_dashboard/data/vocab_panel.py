@@ -127,8 +127,9 @@ def _choice_inputs(entry: dict, digest: str) -> tuple[list, str]:
     kind = c1.selectbox("Target kind", kinds, index=kinds.index(stored_kind) if stored_kind in kinds else 0,
                         format_func=KIND_LABELS.get, key=f"vocab_kind_{digest[:12]}")
     same = [v for k, v in entry["targets"] if k == kind]
-    text = c2.text_input(f"{KIND_LABELS[kind]} targets (%)", value=_percents(same) if same else "90, 80",
-                         key=f"vocab_targets_{digest[:12]}_{kind}", help="Comma-separated percentages.")
+    text = c2.text_input("Targets (%)", value=_percents(same) if same else "90, 80",
+                         key=f"vocab_targets_{digest[:12]}_{kind}",
+                         help=f"Comma-separated percentages of the kind on the left ({KIND_LABELS[kind]}).")
     side = c3.selectbox("Side", SIDES, index=SIDES.index(entry["side"]), format_func=SIDE_LABELS.get,
                         key=f"vocab_side_{digest[:12]}", help=" ".join(f"{SIDE_LABELS[s]}: {SIDE_HELP[s]}"
                                                                     for s in SIDES))
