@@ -12,7 +12,6 @@ from caliber_core.calibration.drift import check_drift
 from caliber_core.calibration.gap_histogram import ReducedRows, reduce_block
 from caliber_core.cli import EXIT_USER_ERROR, main
 from caliber_core.cli.check import EXIT_DRIFT
-from caliber_core.config import load_config
 
 K = 8192  # full_vocab.STREAM_MIN_CLASSES: the CLI streams from here on
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from app_state import settle_run, upload, watch_socket  # this folder is on sys.path (pytest's prepend import mode)
-from conftest import CHROMIUM_ARGS, CHROMIUM, streamlit_server  # noqa: F401
+from conftest import streamlit_server
 
 ROOT = Path(__file__).resolve().parents[2]
 K = 8192  # full_vocab.STREAM_MIN_CLASSES: streamed from here on
@@ -117,10 +117,11 @@ def test_a_large_file_is_streamed_calibrated_and_exported_for_check(page, root_s
 
     _goto_page(page, "Calibrate")
     page.wait_for_selector("text=Large-vocabulary files (streamed engine)")
-    page.wait_for_selector("text=accuracy (certified bounds)")
+    page.wait_for_selector("text=Bound width at each target")
+    page.wait_for_selector("text=retention 0.9 (point)")  # a target's bounds in the figure's legend
     _no_exception(page)
     box = page.get_by_role("textbox", name="Targets (%)")
-    settle_run(page, lambda: (box.fill("85"), box.press("Enter")), ready="text=retention 85%")
+    settle_run(page, lambda: (box.fill("85"), box.press("Enter")), ready="text=retention 0.85 (point)")
     _no_exception(page)
 
     _goto_page(page, "Export")
