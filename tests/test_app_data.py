@@ -215,11 +215,18 @@ def test_file_names_are_shown_verbatim_not_as_markdown():
     assert _errors(at)[0].startswith(name + ": ")
 
 
-def test_the_uploader_states_its_limits():
+def test_the_uploader_states_its_limits(monkeypatch):
     from caliber_dashboard.common import upload_boundary
 
     at = _app().run()
     uploader = at.file_uploader(key="upload_logits")
     text = uploader.proto.help
-    assert "Up to 200 MB per file: a larger upload is refused before it is read" in text
+    assert ("Up to 953 MB per file (the server's limit, never above the workspace's size cap): a larger "
+            "upload is refused before it is read") in text
+    assert uploader.proto.max_upload_size_mb == 953  # .streamlit/config.toml: the default cap, 1000 MB
+    monkeypatch.setenv("CALIBER_WORKSPACE_MAX_MB", "50")  # a cap below the server's limit lowers it
+    at = _app().run()
+    uploader = at.file_uploader(key="upload_logits")
+    assert uploader.proto.max_upload_size_mb == 47 and "Up to 47 MB per file" in uploader.proto.help
+    monkeypatch.delenv("CALIBER_WORKSPACE_MAX_MB")
     assert f"more than {upload_boundary.max_elements():,} values" in text

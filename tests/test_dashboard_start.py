@@ -32,6 +32,19 @@ def test_streamlit_is_always_started_headless_so_it_never_prompts():
         assert "--server.headless=true" in cmd and "--server.headless=false" not in cmd
 
 
+def test_the_upload_limit_is_the_workspace_cap(monkeypatch, capsys):
+    from caliber_core.cli import main
+
+    args = build_parser().parse_args(["dashboard"])
+    assert "--server.maxUploadSize=953" in command(args, {})  # the default cap, 1000 MB, in MiB
+    assert "--server.maxUploadSize=476" in command(args, {"CALIBER_WORKSPACE_MAX_MB": "500"})
+    assert "--server.maxUploadSize=1" in command(args, {"CALIBER_WORKSPACE_MAX_MB": "0.1"})
+    monkeypatch.setenv("CALIBER_WORKSPACE_MAX_MB", "lots")
+    assert main(["dashboard", "--headless"]) == 2  # refused before anything starts
+    err = capsys.readouterr().err
+    assert "CALIBER_WORKSPACE_MAX_MB must be a number, got 'lots'" in err and err.count("\n") <= 2
+
+
 def test_the_browser_is_opened_only_once_the_server_answers(tmp_path):
     opened = []
     # Nothing listens on this port: the opener is never called.

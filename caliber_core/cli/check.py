@@ -39,7 +39,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     check.add_argument("--labels", help="labels file for .npy logits (labels enable accuracy, "
                        "retention and A0 comparisons)")
     add_confidence(check, "simultaneous level of all expected ranges")
-    check.add_argument("--seed", type=int, default=0, help="seed of Monte-Carlo rows for large files")
+    check.add_argument("--seed", type=int, default=0, help="seed of Monte-Carlo rows for large files (a "
+                       "full-vocabulary dump, K >= 8,192, is streamed and bounded instead: no draws)")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     add_max_elements(check)
     return check
@@ -85,11 +86,16 @@ def run(args) -> int:
 
     if is_log_config(config):  # a top-k logprob log's config: compared with a new log
         return _check_log(config, args)
-    data = load(args.file, args, labels_path=args.labels)
-    for warning in data.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    # The loaded file's sample: its checks and margins are reused, not taken a second time.
-    report = check_drift(config, LogitSample.from_data(data), confidence=args.confidence, seed=args.seed)
+    from .calibrate import _is_full_vocabulary
+
+    if _is_full_vocabulary(args.file):  # streamed once and reduced, as calibrate does: no Monte-Carlo rows
+        report = _check_streamed(config, args)
+    else:
+        data = load(args.file, args, labels_path=args.labels)
+        for warning in data.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        # The loaded file's sample: its checks and margins are reused, not taken a second time.
+        report = check_drift(config, LogitSample.from_data(data), confidence=args.confidence, seed=args.seed)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     elif report.consistent:
@@ -102,6 +108,21 @@ def run(args) -> int:
         for finding in report.problems:
             print(finding.message)
     return 0 if report.consistent else EXIT_DRIFT
+
+
+def _check_streamed(config: dict, args):
+    """The drift report of a full-vocabulary dump (``vocab_check``), from one streamed pass."""
+    from ..calibration.full_vocab import check_kept_size, reduce_file, stream_labels
+    from ..calibration.vocab_check import check_reduced
+    from ..loading import DEFAULT_MAX_ELEMENTS
+    from ..loading.row_stream import open_rows
+
+    limit = DEFAULT_MAX_ELEMENTS if args.max_elements is None else args.max_elements
+    source = open_rows(args.file)
+    check_kept_size(source, max_elements=limit)  # from the header, before anything is read
+    labels = stream_labels(source, args.labels, max_elements=limit)
+    reduced, _, _ = reduce_file(args.file, max_elements=limit, labels=labels, source=source)
+    return check_reduced(config, reduced, confidence=args.confidence)
 
 
 def _check_log(config: dict, args) -> int:

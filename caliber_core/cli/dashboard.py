@@ -21,9 +21,9 @@ from pathlib import Path
 
 from .arguments import positive_int
 
-#: Streamlit settings the dashboard is served with (the checkout's .streamlit/config.toml).
+#: Streamlit settings the dashboard is served with (the checkout's .streamlit/config.toml); the
+#: upload limit comes from the workspace's size cap (:func:`upload_flag`).
 SERVER_FLAGS = (
-    "--server.maxUploadSize=200",
     "--server.enableXsrfProtection=true",
     "--server.enableCORS=true",
     "--browser.gatherUsageStats=false",
@@ -76,13 +76,29 @@ def app_path() -> Path:
     return Path(spec.origin).parent / "app.py"
 
 
-def command(args) -> list[str]:
+def upload_flag(environ=None) -> str:
+    """``--server.maxUploadSize=N``: the per-file limit set from the workspace's size cap
+    (``CALIBER_WORKSPACE_MAX_MB``), in Streamlit's MiB.
+
+    Raises
+    ------
+    ValueError
+        A cap variable that is not a positive number (one line naming it).
+    """
+    from caliber_dashboard.workspace.settings import upload_limit_mb
+
+    return f"--server.maxUploadSize={upload_limit_mb(os.environ if environ is None else environ)}"
+
+
+def command(args, environ=None) -> list[str]:
     """The ``streamlit run`` command line for parsed ``args``.
 
     Parameters
     ----------
     args : argparse.Namespace
         Parsed ``dashboard`` options: ``address``, ``port``, ``headless``, ``streamlit_args``.
+    environ : mapping, optional
+        The server's environment (default ``os.environ``): its size caps set the upload limit.
 
     Returns
     -------
@@ -100,7 +116,7 @@ def command(args) -> list[str]:
     # question on stdin, which blocks a newcomer's terminal and hangs forever without one.
     # The browser is opened by :func:`run` instead, once the server answers.
     return [sys.executable, "-m", "streamlit", "run", str(app_path()), f"--server.address={args.address}",
-            f"--server.port={args.port}", "--server.headless=true", *SERVER_FLAGS, *extra]
+            f"--server.port={args.port}", "--server.headless=true", *SERVER_FLAGS, upload_flag(environ), *extra]
 
 
 def local_url(args) -> str:
@@ -178,8 +194,8 @@ def run(args) -> int:
     ValueError
         The dashboard extra or package is not installed.
     """
-    cmd = command(args)
-    env = environment(args)  # a bad --data-root is refused before anything starts
+    env = environment(args)  # a bad --data-root or size cap is refused before anything starts
+    cmd = command(args, env)
     url = local_url(args)
     print(f"Caliber dashboard: {url} (Ctrl-C stops it)", file=sys.stderr, flush=True)
     # stdin is closed for the server: nothing it runs may wait on a prompt.

@@ -5,7 +5,9 @@ supported files under the root; a path can also be typed (relative to the
 root), and gets the same single refusal as any path that cannot be opened, so
 nothing outside the root can be opened or probed. An opened file joins the
 loaded models like an upload, and the workspace records its relative path
-(:func:`.server_files.remember`), never its bytes.
+(:func:`.server_files.remember`), never its bytes. A matrix of a large
+vocabulary (``full_vocab.STREAM_MIN_CLASSES`` classes and more) goes through
+the streamed engine instead (:mod:`.vocab_files`), never into a dense copy.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from caliber_dashboard.common import state, ui
 from caliber_dashboard.workspace import CapExceeded
 from caliber_dashboard.workspace import session as workspace
 
-from . import data_root, server_files
+from . import data_root, server_files, vocab_files, vocab_panel
 
 MESSAGES = "caliber_server_file_messages"
 FILE_KEY, LABELS_KEY, TYPED_KEY = "server_file", "server_labels", "server_typed_path"
@@ -51,6 +53,8 @@ def open_file(path: str, labels: str | None) -> list[tuple[str, str]]:
     if root is None:
         return [("error", "No data root is set on this server.")]
     try:
+        if vocab_files.streams(root, path):  # a large vocabulary: the streamed engine, never a dense copy
+            return vocab_files.open_member(path, labels)
         data = server_files.open_in_place(root, path, labels)
     except (data_root.NotInRoot, LogitsFileError) as exc:
         return [("error", server_files.one_line(exc))]
@@ -113,3 +117,4 @@ def draw() -> None:
         st.caption(f"The list stops at {data_root.MAX_LISTED:,} files; type a path for the others.")
     for level, text in st.session_state.get(MESSAGES, []):
         getattr(st, level)(ui.plain(text), icon=_ICONS[level])
+    vocab_panel.data_panel()

@@ -11,7 +11,7 @@ from caliber_dashboard.calibrate.verification import check_verification, verify_
 from caliber_dashboard.common import background, cache, figures, precalibrate, readouts, state, tables, ui
 from caliber_dashboard.common.targets import percent_to_fraction, slider_range
 from caliber_dashboard.common.ui import fmt
-from caliber_dashboard.data import log_store, logprob_log
+from caliber_dashboard.data import log_store, logprob_log, vocab_panel
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 
@@ -41,11 +41,15 @@ if log_config:  # calibrated on the Data page: a log is no model (no logits to s
     with st.expander(f"Top-k logprob log {log_config['model']}: certified agreement band", expanded=True):
         logprob_log.band_panel(log_config, key="calibrate_logprob_log_band")
 
+streamed = vocab_panel.calibrate_panel()  # large-vocabulary files from the data root: their own engine
+if streamed and state.models():
+    st.subheader("Models")
 c1, c2 = st.columns([3, 1])
 with c1:
     data = ui.model_selector("Model", key="calibrate_model")
 if data is None:
-    st.info("No model loaded: add one on the Data page.")
+    if not streamed:
+        st.info("No model loaded: add one on the Data page.")
     st.stop()
 with c2:
     statistic = st.selectbox("Margin statistic for S", MARGIN_STATISTICS, key="calibrate_statistic",

@@ -29,16 +29,30 @@ def _on_upload():
     uploads.process(st.session_state.get("upload_logits"), st.session_state.get(uploads.labels_key()))
 
 
+def _upload_limit_mb() -> int:
+    """The server's per-file limit, lowered to the workspace's cap when that is smaller (a file the
+    workspace cannot keep is refused in the browser, before it is sent)."""
+    from caliber_dashboard.workspace.settings import upload_limit_mb
+
+    server = int(st.get_option("server.maxUploadSize"))
+    try:
+        return min(server, upload_limit_mb())
+    except ValueError:  # a bad cap variable: the workspace panel names it
+        return server
+
+
+UPLOAD_MB = _upload_limit_mb()
 col_up, col_labels = st.columns([3, 2])
 with col_up:
     # No `type=`: Streamlit would raise on another extension; the core's reader
     # refuses it with a one-line message instead.
     logits_uploads = st.file_uploader(
         f"Logits files ({', '.join(SUPPORTED_EXTENSIONS)}; .jsonl/.json: lm-eval samples)",
-        accept_multiple_files=True, key="upload_logits", on_change=_on_upload,
+        accept_multiple_files=True, key="upload_logits", on_change=_on_upload, max_upload_size=UPLOAD_MB,
         help="npz with `logits` (N, K) and `labels` (N,), npy, pt (tensors), safetensors, "
              "csv or parquet (a `label` column). Several files at once are fine. "
-             f"Up to {st.get_option('server.maxUploadSize')} MB per file: a larger upload is refused "
+             f"Up to {UPLOAD_MB:,} MB per file (the server's limit, never above the workspace's size cap): "
+             "a larger upload is refused "
              f"before it is read; a file is also refused when it would become more than "
              f"{upload_boundary.max_elements():,} values, counted from its header before any is read.",
     )

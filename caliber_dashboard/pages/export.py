@@ -18,7 +18,7 @@ from caliber_dashboard.export import review as export_review
 from caliber_dashboard.extraction import runs
 from caliber_dashboard.extraction import view
 from caliber_dashboard.extraction.codec import run_key
-from caliber_dashboard.data import log_store
+from caliber_dashboard.data import log_store, vocab_panel
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 
@@ -30,6 +30,7 @@ st.caption(
 )
 
 log_store.export_panel()  # calibrated top-k logprob logs: configs of their own, no model needed
+vocab_panel.export_panel()  # large-vocabulary files streamed from the data root: their configs
 
 data = ui.model_selector("Model", key="export_model")
 if data is None:

@@ -10,7 +10,7 @@ from caliber_core.throttle.simulate import simulate
 from caliber_dashboard import navigation
 from caliber_dashboard.common import cache, names, state, ui
 from caliber_dashboard.common.targets import target_list
-from caliber_dashboard.data import log_store
+from caliber_dashboard.data import log_store, vocab_panel
 from caliber_dashboard.extraction import runs
 from caliber_dashboard.policy import view
 
@@ -54,6 +54,8 @@ uploaded = st.file_uploader(
     help="A config from `caliber calibrate --seeding consistent --key-file KEY`: its noise is calibrated for that "
     "key, so it is made on the command line, never here. Its targets become the levels.")
 served_log = log_store.choose_for_policy(key="policy_log") if uploaded is None else None
+served_vocab = (vocab_panel.choose_for_policy(key="policy_vocab")
+                if uploaded is None and served_log is None else None)
 try:
     if uploaded is not None:
         config_text, config = view.config_from_upload(uploaded.getvalue(), name=uploaded.name)
@@ -61,6 +63,9 @@ try:
     elif served_log is not None:  # a calibrated top-k logprob log: its agreement targets are the levels
         config = served_log["config"]
         config_text, config_name = config_to_json(config), log_store.config_name(served_log)
+    elif served_vocab is not None:  # a streamed large-vocabulary file: its Calibrate targets are the levels
+        config = served_vocab["config"]
+        config_text, config_name = config_to_json(config), vocab_panel.config_name(served_vocab)
     else:
         targets = target_list(retention_text, "", "")
         if not targets:

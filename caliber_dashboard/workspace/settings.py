@@ -78,3 +78,27 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> Settings:
                                  positive=False) * 3_600.0,
     )
     return Settings(Path(data_dir).expanduser() if data_dir else default_data_dir(environ), limits)
+
+
+def upload_limit_mb(environ: Mapping[str, str] = os.environ) -> int:
+    """The per-file upload limit in Streamlit's unit (``server.maxUploadSize``, MiB) from the workspace's cap.
+
+    A file larger than the workspace's cap (never above the store's) cannot be
+    kept, so the server refuses it before reading its body.
+
+    Parameters
+    ----------
+    environ : mapping, default ``os.environ``
+
+    Returns
+    -------
+    int
+        At least 1.
+
+    Raises
+    ------
+    ValueError
+        A cap variable that is not a positive number (naming it).
+    """
+    limits = from_environment(environ).limits
+    return max(1, limits.workspace_bytes // (1 << 20))
