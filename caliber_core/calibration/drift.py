@@ -165,7 +165,8 @@ def target_reference(rows: CurveEngine, sigma: float) -> dict:
     return out
 
 
-def _pct(x: float) -> str:
+def percent(x: float) -> str:
+    """A fraction as the check's lines print it (one decimal of a percent)."""
     return f"{100 * x:.1f}%"
 
 
@@ -174,7 +175,7 @@ def _number(config: Mapping, key: str):
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
-def _expected(target: Mapping, quantity: str):
+def expected_value(target: Mapping, quantity: str):
     """(q_cal, sd_cal or None) for one target, or None when the config cannot say."""
     ref = target.get("reference")
     if isinstance(ref, Mapping) and isinstance(ref.get(quantity), (int, float)):
@@ -243,7 +244,7 @@ def check_drift(config, logits, labels=None, *, confidence: float = 0.95,
         for q in wanted:
             if q != "agreement" and not rows.has_labels:
                 continue
-            exp = _expected(t, q)
+            exp = expected_value(t, q)
             if exp is not None:
                 plans.append((i, t, q, *exp))
     a0_cal = _number(config, "clean_accuracy")
@@ -267,17 +268,17 @@ def check_drift(config, logits, labels=None, *, confidence: float = 0.95,
             observed, sd_new = float(est[q][0]), sds[q]
             sd_cal = sd_new if sd_cal is None else sd_cal
             half = zq * math.sqrt(sd_cal**2 / n_cal + sd_new**2 / n_new)
-            findings.append(_target_finding(i, t, q, expected, observed, half, n_new))
+            findings.append(target_finding(i, t, q, expected, observed, half, n_new))
     if check_a0:
         a0_new = float(rows.correct.mean())
         half = zq * math.sqrt(a0_cal * (1 - a0_cal) / n_cal + a0_new * (1 - a0_new) / n_new)
         lo, hi = a0_cal - half, a0_cal + half
         ok = bool(lo <= a0_new <= hi)
-        msg = (f"clean accuracy A0 {_pct(a0_cal)} -> {_pct(a0_new)} ({100 * (a0_new - a0_cal):+.1f} points), "
-               f"expected {_pct(lo)}-{_pct(hi)} for N={n_new:,}; " + ("consistent" if ok else "recalibrate"))
+        msg = (f"clean accuracy A0 {percent(a0_cal)} -> {percent(a0_new)} ({100 * (a0_new - a0_cal):+.1f} points), "
+               f"expected {percent(lo)}-{percent(hi)} for N={n_new:,}; " + ("consistent" if ok else "recalibrate"))
         findings.append(Finding("clean_accuracy", None, None, a0_cal, a0_new, lo, hi, ok, msg))
     if s_cal is not None:
-        findings.append(_scale_finding(float(s_cal), sample.margins, zq, n_cal, n_new))
+        findings.append(scale_finding(float(s_cal), sample.margins, zq, n_cal, n_new))
     return DriftReport(tuple(findings), n_new, n_cal, conf, rows.method)
 
 
@@ -287,18 +288,20 @@ def _estimates_at(rows: CurveEngine, sigma: float) -> tuple[dict, dict]:
     return sample_estimates(rv), row_spread(rv)[0]
 
 
-def _target_finding(i, t, q, expected, observed, half, n_new) -> Finding:
+def target_finding(i, t, q, expected, observed, half, n_new) -> Finding:
+    """The finding of target ``i``: consistent when ``observed`` lies within ``half`` of ``expected``."""
     lo, hi = expected - half, expected + half
     ok = bool(lo <= observed <= hi)
     req = t.get("requested")
     label = f"{t.get('kind')} {req:g} target" if isinstance(req, (int, float)) else f"{t.get('kind')} target"
-    msg = (f"{label} (sigma={float(t['sigma']):.4g}): {q} {_pct(observed)} on this sample, "
-           f"expected {_pct(lo)}-{_pct(hi)} for N={n_new:,} (calibration {_pct(expected)}, "
+    msg = (f"{label} (sigma={float(t['sigma']):.4g}): {q} {percent(observed)} on this sample, "
+           f"expected {percent(lo)}-{percent(hi)} for N={n_new:,} (calibration {percent(expected)}, "
            f"moved {100 * (observed - expected):+.1f} points); " + ("consistent" if ok else "recalibrate"))
     return Finding(q, i, float(t["sigma"]), expected, observed, lo, hi, ok, msg)
 
 
-def _scale_finding(s_cal: float, margins: np.ndarray, zq: float, n_cal: int, n_new: int) -> Finding:
+def scale_finding(s_cal: float, margins: np.ndarray, zq: float, n_cal: int, n_new: int) -> Finding:
+    """The finding of the scale S: the new rows' median margin against the calibration's, within its interval."""
     s_new = float(np.median(margins))
     h = min(0.49, zq * 0.5 * math.sqrt(1.0 / n_cal + 1.0 / n_new))
     q_lo, q_hi = np.quantile(margins, [0.5 - h, 0.5 + h])

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..config import load_config
 from ..target_record import check_confidence
-from .drift import DriftReport, Finding, _expected, _pct, _scale_finding, _target_finding
+from .drift import DriftReport, Finding, expected_value, percent, scale_finding, target_finding
 from .gap_histogram import ReducedRows
 from .target_intervals import is_certified
 from .vocab_sigma import bounds_at, clean_accuracy
@@ -40,7 +40,7 @@ _QUANTITIES = ("accuracy", "retention", "agreement")
 
 def _calibration_side(target: Mapping, quantity: str) -> tuple[float, float | None, float] | None:
     """(value on the calibration sample, its row sd or None, half its certified width) for one target."""
-    found = _expected(target, quantity)
+    found = expected_value(target, quantity)
     interval = target.get("interval") if isinstance(target.get("interval"), Mapping) else {}
     bounds = interval.get(quantity)
     certified = (is_certified(interval) and isinstance(bounds, (list, tuple)) and len(bounds) == 2
@@ -137,15 +137,15 @@ def check_reduced(config, reduced: ReducedRows, *, confidence: float = 0.95) -> 
             observed, sd_new = float(np.mean(values)), float(np.std(values, ddof=1))
             sd_cal = sd_new if sd_cal is None else sd_cal
             half = zq * math.sqrt(sd_cal**2 / n_cal + sd_new**2 / n_new) + half_cal + half_new
-            findings.append(_target_finding(i, t, q, expected, observed, half, n_new))
+            findings.append(target_finding(i, t, q, expected, observed, half, n_new))
     findings.sort(key=lambda f: (f.target, _QUANTITIES.index(f.quantity)))
     if check_a0:
         half = zq * math.sqrt(a0_cal * (1 - a0_cal) / n_cal + a0_new * (1 - a0_new) / n_new)
         lo, hi = a0_cal - half, a0_cal + half
         ok = bool(lo <= a0_new <= hi)
-        msg = (f"clean accuracy A0 {_pct(a0_cal)} -> {_pct(a0_new)} ({100 * (a0_new - a0_cal):+.1f} points), "
-               f"expected {_pct(lo)}-{_pct(hi)} for N={n_new:,}; " + ("consistent" if ok else "recalibrate"))
+        msg = (f"clean accuracy A0 {percent(a0_cal)} -> {percent(a0_new)} ({100 * (a0_new - a0_cal):+.1f} points), "
+               f"expected {percent(lo)}-{percent(hi)} for N={n_new:,}; " + ("consistent" if ok else "recalibrate"))
         findings.append(Finding("clean_accuracy", None, None, a0_cal, a0_new, lo, hi, ok, msg))
     if s_cal is not None:
-        findings.append(_scale_finding(float(s_cal), reduced.top_gaps[:, 0], zq, n_cal, n_new))
+        findings.append(scale_finding(float(s_cal), reduced.top_gaps[:, 0], zq, n_cal, n_new))
     return DriftReport(tuple(findings), n_new, n_cal, conf, ROW_METHOD)

@@ -118,7 +118,7 @@ def run(args) -> int:
 
     if str(args.file).lower().endswith((".jsonl", ".json")):
         return _run_llm(args)
-    if _is_full_vocabulary(args.file):
+    if is_full_vocabulary(args.file):
         return _run_full_vocab(args)
     data = load(args.file, args, labels_path=args.labels)
     for warning in data.warnings:
@@ -183,7 +183,7 @@ def _run_llm(args) -> int:
     return _write(result.config, args.out)
 
 
-def _is_full_vocabulary(path) -> bool:
+def is_full_vocabulary(path) -> bool:
     """A .npy/.safetensors/.pt/.npz matrix of at least STREAM_MIN_CLASSES classes: streamed, never loaded."""
     from ..calibration.full_vocab import STREAM_MIN_CLASSES
     from ..loading.row_stream import STREAM_EXTENSIONS, declared_shape

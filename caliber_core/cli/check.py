@@ -86,9 +86,9 @@ def run(args) -> int:
 
     if is_log_config(config):  # a top-k logprob log's config: compared with a new log
         return _check_log(config, args)
-    from .calibrate import _is_full_vocabulary
+    from .calibrate import is_full_vocabulary
 
-    if _is_full_vocabulary(args.file):  # streamed once and reduced, as calibrate does: no Monte-Carlo rows
+    if is_full_vocabulary(args.file):  # streamed once and reduced, as calibrate does: no Monte-Carlo rows
         report = _check_streamed(config, args)
     else:
         data = load(args.file, args, labels_path=args.labels)

@@ -85,15 +85,15 @@ def open_in_place(root: Path, path: str, labels_path: str | None = None, *,
     """
     if Path(path).suffix.lower() not in SUPPORTED_EXTENSIONS:
         raise data_root.refusal(path)
-    key = _cache_key(root, path, labels_path)
+    key = cache_key(root, path, labels_path)
     cached = _CACHE.get(key)
     if cached is not None:
         return cached
     labels_content = None
     if labels_path is not None:
-        with _checked(root, labels_path, LABELS_EXTENSIONS) as (fh, _):
+        with checked(root, labels_path, LABELS_EXTENSIONS) as (fh, _):
             labels_content = _read_all(fh, labels_path, max_elements)
-    with _checked(root, path, SUPPORTED_EXTENSIONS) as (fh, real):
+    with checked(root, path, SUPPORTED_EXTENSIONS) as (fh, real):
         data = None
         if real.suffix.lower() == ".npy":
             data = _npy_in_blocks(fh, path, labels_path, labels_content, max_elements, progress)
@@ -105,8 +105,8 @@ def open_in_place(root: Path, path: str, labels_path: str | None = None, *,
     return data
 
 
-class _checked:
-    """``with _checked(root, rel, exts) as (file, real):`` the file, opened by :func:`.data_root.open_file`,
+class checked:
+    """``with checked(root, rel, exts) as (file, real):`` the file, opened by :func:`.data_root.open_file`,
     and refused on exit if the path names another file than the one read (swapped meanwhile)."""
 
     def __init__(self, root: Path, relative: str, extensions: tuple[str, ...]) -> None:
@@ -201,7 +201,7 @@ def _npy_in_blocks(fh, relative, labels_path, labels_content, max_elements, prog
 # -------------------------------------------------------------- the process cache
 
 
-def _cache_key(root: Path, path: str, labels_path: str | None) -> tuple:
+def cache_key(root: Path, path: str, labels_path: str | None) -> tuple:
     """What identifies the two files on disk now: real path, size and mtime (NotInRoot if absent)."""
     out: list = [str(root)]
     for relative, exts in ((path, SUPPORTED_EXTENSIONS), (labels_path, LABELS_EXTENSIONS)):

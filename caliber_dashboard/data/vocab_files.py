@@ -163,7 +163,7 @@ def open_streamed(root: Path, path: str, labels_path: str | None = None, *,
     from caliber_dashboard.common import upload_boundary
 
     limit = upload_boundary.max_elements() if max_elements is None else max_elements
-    key = server_files._cache_key(root, path, labels_path) + (limit,)
+    key = server_files.cache_key(root, path, labels_path) + (limit,)
     cached = _CACHE.get(key)
     if cached is not None:
         return cached
@@ -171,7 +171,7 @@ def open_streamed(root: Path, path: str, labels_path: str | None = None, *,
     if labels_path is not None:
         labels_real = data_root.resolve(root, labels_path, extensions=LABELS_EXTENSIONS)
     # Opened (and checked after the read) through the root's rules; the core reads the real path.
-    with server_files._checked(root, path, STREAM_EXTENSIONS) as (_, real):
+    with server_files.checked(root, path, STREAM_EXTENSIONS) as (_, real):
         try:
             source = open_rows(real)
             check_kept_size(source, max_elements=limit)  # from the header, before anything is read
