@@ -218,8 +218,12 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) 
         if values.stride(-1) != 1:
             values = values.contiguous()
         out = torch.empty((n_rows, n_classes), dtype=values.dtype)
-        seeds = np.array([np.asarray(s, dtype=np.uint64).reshape(-1) for s in level_seeds],
-                         dtype=np.uint64).reshape(len(increments), n_rows)
+        if isinstance(level_seeds, np.ndarray) and level_seeds.dtype == np.uint64 and level_seeds.ndim == 2:
+            seeds = level_seeds  # (levels, rows) already: the serving path's RowSeeder output
+        else:
+            seeds = np.array([np.asarray(s, dtype=np.uint64).reshape(-1) for s in level_seeds],
+                             dtype=np.uint64)
+        seeds = seeds.reshape(len(increments), n_rows)
         item = values.element_size()
         fused_noise.add_keyed_noise(values.data_ptr(), values.stride(0) * item, out.data_ptr(), n_classes * item,
                                     (n_rows, n_classes), name, seeds, increments, served,
