@@ -31,10 +31,10 @@
 enum { DT_FLOAT64 = 0, DT_FLOAT32 = 1, DT_FLOAT16 = 2, DT_BFLOAT16 = 3 };
 
 static double coefficients[DEGREE + 1][N_PIECES]; /* one row per power, lowest first */
-/* c0..c3 of each piece side by side (32 bytes, aligned): four draws' pieces are four aligned loads and
- * a transpose, where five gathers (one per power) cost twice the time on AVX2; c4 is read from its row,
- * which keeps the pieces drawn most often (the first few exponents) within L1. */
-static double piece_lines[N_PIECES][4] __attribute__((aligned(32)));
+/* A piece's coefficients in one 64-byte line (c0..c3, c4, padding): four draws' pieces are four aligned
+ * loads and a transpose, where five gathers (one per power) cost twice the time on AVX2. */
+#define LINE_SHIFT 6 /* 64 bytes a piece */
+static double piece_lines[N_PIECES][1 << (LINE_SHIFT - 3)] __attribute__((aligned(64)));
 uint64_t caliber_sink;                           /* what the discarded draws fold into: never elided */
 
 static inline double as_double(uint64_t u) { double d; memcpy(&d, &u, 8); return d; }
@@ -49,7 +49,7 @@ int caliber_set_table(const double *table, int64_t n_columns) {
     if (n_columns < N_PIECES) return -1;
     for (int p = 0; p <= DEGREE; p++) memcpy(coefficients[p], table + p * n_columns, sizeof(coefficients[p]));
     for (int i = 0; i < N_PIECES; i++)
-        for (int p = 0; p < 4; p++) piece_lines[i][p] = coefficients[p][i];
+        for (int p = 0; p < 1 << (LINE_SHIFT - 3); p++) piece_lines[i][p] = p <= DEGREE ? coefficients[p][i] : 0.0;
     return 0;
 }
 
@@ -109,14 +109,17 @@ static void draw_block(uint64_t seed, const uint64_t *counter, double *target, d
                                          _mm256_set1_epi64x(0x4330000000000000LL));
         __m256i bits = _mm256_castpd_si256(_mm256_sub_pd(_mm256_castsi256_pd(biased),
                                                          _mm256_set1_pd(4503599627370495.5)));
-        __m256i piece = _mm256_sub_epi64(_mm256_srli_epi64(bits, T_BITS), _mm256_set1_epi64x(FIRST_PIECE));
         __m256i t_bits = _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi64x(MASK_T)),
                                          _mm256_set1_epi64x(0x4050000000000000LL));
-        _mm256_store_si256((__m256i *)(offset + j), _mm256_slli_epi64(piece, 5)); /* 32 bytes a piece */
+        /* The piece (the exponent and the next SUB_BITS bits: bits >> T_BITS) times 64 bytes, counted
+         * from FIRST_PIECE's line: the start of `lines` below is that much before piece_lines. */
+        _mm256_store_si256((__m256i *)(offset + j),
+                           _mm256_and_si256(_mm256_srli_epi64(bits, T_BITS - LINE_SHIFT),
+                                            _mm256_set1_epi64x(-(1LL << LINE_SHIFT))));
         _mm256_store_pd(local + j, _mm256_sub_pd(_mm256_castsi256_pd(t_bits), _mm256_set1_pd(64.0)));
         _mm256_store_si256((__m256i *)(sign + j), _mm256_and_si256(w, _mm256_set1_epi64x((int64_t)SIGN)));
     }
-    const char *lines = (const char *)piece_lines, *highest = (const char *)coefficients[4];
+    const char *lines = (const char *)((uintptr_t)piece_lines - FIRST_PIECE * sizeof(piece_lines[0]));
     const __m256d scale = _mm256_set1_pd(inc);
     for (; i < vector_n; i += 4) {
         const double *p0 = (const double *)(lines + offset[i]), *p1 = (const double *)(lines + offset[i + 1]);
@@ -124,10 +127,8 @@ static void draw_block(uint64_t seed, const uint64_t *counter, double *target, d
         __m256d r0 = _mm256_load_pd(p0), r1 = _mm256_load_pd(p1), r2 = _mm256_load_pd(p2), r3 = _mm256_load_pd(p3);
         __m256d even01 = _mm256_unpacklo_pd(r0, r1), odd01 = _mm256_unpackhi_pd(r0, r1);
         __m256d even23 = _mm256_unpacklo_pd(r2, r3), odd23 = _mm256_unpackhi_pd(r2, r3);
-        const double *h0 = (const double *)(highest + (offset[i] >> 2)), *h1 = (const double *)(highest + (offset[i + 1] >> 2));
-        const double *h2 = (const double *)(highest + (offset[i + 2] >> 2)), *h3 = (const double *)(highest + (offset[i + 3] >> 2));
-        __m256d c4 = _mm256_insertf128_pd(_mm256_castpd128_pd256(_mm_loadh_pd(_mm_load_sd(h0), h1)),
-                                          _mm_loadh_pd(_mm_load_sd(h2), h3), 1);
+        __m256d c4 = _mm256_insertf128_pd(_mm256_castpd128_pd256(_mm_loadh_pd(_mm_load_sd(p0 + 4), p1 + 4)),
+                                          _mm_loadh_pd(_mm_load_sd(p2 + 4), p3 + 4), 1);
         __m256d t = _mm256_load_pd(local + i);
         __m256d y = _mm256_add_pd(_mm256_mul_pd(c4, t), _mm256_permute2f128_pd(odd01, odd23, 0x31));   /* c3 */
         y = _mm256_add_pd(_mm256_mul_pd(y, t), _mm256_permute2f128_pd(even01, even23, 0x31));          /* c2 */
