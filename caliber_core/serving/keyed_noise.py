@@ -46,7 +46,7 @@ import numpy as np
 from ..validation import check_key
 from . import normal_table
 
-__all__ = ["DOMAIN", "MAX_ABS_NORMAL", "level_increments", "nested_noise", "encode_ids", "row_digests", "row_seeds", "RowSeeder",
+__all__ = ["DOMAIN", "MAX_ABS_NORMAL", "level_increments", "nested_noise", "encode_ids", "row_digests", "joined_digests", "row_seeds", "RowSeeder",
            "normals_from_seeds",
            "normals_from_words", "add_keyed_noise", "blocks", "table", "gather_table",
            "unit_normals"]
@@ -144,9 +144,19 @@ def row_digests(ids) -> np.ndarray:
     ndarray of shape (n_rows, 32), uint8
     """
     encoded = encode_ids(ids)
+    return np.frombuffer(joined_digests(encoded), dtype=np.uint8).reshape(len(encoded), 32)
+
+
+def joined_digests(ids) -> bytes:
+    """:func:`row_digests` as the rows' 32-byte digests joined (what :meth:`RowSeeder.seeds` hashes).
+
+    Returns
+    -------
+    bytes
+        32 bytes a row.
+    """
     sha256 = hashlib.sha256
-    joined = b"".join([sha256(one).digest() for one in encoded])
-    return np.frombuffer(joined, dtype=np.uint8).reshape(len(encoded), 32)
+    return b"".join([sha256(one).digest() for one in encode_ids(ids)])
 
 
 def _check_args(binding, level, digests, n_classes) -> np.ndarray:

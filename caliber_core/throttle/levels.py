@@ -121,7 +121,7 @@ class LevelNoise:
         self._drawn = [(position, inc) for position, inc in enumerate(self.increments, start=1) if inc != 0.0]
         self._draws_at = (0,) + tuple(sum(1 for position, _ in self._drawn if position <= p)
                                       for p in self.positions[1:])
-        self._increments = [inc for _, inc in self._drawn]
+        self._increments = np.array([inc for _, inc in self._drawn], dtype=np.float64)
         # Each drawn stream's key made once: a request then costs one keyed hash per row and draw.
         self._seeder = (keyed_noise.RowSeeder(self._key, top.binding, [position for position, _ in self._drawn])
                         if self.seeding == "per-input" else None)
@@ -223,7 +223,7 @@ class LevelNoise:
             draws = [self._top.unit_draw(position, digests, rows, n_classes, device=device)
                      for position, _ in self._drawn]
             return PreparedRequest(logits, rows, torch_in, draws)
-        seeds = self._seeder.seeds(keyed_noise.row_digests(encoded), n_classes)  # (draws, rows)
+        seeds = self._seeder.seeds(keyed_noise.joined_digests(encoded), n_classes)  # (draws, rows)
         return PreparedRequest(logits, rows, torch_in, seeds)
 
     def assemble(self, prepared: PreparedRequest, segments, *, shadow: bool):
