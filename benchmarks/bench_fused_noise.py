@@ -225,6 +225,7 @@ def main(argv=None) -> int:
     parser.add_argument("--figure", default="fused-noise", help="docs/figures/NAME.md (default fused-noise)")
     parser.add_argument("--no-figure", action="store_true", help="print only")
     args = parser.parse_args(argv)
+    import figure_files  # noqa: F401  (imported now, it records the load at the start of the run)
     import torch
 
     global _clock

@@ -46,8 +46,8 @@ import numpy as np
 from ..validation import check_key
 from . import normal_table
 
-__all__ = ["DOMAIN", "MAX_ABS_NORMAL", "level_increments", "nested_noise", "encode_ids", "row_digests", "joined_digests", "row_seeds", "RowSeeder",
-           "normals_from_seeds",
+__all__ = ["DOMAIN", "MAX_ABS_NORMAL", "level_increments", "nested_noise", "encode_ids", "row_digests",
+           "joined_digests", "row_seeds", "RowSeeder", "normals_from_seeds",
            "normals_from_words", "add_keyed_noise", "blocks", "table", "gather_table",
            "unit_normals"]
 
