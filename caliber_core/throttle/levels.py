@@ -66,15 +66,15 @@ class PreparedRequest:
         Their (n_rows, n_classes) view.
     torch_in : bool
         Whether the logits are a torch tensor.
-    draws : list
-        Per ladder draw: the row seeds (per-input seeding) or the unit draws
-        themselves (consistent seeding).
+    draws : ndarray or list
+        Per ladder draw: the row seeds (per-input seeding, one (draws, rows)
+        uint64 array) or the unit draws themselves (consistent seeding, a list).
     """
 
     logits: object
     rows: object
     torch_in: bool
-    draws: list
+    draws: object
 
 
 class LevelNoise:
