@@ -128,6 +128,15 @@ def test_the_portable_build_without_vector_instructions_gives_the_same_bits(tmp_
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), n_classes
 
 
+def test_the_kernel_takes_no_more_threads_than_the_cores_this_thread_may_run_on(monkeypatch):
+    """An engine that pins each thread to one core (vLLM's CPU backend) gets one kernel thread, not torch's count."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert keyed_noise_torch._kernel_threads() == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
+    assert keyed_noise_torch._kernel_threads() == 4
+
+
 def test_threads_split_a_large_batch_with_the_same_bits():
     rng = np.random.default_rng(5)
     logits = torch.from_numpy(rng.standard_normal((5, 70_001)).astype(np.float32))

@@ -10,6 +10,7 @@ for bit on any device with IEEE float64.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -178,6 +179,16 @@ _FUSED_DTYPES = {torch.float64: "float64", torch.float32: "float32", torch.float
                  torch.bfloat16: "bfloat16"}
 
 
+def _kernel_threads() -> int:
+    """torch's thread count, but no more than the cores this thread may run on: an engine that pins each
+    of its threads to one core (vLLM's CPU backend does) would put the kernel's threads on the same core,
+    which costs their start and gains nothing."""
+    threads = torch.get_num_threads()
+    if threads > 1 and hasattr(os, "sched_getaffinity"):
+        threads = min(threads, len(os.sched_getaffinity(0)))
+    return threads
+
+
 def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) -> torch.Tensor:
     """The torch twin of :func:`keyed_noise.add_keyed_noise`: same bits, on the logits' device.
 
@@ -227,7 +238,7 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) 
         item = values.element_size()
         fused_noise.add_keyed_noise(values.data_ptr(), values.stride(0) * item, out.data_ptr(), n_classes * item,
                                     (n_rows, n_classes), name, seeds, increments, served,
-                                    n_threads=torch.get_num_threads())
+                                    n_threads=_kernel_threads())
         return out
     if served is not None:  # each run of rows with one count adds its levels and draws the rest
         out = logits.detach().clone()
