@@ -14,6 +14,11 @@ Run from the repository root::
    are timed in the same rounds.
 2. **Constant time across levels.** ``BatchNoise.serve`` of the same batch with
    every row at level 0, 1 and the top, alternating; the ratio of each to the top.
+3. **Where the time goes.** The fused kernel alone (``fused_noise.add_keyed_noise``
+   on preallocated output) at K = 128,000, batch 8, drawing 0, 1, 2 and 3 levels,
+   beside ``torch.randn`` into a preallocated tensor, the add alone, and
+   ``torch.randn`` + add, at the same thread count: the slope over levels is one
+   draw's cost, the 0-level call the read and write of the rows.
 
 Writes ``docs/figures/fused-noise.md`` unless ``--no-figure``. ``--device cuda``
 times a CUDA device instead (where there is one; the fused kernel is the CPU's,
@@ -117,6 +122,45 @@ def levels(folder: Path, *, vocab: int, rows: int, repeats: int, device: str) ->
                        for level, values in times.items()}}
 
 
+def breakdown(*, vocab: int, rows: int, repeats: int) -> dict:
+    """The kernel alone by number of levels drawn, against torch.randn's parts, ns per element (CPU)."""
+    import numpy as np
+    import torch
+
+    from caliber_core.serving import fused_noise
+
+    if not fused_noise.prepare():
+        return {}
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(2))
+    out, noise = torch.empty_like(logits), torch.empty_like(logits)
+    seeds = np.random.default_rng(3).integers(0, 2**63, size=(3, rows), dtype=np.uint64)
+    increments = np.array([0.5, 0.8660254037844386, 1.7320508075688772])
+    stride = vocab * logits.element_size()
+
+    def kernel(levels):
+        return lambda step: fused_noise.add_keyed_noise(logits.data_ptr(), stride, out.data_ptr(), stride,
+                                                        (rows, vocab), "float32", seeds[:levels],
+                                                        increments[:levels], n_threads=torch.get_num_threads())
+
+    fns = {f"kernel, {levels} level(s)": kernel(levels) for levels in range(4)}
+    fns.update({"`torch.randn` (into a tensor)": lambda step: torch.randn(rows, vocab, out=noise),
+                "the add alone": lambda step: torch.add(logits, noise, out=out),
+                "`torch.randn` + add": lambda step: logits + torch.randn(rows, vocab)})
+    times = _timed(fns, repeats, lambda: None)
+    elements = rows * vocab
+    return {"vocab": vocab, "rows": rows, "repeats": repeats,
+            "ns": {name: _mean_sd([v / elements * 1e9 for v in values]) for name, values in times.items()},
+            "ratio": {name: _mean_sd([a / b for a, b in zip(values, times["`torch.randn` + add"])])
+                      for name, values in times.items()}}
+
+
+def _loaded() -> bool:
+    """Whether other processes held the cores: a load average above half the CPU count."""
+    import os
+
+    return os.getloadavg()[0] > 0.5 * (os.cpu_count() or 1) if hasattr(os, "getloadavg") else False
+
+
 def write_figure(result: dict, device: str, name: str = "fused-noise") -> None:
     from figure_files import FigureFile
 
@@ -124,6 +168,10 @@ def write_figure(result: dict, device: str, name: str = "fused-noise") -> None:
     where = f"on {device}" if device != "cpu" else f"on the CPU, {result['threads']} thread(s)"
     clock = ("this thread's CPU time (`time.thread_time`: the time other processes hold the cores is not "
              "counted, which a loaded machine needs)" if result["clock"] == "cpu" else "elapsed time")
+    if result.get("loaded"):
+        fig.note("**Loaded machine.** Other processes held the cores while this ran (the load average is in the "
+                 "header): read the ratios, which are of CPU time paired within a repeat, not the absolute times, "
+                 "and neither as a quiet machine's.")
     fig.note(f"Float32 logits {where}, timed by {clock}; every row at the top level of a three-level policy "
              "(three nested keyed draws per element, all drawn). Mean ± sd over repeats; ratios are paired "
              "(each repeat's time over the same repeat's `torch.randn` + add). GPU figures were not measured "
@@ -154,6 +202,16 @@ def write_figure(result: dict, device: str, name: str = "fused-noise") -> None:
                for level, v in c["levels"].items()],
               caption=f"Constant time across levels: `BatchNoise.serve` of {c['rows']} rows of K = {c['vocab']:,}, "
                       f"every row at level 0 (served clean), 1, and the top, alternating ({c['repeats']} repeats).")
+    b = result.get("breakdown")
+    if b:
+        fig.table(["call", "ns per element", "× `torch.randn` + add"],
+                  [[name, f"{b['ns'][name][0]:.2f} ± {b['ns'][name][1]:.2f}",
+                    f"{b['ratio'][name][0]:.2f} ± {b['ratio'][name][1]:.2f}"] for name in b["ns"]],
+                  caption=f"Where the time goes: the fused kernel alone on preallocated rows ({b['rows']} rows of "
+                          f"K = {b['vocab']:,}, float32) by the number of levels it draws, and `torch.randn`'s parts, "
+                          f"at the same thread count ({b['repeats']} repeats). The step from one level to the next is "
+                          f"one draw per element (SplitMix64 words, the piecewise polynomial, the scale and the sum); "
+                          f"0 levels is the read and write of the rows alone.")
     fig.write()
 
 
@@ -167,6 +225,7 @@ def main(argv=None) -> int:
     parser.add_argument("--figure", default="fused-noise", help="docs/figures/NAME.md (default fused-noise)")
     parser.add_argument("--no-figure", action="store_true", help="print only")
     args = parser.parse_args(argv)
+    import figure_files  # noqa: F401  (imported now, it records the load at the start of the run)
     import torch
 
     global _clock
@@ -186,6 +245,10 @@ def main(argv=None) -> int:
                 result["per_row"].append(one)
         result["levels"] = levels(Path(tmp), vocab=128_000, rows=8, repeats=3 * args.repeats, device=args.device)
         print(json.dumps(result["levels"]), flush=True)
+    if args.device == "cpu":
+        result["breakdown"] = breakdown(vocab=128_000, rows=8, repeats=3 * args.repeats)
+        print(json.dumps(result["breakdown"]), flush=True)
+    result["loaded"] = _loaded()
     if not args.no_figure:
         write_figure(result, args.device, args.figure)
     return 0

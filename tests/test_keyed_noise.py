@@ -168,3 +168,19 @@ def test_argument_errors():
         keyed_noise.unit_normals(KEY, b"", 1, digests[:, :16], 3)
     with pytest.raises(TypeError, match="ids must be str or bytes, got int 3 at position 1"):
         keyed_noise.row_digests(["a", 3])
+
+
+def test_row_seeder_gives_row_seeds_of_every_level_at_once():
+    rng = np.random.default_rng(36)
+    key, ids = rng.bytes(32), [rng.bytes(int(rng.integers(1, 40))) for _ in range(5)]
+    seeder = keyed_noise.RowSeeder(key, b"cfg", [1, 2, 4])
+    for n_classes in (2, 1000, 128_000):
+        got = seeder.seeds(keyed_noise.joined_digests(ids), n_classes)
+        want = [keyed_noise.row_seeds(key, b"cfg", level, keyed_noise.row_digests(ids), n_classes)
+                for level in (1, 2, 4)]
+        assert got.dtype == np.uint64 and got.shape == (3, 5) and np.array_equal(got, np.stack(want))
+        assert np.array_equal(seeder.seeds(keyed_noise.row_digests(ids), n_classes), got)
+    with pytest.raises(ValueError, match="32 bytes each"):
+        seeder.seeds(b"\x00" * 33, 1000)
+    with pytest.raises(ValueError, match="n_classes"):
+        seeder.seeds(keyed_noise.joined_digests(ids), 0)

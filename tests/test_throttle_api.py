@@ -87,7 +87,15 @@ def test_every_level_does_the_same_noise_work(throttle, monkeypatch):
         draws.append(logits.shape[0] * len(level_seeds))
         return real_add(logits, level_seeds, increments)
 
+    real_seeder = keyed_noise.RowSeeder.seeds
+
+    def counting_seeder(seeder, digests, n_classes):  # every drawn level's seeds in one call
+        out = real_seeder(seeder, digests, n_classes)
+        seeds.extend((level, out.shape[1], n_classes) for level in seeder._levels)
+        return out
+
     monkeypatch.setattr(keyed_noise, "row_seeds", counting_seeds)
+    monkeypatch.setattr(keyed_noise.RowSeeder, "seeds", counting_seeder)
     monkeypatch.setattr(keyed_noise, "add_keyed_noise", counting_add)
     logits, ids = _batch()
     work = []

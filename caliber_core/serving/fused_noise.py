@@ -209,6 +209,9 @@ def prepare() -> bool:
     FusedKernelWarning
         Once per process: the kernel is not available (the reason, and :data:`FALLBACK_COST`).
     """
+    library = _state.get("library", _state)  # decided already: no lock on every request
+    if library is not _state:
+        return library is not None
     with _lock:
         if "library" not in _state:
             try:

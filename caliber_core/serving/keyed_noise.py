@@ -46,8 +46,8 @@ import numpy as np
 from ..validation import check_key
 from . import normal_table
 
-__all__ = ["DOMAIN", "MAX_ABS_NORMAL", "level_increments", "nested_noise", "encode_ids", "row_digests", "row_seeds",
-           "normals_from_seeds",
+__all__ = ["DOMAIN", "MAX_ABS_NORMAL", "level_increments", "nested_noise", "encode_ids", "row_digests",
+           "joined_digests", "row_seeds", "RowSeeder", "normals_from_seeds",
            "normals_from_words", "add_keyed_noise", "blocks", "table", "gather_table",
            "unit_normals"]
 
@@ -144,9 +144,19 @@ def row_digests(ids) -> np.ndarray:
     ndarray of shape (n_rows, 32), uint8
     """
     encoded = encode_ids(ids)
+    return np.frombuffer(joined_digests(encoded), dtype=np.uint8).reshape(len(encoded), 32)
+
+
+def joined_digests(ids) -> bytes:
+    """:func:`row_digests` as the rows' 32-byte digests joined (what :meth:`RowSeeder.seeds` hashes).
+
+    Returns
+    -------
+    bytes
+        32 bytes a row.
+    """
     sha256 = hashlib.sha256
-    joined = b"".join([sha256(one).digest() for one in encoded])
-    return np.frombuffer(joined, dtype=np.uint8).reshape(len(encoded), 32)
+    return b"".join([sha256(one).digest() for one in encode_ids(ids)])
 
 
 def _check_args(binding, level, digests, n_classes) -> np.ndarray:
@@ -160,6 +170,25 @@ def _check_args(binding, level, digests, n_classes) -> np.ndarray:
     if digests.ndim != 2 or digests.shape[1] != 32:
         raise ValueError(f"row_digests must have shape (n_rows, 32), got {digests.shape}")
     return digests
+
+
+def _stream_hasher(key: bytes, binding: bytes, level: int, n_classes: int):
+    """The keyed BLAKE2b of one (binding, level, K) stream, to be copied per row (step 2's stream key)."""
+    message = (DOMAIN + len(binding).to_bytes(8, "big") + bytes(binding)
+               + int(level).to_bytes(8, "big") + int(n_classes).to_bytes(8, "big"))
+    stream_key = hmac.new(key, message, hashlib.sha256).digest()
+    return hashlib.blake2b(key=stream_key, digest_size=8)
+
+
+def _seeds_of(hashers, raw: bytes) -> np.ndarray:
+    """Every stream's seed of every row, shape (len(hashers), n_rows) uint64, from the rows' joined digests."""
+    seeds = []
+    for keyed in hashers:
+        for start in range(0, len(raw), 32):
+            row = keyed.copy()  # no key setup per row
+            row.update(raw[start:start + 32])
+            seeds.append(row.digest())
+    return np.frombuffer(b"".join(seeds), dtype="<u8").astype(np.uint64).reshape(len(hashers), len(raw) // 32)
 
 
 def row_seeds(key: bytes, binding: bytes, level: int, digests, n_classes: int) -> np.ndarray:
@@ -179,16 +208,64 @@ def row_seeds(key: bytes, binding: bytes, level: int, digests, n_classes: int) -
     """
     key = check_key(key)
     digests = _check_args(binding, level, digests, n_classes)
-    message = (DOMAIN + len(binding).to_bytes(8, "big") + bytes(binding)
-               + int(level).to_bytes(8, "big") + int(n_classes).to_bytes(8, "big"))
-    stream_key = hmac.new(key, message, hashlib.sha256).digest()
-    keyed = hashlib.blake2b(key=stream_key, digest_size=8)  # copied per row: no key setup per row
-    raw, seeds = digests.tobytes(), []
-    for start in range(0, len(raw), 32):
-        row = keyed.copy()
-        row.update(raw[start:start + 32])
-        seeds.append(row.digest())
-    return np.frombuffer(b"".join(seeds), dtype="<u8").astype(np.uint64)
+    return _seeds_of((_stream_hasher(key, binding, level, n_classes),), digests.tobytes())[0]
+
+
+class RowSeeder:
+    """:func:`row_seeds` of several levels at once, with each stream's key derived once, not per call.
+
+    A server draws the same levels of the same binding at every request: the
+    HMAC of each stream key is made here, and a request costs one keyed
+    BLAKE2b per row and level.
+
+    Parameters
+    ----------
+    key : bytes
+        The serving key.
+    binding : bytes
+        What the streams are bound to.
+    levels : sequence of int
+        The levels drawn, in the order their seeds are returned.
+    """
+
+    def __init__(self, key: bytes, binding: bytes, levels):
+        self._key = check_key(key)
+        self._binding, self._levels = binding, tuple(levels)
+        for level in self._levels:
+            _check_args(binding, level, np.zeros((0, 32), dtype=np.uint8), 1)
+        self._hashers: dict = {}
+
+    def seeds(self, digests, n_classes: int) -> np.ndarray:
+        """Row seeds of every level, shape (n_levels, n_rows) uint64: row i of level j is
+        ``row_seeds(key, binding, levels[j], digests, n_classes)[i]``.
+
+        Parameters
+        ----------
+        digests : array_like of shape (n_rows, 32), uint8
+            :func:`row_digests` of the ids.
+        n_classes : int
+            K.
+
+        Returns
+        -------
+        ndarray of shape (n_levels, n_rows), uint64
+
+        Raises
+        ------
+        ValueError
+            A bad K, or digests not (n_rows, 32).
+        """
+        hashers = self._hashers.get(n_classes)
+        if hashers is None:
+            _check_args(self._binding, 0, np.zeros((0, 32), dtype=np.uint8), n_classes)
+            if len(self._hashers) >= 8:
+                self._hashers.clear()
+            hashers = self._hashers[n_classes] = tuple(
+                _stream_hasher(self._key, self._binding, level, n_classes) for level in self._levels)
+        raw = digests if isinstance(digests, bytes) else _check_args(self._binding, 0, digests, n_classes).tobytes()
+        if len(raw) % 32:
+            raise ValueError(f"row digests must be 32 bytes each, got {len(raw)} bytes")
+        return _seeds_of(hashers, raw)
 
 
 @lru_cache(maxsize=8)

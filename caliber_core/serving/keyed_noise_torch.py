@@ -10,6 +10,7 @@ for bit on any device with IEEE float64.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -182,6 +183,16 @@ _FUSED_DTYPES = {torch.float64: "float64", torch.float32: "float32", torch.float
                  torch.bfloat16: "bfloat16"}
 
 
+def _kernel_threads() -> int:
+    """torch's thread count, but no more than the cores this thread may run on: an engine that pins each
+    of its threads to one core (vLLM's CPU backend does) would put the kernel's threads on the same core,
+    which costs their start and gains nothing."""
+    threads = torch.get_num_threads()
+    if threads > 1 and hasattr(os, "sched_getaffinity"):
+        threads = min(threads, len(os.sched_getaffinity(0)))
+    return threads
+
+
 def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) -> torch.Tensor:
     """The torch twin of :func:`keyed_noise.add_keyed_noise`: same bits, on the logits' device.
 
@@ -224,12 +235,16 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) 
         if values.stride(-1) != 1:
             values = values.contiguous()
         out = torch.empty((n_rows, n_classes), dtype=values.dtype)
-        seeds = np.array([np.asarray(s, dtype=np.uint64).reshape(-1) for s in level_seeds],
-                         dtype=np.uint64).reshape(len(increments), n_rows)
+        if isinstance(level_seeds, np.ndarray) and level_seeds.dtype == np.uint64 and level_seeds.ndim == 2:
+            seeds = level_seeds  # (levels, rows) already: the serving path's RowSeeder output
+        else:
+            seeds = np.array([np.asarray(s, dtype=np.uint64).reshape(-1) for s in level_seeds],
+                             dtype=np.uint64)
+        seeds = seeds.reshape(len(increments), n_rows)
         item = values.element_size()
         fused_noise.add_keyed_noise(values.data_ptr(), values.stride(0) * item, out.data_ptr(), n_classes * item,
                                     (n_rows, n_classes), name, seeds, increments, served,
-                                    n_threads=torch.get_num_threads())
+                                    n_threads=_kernel_threads())
         return out
     if logits.device.type != "cpu" and increments and _device_kernel:
         return _device_kernel[0](logits, level_seeds, increments, served)

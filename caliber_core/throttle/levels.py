@@ -66,15 +66,15 @@ class PreparedRequest:
         Their (n_rows, n_classes) view.
     torch_in : bool
         Whether the logits are a torch tensor.
-    draws : list
-        Per ladder draw: the row seeds (per-input seeding) or the unit draws
-        themselves (consistent seeding).
+    draws : ndarray or list
+        Per ladder draw: the row seeds (per-input seeding, one (draws, rows)
+        uint64 array) or the unit draws themselves (consistent seeding, a list).
     """
 
     logits: object
     rows: object
     torch_in: bool
-    draws: list
+    draws: object
 
 
 class LevelNoise:
@@ -121,6 +121,10 @@ class LevelNoise:
         self._drawn = [(position, inc) for position, inc in enumerate(self.increments, start=1) if inc != 0.0]
         self._draws_at = (0,) + tuple(sum(1 for position, _ in self._drawn if position <= p)
                                       for p in self.positions[1:])
+        self._increments = np.array([inc for _, inc in self._drawn], dtype=np.float64)
+        # Each drawn stream's key made once: a request then costs one keyed hash per row and draw.
+        self._seeder = (keyed_noise.RowSeeder(self._key, top.binding, [position for position, _ in self._drawn])
+                        if self.seeding == "per-input" else None)
 
     def warm_up(self, device="cpu") -> None:
         """Serve one throwaway request of two rows (level 0 and the top) on ``device``, when torch is loaded.
@@ -224,9 +228,7 @@ class LevelNoise:
             draws = [self._top.unit_draw(position, digests, rows, n_classes, device=device)
                      for position, _ in self._drawn]
             return PreparedRequest(logits, rows, torch_in, draws)
-        digests = keyed_noise.row_digests(encoded)
-        seeds = [keyed_noise.row_seeds(self._key, self._top.binding, position, digests, n_classes)
-                 for position, _ in self._drawn]
+        seeds = self._seeder.seeds(keyed_noise.joined_digests(encoded), n_classes)  # (draws, rows)
         return PreparedRequest(logits, rows, torch_in, seeds)
 
     def assemble(self, prepared: PreparedRequest, segments, *, shadow: bool):
@@ -255,13 +257,20 @@ class LevelNoise:
         logits, rows, torch_in, seeds = prepared.logits, prepared.rows, prepared.torch_in, prepared.draws
         if self.seeding != "per-input":
             return self._assemble_draws(logits, rows, torch_in, seeds, segments, shadow)
-        increments = [inc for _, inc in self._drawn]
+        increments = self._increments
         clean = shadow or all(level == 0 for level, _ in segments)
         if torch_in:  # one pass: each row adds its level's draws and draws the rest (the fused kernel on the CPU)
             from ..serving.keyed_noise_torch import add_keyed_noise
 
-            served = [0 if clean else self._draws_at[level] for level, n in segments for _ in range(n)]
-            return add_keyed_noise(rows, seeds, increments, served=served).reshape(logits.shape)
+            if clean:
+                served = [0] * rows.shape[0]
+            elif len(segments) == 1:
+                served = None if self._draws_at[segments[0][0]] == len(increments) else \
+                    [self._draws_at[segments[0][0]]] * rows.shape[0]
+            else:
+                served = [self._draws_at[level] for level, n in segments for _ in range(n)]
+            out = add_keyed_noise(rows, seeds, increments, served=served)
+            return out if out.shape == logits.shape else out.reshape(logits.shape)
         add_keyed_noise = keyed_noise.add_keyed_noise
         out = None if len(segments) == 1 and not clean else (rows.clone() if torch_in else rows.copy())
         start = 0
