@@ -184,9 +184,7 @@ _FUSED_DTYPES = {torch.float64: "float64", torch.float32: "float32", torch.float
 
 
 def _kernel_threads() -> int:
-    """torch's thread count, but no more than the cores this thread may run on: an engine that pins each
-    of its threads to one core (vLLM's CPU backend does) would put the kernel's threads on the same core,
-    which costs their start and gains nothing."""
+    """torch's thread count, capped at this thread's cores (vLLM's CPU backend pins a thread to one core)."""
     threads = torch.get_num_threads()
     if threads > 1 and hasattr(os, "sched_getaffinity"):
         threads = min(threads, len(os.sched_getaffinity(0)))
@@ -197,12 +195,9 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) 
     """The torch twin of :func:`keyed_noise.add_keyed_noise`: same bits, on the logits' device.
 
     On the CPU the fused kernel (:mod:`.fused_noise`) serves every dtype in one
-    pass; where it is unavailable, float16, float32 and float64 logits go
-    through numpy's kernel on the tensor's memory and bfloat16 through
-    :func:`add_keyed_noise_torch`, with the same bits. Other devices (CUDA) use
-    the kernel :mod:`.compiled_noise` compiled when the server was built (it registers itself by
-    :func:`use_device_kernel` when imported), and
-    :func:`add_keyed_noise_torch` where it could not be.
+    pass; other devices, the kernel registered by :func:`use_device_kernel`
+    (:mod:`.compiled_noise`'s, compiled when the server was built); elsewhere
+    :func:`add_keyed_noise_op_by_op`. The same bits on every path.
 
     Parameters
     ----------
@@ -235,12 +230,9 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) 
         if values.stride(-1) != 1:
             values = values.contiguous()
         out = torch.empty((n_rows, n_classes), dtype=values.dtype)
-        if isinstance(level_seeds, np.ndarray) and level_seeds.dtype == np.uint64 and level_seeds.ndim == 2:
-            seeds = level_seeds  # (levels, rows) already: the serving path's RowSeeder output
-        else:
-            seeds = np.array([np.asarray(s, dtype=np.uint64).reshape(-1) for s in level_seeds],
-                             dtype=np.uint64)
-        seeds = seeds.reshape(len(increments), n_rows)
+        ready = isinstance(level_seeds, np.ndarray) and level_seeds.dtype == np.uint64  # RowSeeder's array
+        seeds = (level_seeds if ready else np.array([np.asarray(s, dtype=np.uint64).reshape(-1) for s in level_seeds],
+                                                    dtype=np.uint64)).reshape(len(increments), n_rows)
         item = values.element_size()
         fused_noise.add_keyed_noise(values.data_ptr(), values.stride(0) * item, out.data_ptr(), n_classes * item,
                                     (n_rows, n_classes), name, seeds, increments, served,
@@ -257,13 +249,7 @@ _device_kernel: list = []
 
 
 def use_device_kernel(function) -> None:
-    """Serve tensors off the CPU by ``function`` (same signature and bits as :func:`add_keyed_noise`).
-
-    Parameters
-    ----------
-    function : callable
-        ``function(logits, level_seeds, increments, served)``.
-    """
+    """Serve tensors off the CPU by ``function(logits, level_seeds, increments, served)``, same bits."""
     _device_kernel[:] = [function]
 
 
