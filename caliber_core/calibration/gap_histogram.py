@@ -234,6 +234,19 @@ class RowBounds:
     acc_hi: np.ndarray | None
 
 
+def _float_counts(reduced: ReducedRows) -> np.ndarray:
+    """``reduced.counts`` as float32 (exact: a count is below 2^24), made once and kept on the reduction.
+
+    Every evaluation of :func:`row_bounds` multiplies them; converting them each time cost
+    more than the product.
+    """
+    kept = reduced.__dict__.get("_float_counts")
+    if kept is None or kept.shape != reduced.counts.shape:
+        kept = reduced.counts.astype(np.float32)
+        reduced.__dict__["_float_counts"] = kept
+    return kept
+
+
 def row_bounds(reduced: ReducedRows, sigma: float, *, step: float = _STEP,
                accuracy: bool = True, agreement: bool = True) -> RowBounds:
     """Per-row bounds of the agreement and, with labels, the accuracy at sigma (Eq. top1-exact).
@@ -289,7 +302,11 @@ def row_bounds(reduced: ReducedRows, sigma: float, *, step: float = _STEP,
     every = np.arange(n)
     if labelled and not agreement:  # the rows an accuracy needs: correct ones and labels within H_CUT
         every = np.flatnonzero((reduced.label_slots == LABEL_IS_TOP) | (h_sig <= H_CUT))
-    counts = reduced.counts[every][:, live].astype(np.float32)  # float32 matmul: counts are exact
+    n_live = int(np.count_nonzero(live))  # the edges ascend: the live bins are the first ones
+    if every.size == n:  # every row: the float32 counts made once per reduction, a view of the live bins
+        counts = _float_counts(reduced)[:, :n_live]
+    else:
+        counts = reduced.counts[every][:, :n_live].astype(np.float32)  # float32 matmul: counts are exact
     lo_tail = (counts @ log_ndtr(lower_edge[live, None] / s + nodes[None, :]).astype(np.float32)).astype(np.float64)
     hi_edges = np.where(np.isfinite(upper_edge[live]), upper_edge[live], 1e300)
     hi_tail = (counts @ log_ndtr(hi_edges[:, None] / s + nodes[None, :]).astype(np.float32)).astype(np.float64)
