@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from caliber_core.calibration.full_vocab import mean_bounds, reduce_file, sigma_for_agreement  # noqa: E402
 from caliber_core.calibration.gap_histogram import ReducedRows, agreement_bounds  # noqa: E402
+from caliber_core.calibration.vocab_sigma import AGREEMENT_STEP  # noqa: E402
 from caliber_core.simulation.llm_like import llm_like_logits  # noqa: E402
 
 TARGETS = (0.9, 0.8)
@@ -130,10 +131,11 @@ def run_cli(path: Path, out: Path, cores: str | None, targets=None) -> tuple[flo
 
 
 def quadrature_shift(reduced: ReducedRows, sigma: float) -> float:
-    """Relative sigma change the 4x finer quadrature would make (slope from a 0.1% step)."""
-    coarse = np.mean(sum(agreement_bounds(reduced, sigma)) / 2)
-    fine = np.mean(sum(agreement_bounds(reduced, sigma, step=0.05)) / 2)
-    slope = (np.mean(sum(agreement_bounds(reduced, sigma * 1.001)) / 2) - coarse) / (0.001 * sigma)
+    """Relative sigma change a 4x finer quadrature than the served one would make (slope from a 0.1% step)."""
+    step = AGREEMENT_STEP
+    coarse = np.mean(sum(agreement_bounds(reduced, sigma, step=step)) / 2)
+    fine = np.mean(sum(agreement_bounds(reduced, sigma, step=step / 4)) / 2)
+    slope = (np.mean(sum(agreement_bounds(reduced, sigma * 1.001, step=step)) / 2) - coarse) / (0.001 * sigma)
     return abs(fine - coarse) / abs(slope) / sigma
 
 

@@ -73,6 +73,21 @@ def test_the_prior_fit_in_lockstep_one_student_at_a_time_is_bit_identical(studen
     assert np.array_equal(corrected_predictions(z, ev), former)
 
 
+@pytest.mark.parametrize("block_rows", [37, 4096])
+def test_the_prior_fit_in_row_blocks_is_bit_identical(block_rows, monkeypatch):
+    """Each step's softmax made a block of rows at a time (float32 logits held, no float64 matrix)."""
+    from caliber_core.extraction import prior_correction
+
+    rng = np.random.default_rng(block_rows)
+    for students, n, k in ((3, 1500, 100), (2, 999, 2), (4, 64, 13)):
+        monkeypatch.setattr(prior_correction, "BLOCK_BYTES", 8 * k * block_rows)
+        z = (rng.standard_normal((students, n, k)) * rng.uniform(0.5, 4.0, (students, 1, 1))
+             + 2.0 * rng.standard_normal((students, 1, k))).astype(np.float32)
+        assert np.array_equal(prior_matching_bias(z), _batch_bias(z))
+        prior = rng.dirichlet(np.ones(k) * 5)
+        assert np.array_equal(prior_matching_bias(z.astype(np.float64), prior=prior), _batch_bias(z, prior=prior))
+
+
 def test_targets_made_in_row_blocks_equal_the_whole_matrix():
     rng = np.random.default_rng(3)
     for n in (1, 4096, 4097, 9000):

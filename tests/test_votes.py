@@ -57,3 +57,17 @@ def test_two_votes_keep_single_query_agreement_when_the_clean_class_has_the_high
     # Each agreement is a mean of 20,000 Bernoullis (sd <= 0.0035); 0.02 is over 4 sd of the difference.
     assert two == pytest.approx(one, abs=0.02)
     assert abs(two - one ** 2) > 0.15
+
+
+@pytest.mark.parametrize("key_bytes", [8, 8 * 7 * 3, 4 << 20])
+def test_the_vote_in_row_blocks_draws_the_keys_of_the_whole_matrix(key_bytes, monkeypatch):
+    """Block by block (no (n, K) float64 keys held): the same labels and the generator left where it was."""
+    monkeypatch.setattr(votes, "_KEY_BYTES", key_bytes)
+    rng = np.random.default_rng(1)
+    v = rng.integers(0, 3, size=(1001, 7)).astype(np.int32)
+    gen, former = vote_generator(5), vote_generator(5)
+    top = v.max(axis=1, keepdims=True)
+    expected = np.argmax(np.where(v == top, former.random(v.shape), -1.0), axis=1)
+    assert np.array_equal(majority_vote(v, gen), expected)
+    assert gen.random() == former.random()
+    assert majority_vote(np.zeros((0, 4), dtype=np.int64), gen).shape == (0,)

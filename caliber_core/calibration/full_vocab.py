@@ -31,6 +31,7 @@ from .vocab_sigma import (
     clean_accuracy,
     guess_sigma,
     mean_bounds,
+    quadrature_step,
     side_value,
     sigma_for,
     sigma_for_agreement,
@@ -168,7 +169,8 @@ def _curves(reduced: ReducedRows, grid) -> dict[str, tuple[np.ndarray, np.ndarra
         out["accuracy"] = (np.empty(grid.size), np.empty(grid.size))
     for i, s in enumerate(grid):
         # With labels only the accuracy is drawn and solved: the wrong rows' agreement is not computed.
-        b = accuracy_row_bounds(reduced, s) if reduced.has_labels else row_bounds(reduced, s)
+        b = (accuracy_row_bounds(reduced, s) if reduced.has_labels
+             else row_bounds(reduced, s, step=quadrature_step(reduced)))
         out["agreement"][0][i], out["agreement"][1][i] = b.agree_lo.mean(), b.agree_hi.mean()
         if reduced.has_labels:
             out["accuracy"][0][i], out["accuracy"][1][i] = b.acc_lo.mean(), b.acc_hi.mean()

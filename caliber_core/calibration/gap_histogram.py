@@ -144,7 +144,8 @@ def reduce_block(block: np.ndarray, *, m: int = TOP_GAPS, labels: np.ndarray | N
     label_gaps = np.empty(n) if labels is not None else None
     slots = np.empty(n, dtype=np.int32) if labels is not None else None
     gaps = np.empty(v, dtype=np.float32)
-    bins = np.empty(v, dtype=np.uint32)
+    # Bin indices straight into np.intp, the type np.bincount counts in: no cast, no copy of the row.
+    bins = np.empty(v, dtype=np.intp)
     for i in range(n):
         z = block[i]
         pred = int(z.argmax())  # the first largest, as the loader's argmax (a NaN is its own argmax)
@@ -154,14 +155,18 @@ def reduce_block(block: np.ndarray, *, m: int = TOP_GAPS, labels: np.ndarray | N
         if top == 0.0:
             top = np.float32(0.0)  # -0.0 -> +0.0, so that a tie at a zero top has gap +0.0
         np.subtract(top, z, out=gaps)  # >= 0 (+inf for a -inf logit)
-        # A gap's bin: its float32 bits >> SHIFT (geometric bins); everything from 2^HIGH_EXP on is one bin.
-        np.right_shift(gaps.view(np.uint32), SHIFT, out=bins)
-        np.minimum(bins, _HI_BIN, out=bins)
+        # A gap's bin: its float32 bits >> SHIFT (geometric bins; gaps are >= +0.0, so the bits as int32
+        # are >= 0). The bins from 2^HIGH_EXP on (+inf's included) are counted apart and summed into
+        # one below: cheaper than clipping every gap's bin first.
+        np.right_shift(gaps.view(np.int32), SHIFT, out=bins)
         raw = np.bincount(bins, minlength=_HI_BIN + 1)
+        raw[_HI_BIN] = raw[_HI_BIN:].sum()
+        raw = raw[: _HI_BIN + 1]
         # The m + 1 smallest gaps (the top's own 0 among them), exactly: every gap in a bin at or
         # below the one where the cumulative count reaches m + 1.
         threshold = int(np.searchsorted(np.cumsum(raw), m + 1))
-        values = np.sort(gaps[bins <= threshold])[: m + 1]
+        near = gaps if threshold >= _HI_BIN else gaps[bins <= threshold]  # the last bin spans every bin past it
+        values = np.sort(near)[: m + 1]
         top_gaps[i] = values[1:]  # the smallest is the top itself
         # Take the kept gaps (and the top's own) out of the histogram.
         np.subtract.at(raw, np.minimum(values.view(np.uint32) >> SHIFT, _HI_BIN), 1)
@@ -231,6 +236,19 @@ class RowBounds:
     acc_hi: np.ndarray | None
 
 
+def _float_counts(reduced: ReducedRows) -> np.ndarray:
+    """``reduced.counts`` as float32 (exact: a count is below 2^24), made once and kept on the reduction.
+
+    Every evaluation of :func:`row_bounds` multiplies them; converting them each time cost
+    more than the product.
+    """
+    kept = reduced.__dict__.get("_float_counts")
+    if kept is None or kept.shape != reduced.counts.shape:
+        kept = reduced.counts.astype(np.float32)
+        reduced.__dict__["_float_counts"] = kept
+    return kept
+
+
 def row_bounds(reduced: ReducedRows, sigma: float, *, step: float = _STEP,
                accuracy: bool = True, agreement: bool = True) -> RowBounds:
     """Per-row bounds of the agreement and, with labels, the accuracy at sigma (Eq. top1-exact).
@@ -286,7 +304,11 @@ def row_bounds(reduced: ReducedRows, sigma: float, *, step: float = _STEP,
     every = np.arange(n)
     if labelled and not agreement:  # the rows an accuracy needs: correct ones and labels within H_CUT
         every = np.flatnonzero((reduced.label_slots == LABEL_IS_TOP) | (h_sig <= H_CUT))
-    counts = reduced.counts[every][:, live].astype(np.float32)  # float32 matmul: counts are exact
+    n_live = int(np.count_nonzero(live))  # the edges ascend: the live bins are the first ones
+    if every.size == n:  # every row: the float32 counts made once per reduction, a view of the live bins
+        counts = _float_counts(reduced)[:, :n_live]
+    else:
+        counts = reduced.counts[every][:, :n_live].astype(np.float32)  # float32 matmul: counts are exact
     lo_tail = (counts @ log_ndtr(lower_edge[live, None] / s + nodes[None, :]).astype(np.float32)).astype(np.float64)
     hi_edges = np.where(np.isfinite(upper_edge[live]), upper_edge[live], 1e300)
     hi_tail = (counts @ log_ndtr(hi_edges[:, None] / s + nodes[None, :]).astype(np.float32)).astype(np.float64)
@@ -314,8 +336,9 @@ def row_bounds(reduced: ReducedRows, sigma: float, *, step: float = _STEP,
             skip = (reduced.label_slots[r] != LABEL_IS_TOP)[:, None] & (
                 nodes[None, :] > U_MAX - h_sig[r][:, None])
             live &= ~skip[:, None, :]
-        factors = np.ones(x.shape)
-        factors[live] = ndtr(x[live])
+        # Every entry evaluated, then 1 where dead: cheaper than gathering and scattering the live ones.
+        factors = ndtr(x)
+        np.copyto(factors, 1.0, where=~live)
         head = np.log(np.maximum(np.prod(factors, axis=1), 1e-300))
         agree = head
         if h_sig is not None:

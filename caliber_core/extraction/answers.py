@@ -207,7 +207,8 @@ def answer_queries(
     first = None
     # Only what is asked for is held: M = 1 soft answers need neither the deviations nor the votes.
     dev_sum = np.zeros_like(z) if ms[-1] > 1 and "soft" in kinds else None
-    votes = np.zeros((n, k), dtype=np.int64) if "hard" in kinds else None
+    # int32 counts (a row's votes are at most M): half the (n, K) matrix an int64 one would be.
+    votes = np.zeros((n, k), dtype=np.int32) if "hard" in kinds else None
     rows = np.arange(n)
     out: dict[tuple[str, int], Answers] = {}
     for m in range(1, ms[-1] + 1):

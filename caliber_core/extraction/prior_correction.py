@@ -98,39 +98,61 @@ def lockstep_biases(pool_logits_of, n_students: int, *, prior=None, iterations: 
     return np.stack([path.biases[steps][0] for path in paths])
 
 
+#: Rows of one block of a fixed-point step: its float64 softmax holds about 4 MiB, not (n_pool, K).
+BLOCK_BYTES = 4 << 20
+
+
 class _Path:
-    """One surrogate's fixed-point path: its bias after t steps and its error before step t."""
+    """One surrogate's fixed-point path: its bias after t steps and its error before step t.
+
+    The pool logits are held as given (float32 from a student); each step makes the
+    float64 softmax a block of rows at a time and adds the blocks' column sums in row
+    order, so it matches the whole-matrix computation bit for bit (numpy sums a column
+    over rows one row after another).
+    """
 
     def __init__(self, pool_logits_of, j: int):
         self._of, self._j = pool_logits_of, j
-        self._shifted: np.ndarray | None = None
+        self._logits: np.ndarray | None = None
         self.biases: list[np.ndarray] = []
         self.errors: list[float] = []
 
     def load(self) -> int:
-        """Hold this surrogate's pool logits (float64, each row's max subtracted); return K."""
+        """Hold this surrogate's pool logits; return K."""
         z = np.asarray(self._of(self._j))
         if z.ndim != 2 or z.shape[-1] < 2 or z.shape[0] < 1:
             raise ValueError(f"logits must be (n_samples, n_classes) with 2+ classes, got shape {z.shape}")
-        shifted = np.array(z, dtype=np.float64)
-        del z
-        shifted -= shifted.max(axis=1, keepdims=True)
-        self._shifted = shifted
+        self._logits = z
         if not self.biases:
-            self.biases.append(np.zeros((1, shifted.shape[1])))
-        return shifted.shape[1]
+            self.biases.append(np.zeros((1, z.shape[1])))
+        return z.shape[1]
 
     def _step(self, p, log_p) -> None:
         """The error at the last bias, and the next bias (kept for later)."""
-        if self._shifted is None:
+        if self._logits is None:
             self.load()
-        bias = self.biases[-1]
-        s = self._shifted + bias
-        s -= s.max(axis=1, keepdims=True)
-        np.exp(s, out=s)
-        s /= s.sum(axis=1, keepdims=True)
-        freq = s.mean(axis=0, keepdims=True)
-        del s
+        z, bias = self._logits, self.biases[-1]
+        n, k = z.shape
+        rows = max(1, BLOCK_BYTES // (8 * k))
+        # Row 0 of the buffer carries the running column sums, so that summing the buffer over rows
+        # continues the one sequence of additions the whole matrix's sum would make.
+        buf = np.empty((min(n, rows) + 1, k))
+        total = None
+        for start in range(0, n, rows):
+            stop = min(n, start + rows)
+            s = buf[1 : stop - start + 1]
+            s[...] = z[start:stop]  # float64, each row's max subtracted (as the former shifted matrix)
+            s -= s.max(axis=1, keepdims=True)
+            s += bias
+            s -= s.max(axis=1, keepdims=True)
+            np.exp(s, out=s)
+            s /= s.sum(axis=1, keepdims=True)
+            if total is None:
+                total = s.sum(axis=0, keepdims=True)
+            else:
+                buf[0] = total
+                total = buf[: stop - start + 1].sum(axis=0, keepdims=True)
+        freq = total / n
         self.errors.append(float(np.max(np.abs(freq - p))))
         nxt = bias + (log_p - np.log(np.maximum(freq, 1e-300)))
         nxt -= nxt.mean(axis=1, keepdims=True)
@@ -145,13 +167,13 @@ class _Path:
             if self.errors[t] < tolerance:
                 break
             t += 1
-        self._shifted = None  # the next surrogate's matrix takes its place
+        self._logits = None  # the next surrogate's matrix takes its place
         return t
 
     def extend_to(self, steps: int, p, log_p, limit: int) -> None:
         while len(self.biases) <= steps:
             self._step(p, log_p)
-        self._shifted = None
+        self._logits = None
 
 
 def corrected_predictions(pool_logits, eval_logits, *, prior=None) -> np.ndarray:

@@ -48,6 +48,17 @@ def majority_vote(votes: np.ndarray, generator: np.random.Generator) -> np.ndarr
     votes = np.asarray(votes)
     if votes.ndim != 2 or votes.shape[1] < 1:
         raise ValueError(f"votes must have shape (n_samples, n_classes), got {votes.shape}")
-    top = votes.max(axis=1, keepdims=True)
-    keys = np.where(votes == top, generator.random(votes.shape), -1.0)
-    return np.argmax(keys, axis=1).astype(np.int64)
+    n, k = votes.shape
+    labels = np.empty(n, dtype=np.int64)
+    # A block of rows at a time (4 MiB of keys): the generator draws the same keys in the same
+    # order as one (n, K) draw would, without an (n, K) float64 matrix or two.
+    rows = max(1, _KEY_BYTES // (8 * k))
+    for start in range(0, n, rows):
+        block = votes[start : start + rows]
+        top = block.max(axis=1, keepdims=True)
+        keys = np.where(block == top, generator.random(block.shape), -1.0)
+        labels[start : start + rows] = np.argmax(keys, axis=1)
+    return labels
+
+
+_KEY_BYTES = 4 << 20
