@@ -79,3 +79,20 @@ def test_the_seam_thief_flags_nothing_without_seams():
     assert estimate_swapped(x, z).mean() < 0.02
     with pytest.raises(ValueError, match="at least two queries"):
         estimate_swapped(x[:1], z[:1])
+
+
+def test_one_measured_point_of_the_cells_has_every_thief_and_the_seam_thief():
+    from pathlib import Path
+
+    from caliber_core.extraction.input_frontier import measure_input_frontier
+
+    demo = Path(__file__).resolve().parent.parent / "data" / "digits_mlp-wide.npz"
+    frontier = measure_input_frontier(str(demo), designs=["cells-swap-4x1"], keys=1, seeds=1, near_duplicates=2)
+    (point,) = frontier.points
+    assert abs(point.teacher.mean - 0.75) < 0.1  # solved on the pool, measured on the held-out split
+    assert 0.0 < point.sigma_over_s.mean < 1.0  # the cells' cut t
+    assert 0.3 < point.thief.mean < 1.05
+    for family in ("hard-", "near2:", "seams:"):
+        assert any(a.startswith(family) for a in point.attackers), family
+    with pytest.raises(ValueError, match="noise design must be one of"):
+        measure_input_frontier(str(demo), designs=["cells-swap-99"])
