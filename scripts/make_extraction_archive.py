@@ -186,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     np.savez_compressed(args.out, **arrays)
     acc = float(np.mean(arrays["heldout_logits"].argmax(1) == arrays["heldout_labels"]))
     print(f"{args.out}: {args.pool} pool rows, {args.heldout} held-out rows, {N_FEATURES} features, "
-          f"{args.classes} classes, a {args.layers}-layer MLP of {args.hidden} units; teacher held-out accuracy {acc:.3f}")
+          f"{args.classes} classes, a {args.layers}-layer MLP of {args.hidden} units; "
+          f"teacher held-out accuracy {acc:.3f}")
     return 0
 
 
