@@ -25,7 +25,9 @@ from figure_files import FIGURES_DIR, FigureFile  # noqa: E402
 from caliber_core.extraction.input_designs import INPUT_DESIGNS  # noqa: E402
 from caliber_core.extraction.input_frontier import measure_input_frontier  # noqa: E402
 from caliber_core.extraction.noise_designs import SERVED_DESIGN  # noqa: E402
-from caliber_core.extraction.pool_sizes import SizedFrontier, sizes_table, sizes_to_json  # noqa: E402
+from caliber_core.extraction.archive import load_archive  # noqa: E402
+from caliber_core.extraction.pool_sizes import (SizedFrontier, check_pool_sizes, sizes_table,  # noqa: E402
+                                                sizes_to_json)
 
 
 def main(argv=None) -> int:
@@ -47,9 +49,15 @@ def main(argv=None) -> int:
         print(f"error: no archive at {args.archive}; write one with scripts/make_extraction_archive.py",
               file=sys.stderr)
         return 2
+    archive = load_archive(args.archive)
+    try:
+        sizes = check_pool_sizes(args.sizes, archive.pool.n_samples, archive.n_classes, name=args.archive)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     start = time.time()
     done = SizedFrontier(args.archive, [], [])
-    for n in sorted(set(args.sizes)):
+    for n in sizes:
         done.frontiers.append(measure_input_frontier(args.archive, designs=args.designs, level=args.level,
                                                      keys=args.keys, seeds=args.seeds,
                                                      near_duplicates=args.near_duplicates,
