@@ -10,12 +10,16 @@ sizes it measured.
 
     python benchmarks/bench_frontier_sizes.py --sizes 500 2000 8000 --keys 3 --seeds 1
     python benchmarks/bench_frontier_sizes.py --sizes 500 2000 8000 32000 --keys 4 --seeds 2 --processes 16
+
+``--figure NAME`` writes ``docs/figures/NAME.md`` and ``NAME.json`` instead (a
+second teacher's curve beside the first, which the Extraction page reads).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -43,6 +47,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--near-duplicates", type=int, default=16)
     ap.add_argument("--processes", type=int, default=max(1, min(16, os.cpu_count() or 1)))
+    ap.add_argument("--figure", default="frontier-sizes", help="figure name under docs/figures (default frontier-sizes)")
+    ap.add_argument("--archive-options", default="",
+                    help="options (one quoted string) for scripts/make_extraction_archive.py when it writes the archive")
     args = ap.parse_args(argv)
     import torch
 
@@ -50,7 +57,7 @@ def main(argv=None) -> int:
     if not Path(args.archive).exists():
         import make_extraction_archive
 
-        make_extraction_archive.main(["--pool", str(args.pool), "--out", args.archive])
+        make_extraction_archive.main(["--pool", str(args.pool), "--out", args.archive, *shlex.split(args.archive_options)])
     start = time.time()
     done = SizedFrontier(args.archive, [], [])
     for n in sorted(set(args.sizes)):
@@ -60,14 +67,14 @@ def main(argv=None) -> int:
         done.sizes += one.sizes
         done.frontiers += one.frontiers
         print(f"{n} queries: {time.time() - start:.0f} s", file=sys.stderr, flush=True)
-        fig = FigureFile("frontier-sizes", "The thief's retention across campaign sizes")
+        fig = FigureFile(args.figure, "The thief's retention across campaign sizes")
         fig.note("\n".join(sizes_table(done)))
         missing = [s for s in sorted(set(args.sizes)) if s not in done.sizes]
         fig.note(f"Pool sizes measured: {', '.join(f'{s:,}' for s in done.sizes)}"
                  + (f"; not measured in this run: {', '.join(f'{s:,}' for s in missing)}." if missing else ".")
                  + f" {time.time() - start:.0f} s of training over {args.processes} processes.")
         fig.write()
-        (FIGURES_DIR / "frontier-sizes.json").write_text(sizes_to_json(done))
+        (FIGURES_DIR / f"{args.figure}.json").write_text(sizes_to_json(done))
     return 0
 
 

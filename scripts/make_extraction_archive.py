@@ -11,6 +11,13 @@ rows::
 
     .venv/bin/python scripts/make_extraction_archive.py --pool 32000 --out /tmp/synthetic-32k.npz
 
+A second teacher, on a different task and with a different architecture
+(20 classes, a wider and deeper MLP), for checking that a result is not one
+teacher's::
+
+    .venv/bin/python scripts/make_extraction_archive.py --pool 32000 --classes 20 --hidden 128 --layers 3 \
+        --class-sep 2.0 --seed 1 --out /tmp/synthetic-20c-32k.npz
+
 The train, pool and held-out rows are disjoint draws of one task; every
 draw is seeded (``--seed``), so a file is a pure function of its options.
 """
@@ -34,7 +41,7 @@ N_CLASSES = 10
 HIDDEN = 64
 
 
-def make_task(n_rows: int, *, seed: int, class_sep: float = 1.75, flip_y: float = 0.05):
+def make_task(n_rows: int, *, seed: int, class_sep: float = 1.75, flip_y: float = 0.05, n_classes: int = N_CLASSES):
     """Draw the task's inputs and labels, standardized by the first rows' statistics.
 
     Parameters
@@ -45,6 +52,7 @@ def make_task(n_rows: int, *, seed: int, class_sep: float = 1.75, flip_y: float 
         scikit-learn's ``random_state``.
     class_sep, flip_y : float
         ``make_classification``'s cluster spread and label noise (the task's difficulty).
+    n_classes : int, default 10
 
     Returns
     -------
@@ -54,13 +62,14 @@ def make_task(n_rows: int, *, seed: int, class_sep: float = 1.75, flip_y: float 
     from sklearn.datasets import make_classification
 
     x, y = make_classification(n_samples=n_rows, n_features=N_FEATURES, n_informative=N_INFORMATIVE,
-                               n_redundant=N_REDUNDANT, n_classes=N_CLASSES, n_clusters_per_class=2,
+                               n_redundant=N_REDUNDANT, n_classes=n_classes, n_clusters_per_class=2,
                                class_sep=class_sep, flip_y=flip_y, shuffle=True, random_state=seed)
     return x.astype(np.float32), y.astype(np.int64)
 
 
-def train_teacher(x: np.ndarray, y: np.ndarray, *, seed: int, steps: int = 300, hidden: int = HIDDEN):
-    """A D-hidden-hidden-K MLP trained full-batch with Adam on (x, y).
+def train_teacher(x: np.ndarray, y: np.ndarray, *, seed: int, steps: int = 300, hidden: int = HIDDEN,
+                  layers: int = 2, n_classes: int = N_CLASSES):
+    """A D-hidden-...-hidden-K MLP (``layers`` hidden layers) trained full-batch with Adam on (x, y).
 
     Parameters
     ----------
@@ -72,6 +81,10 @@ def train_teacher(x: np.ndarray, y: np.ndarray, *, seed: int, steps: int = 300, 
         Adam steps; the teacher is deliberately not trained to convergence, so
         that its margins spread out as a served model's do.
     hidden : int
+        Units per hidden layer.
+    layers : int, default 2
+        Hidden layers.
+    n_classes : int, default 10
 
     Returns
     -------
@@ -83,8 +96,9 @@ def train_teacher(x: np.ndarray, y: np.ndarray, *, seed: int, steps: int = 300, 
 
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(x.shape[1], hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                          nn.Linear(hidden, N_CLASSES))
+    widths = [x.shape[1]] + [hidden] * layers
+    blocks = [m for a, b in zip(widths, widths[1:]) for m in (nn.Linear(a, b), nn.ReLU())]
+    model = nn.Sequential(*blocks, nn.Linear(widths[-1], n_classes))
     opt = torch.optim.Adam(model.parameters(), lr=3e-3, weight_decay=1e-4)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     for _ in range(steps):
@@ -103,7 +117,8 @@ def logits_of(model, x: np.ndarray) -> np.ndarray:
 
 
 def make_archive(*, pool: int, heldout: int = 2000, train: int = 4000, seed: int = 0, steps: int = 300,
-                 class_sep: float = 1.75) -> dict[str, np.ndarray]:
+                 class_sep: float = 1.75, n_classes: int = N_CLASSES, hidden: int = HIDDEN,
+                 layers: int = 2) -> dict[str, np.ndarray]:
     """The archive's arrays: a teacher trained on ``train`` rows, answering ``pool`` and ``heldout`` others.
 
     Parameters
@@ -116,6 +131,8 @@ def make_archive(*, pool: int, heldout: int = 2000, train: int = 4000, seed: int
         The teacher's Adam steps.
     class_sep : float
         The task's cluster spread (smaller is harder).
+    n_classes, hidden, layers : int
+        The task's classes; the teacher's units per hidden layer and hidden layers.
 
     Returns
     -------
@@ -125,15 +142,21 @@ def make_archive(*, pool: int, heldout: int = 2000, train: int = 4000, seed: int
     Raises
     ------
     ValueError
-        A split with fewer than 10 rows per class on average.
+        A split with fewer than 10 rows per class on average, or a class count, width or depth out of range.
     """
+    for name, n, low in (("classes", n_classes, 2), ("hidden", hidden, 1), ("layers", layers, 1)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < low:
+            raise ValueError(f"--{name} must be an integer of at least {low}, got {n!r}")
+    if n_classes * 2 > 2 ** N_INFORMATIVE:
+        raise ValueError(f"--classes must be at most {2 ** N_INFORMATIVE // 2}, got {n_classes}")
     for name, n in (("pool", pool), ("heldout", heldout), ("train", train)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 10 * N_CLASSES:
-            raise ValueError(f"--{name} must be an integer of at least {10 * N_CLASSES} rows, got {n!r}")
-    x, y = make_task(train + pool + heldout, seed=seed, class_sep=class_sep)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 10 * n_classes:
+            raise ValueError(f"--{name} must be an integer of at least {10 * n_classes} rows, got {n!r}")
+    x, y = make_task(train + pool + heldout, seed=seed, class_sep=class_sep, n_classes=n_classes)
     mean, std = x[:train].mean(axis=0), x[:train].std(axis=0) + 1e-6  # the provider's own feature scaling
     x = ((x - mean) / std).astype(np.float32)
-    teacher = train_teacher(x[:train], y[:train], seed=seed, steps=steps)
+    teacher = train_teacher(x[:train], y[:train], seed=seed, steps=steps, hidden=hidden, layers=layers,
+                            n_classes=n_classes)
     p, h = slice(train, train + pool), slice(train + pool, train + pool + heldout)
     return {"inputs": x[p], "logits": logits_of(teacher, x[p]), "labels": y[p],
             "heldout_inputs": x[h], "heldout_logits": logits_of(teacher, x[h]), "heldout_labels": y[h]}
@@ -149,17 +172,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--class-sep", type=float, default=1.75,
                     help="make_classification's class_sep (default 1.75: a teacher near 0.77 held-out accuracy)")
     ap.add_argument("--seed", type=int, default=0, help="seeds the task and the teacher (default 0)")
+    ap.add_argument("--classes", type=int, default=N_CLASSES, help=f"the task's classes (default {N_CLASSES})")
+    ap.add_argument("--hidden", type=int, default=HIDDEN, help=f"teacher units per hidden layer (default {HIDDEN})")
+    ap.add_argument("--layers", type=int, default=2, help="teacher hidden layers (default 2)")
     args = ap.parse_args(argv)
     try:
         arrays = make_archive(pool=args.pool, heldout=args.heldout, train=args.train, seed=args.seed,
-                              steps=args.steps, class_sep=args.class_sep)
+                              steps=args.steps, class_sep=args.class_sep, n_classes=args.classes,
+                              hidden=args.hidden, layers=args.layers)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     np.savez_compressed(args.out, **arrays)
     acc = float(np.mean(arrays["heldout_logits"].argmax(1) == arrays["heldout_labels"]))
     print(f"{args.out}: {args.pool} pool rows, {args.heldout} held-out rows, {N_FEATURES} features, "
-          f"{N_CLASSES} classes; teacher held-out accuracy {acc:.3f}")
+          f"{args.classes} classes, a {args.layers}-layer MLP of {args.hidden} units; "
+          f"teacher held-out accuracy {acc:.3f}")
     return 0
 
 

@@ -120,3 +120,11 @@ def test_the_extraction_page_reads_the_sizes_figure(tmp_path):
         assert all(lo <= mean <= hi for _, _, mean, lo, hi in pts)
     fig = sizes_figure(measured)
     assert len(fig.data) == 2 * len(measured["curves"]) and fig.layout.xaxis.type == "log"
+
+
+def test_the_generator_makes_a_second_teacher_of_another_task_and_architecture(tmp_path, capsys):
+    arrays = make_extraction_archive.make_archive(pool=400, heldout=400, train=800, steps=20, n_classes=20,
+                                                  hidden=16, layers=3, seed=1)
+    assert arrays["logits"].shape == (400, 20) and set(np.unique(arrays["labels"])) <= set(range(20))
+    assert make_extraction_archive.main(["--pool", "400", "--classes", "1", "--out", str(tmp_path / "x.npz")]) == 2
+    assert capsys.readouterr().err.strip() == "error: --classes must be an integer of at least 2, got 1"

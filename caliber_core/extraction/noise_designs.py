@@ -27,7 +27,8 @@ and every design is calibrated the same way: a target in, sigma out.
   centred logit vector mixed along the cycle, unbalanced; a bounded push toward
   pi(argmax), balanced; a keyed random K x K mixing).
 
-Designs only see logits: the served API has no inputs.
+Designs only see logits: the served API has no inputs. Designs keyed on the
+inputs, measured but not served, are in :mod:`.input_designs`.
 """
 
 from __future__ import annotations

@@ -232,7 +232,8 @@ class Frontier:
 _STATE: dict = {}
 
 
-def _setup(path: str, eval_path: str | None, pool_rows: int | None = None) -> None:
+def setup_worker(path: str, eval_path: str | None, pool_rows: int | None = None) -> None:
+    """Load the archive (its first ``pool_rows`` pool rows) and the thief into this worker process."""
     import dataclasses
 
     import torch
@@ -254,7 +255,11 @@ def _setup(path: str, eval_path: str | None, pool_rows: int | None = None) -> No
                                               labelled=(labelled, pool.labels[labelled])))
 
 
-def _scores(answers_soft: np.ndarray, recipes, seeds, *, hard: bool = False) -> dict[str, list[float]]:
+def thief_scores(answers_soft: np.ndarray, recipes, seeds, *, hard: bool = False) -> dict[str, list[float]]:
+    """Every recipe's accuracies (per seed) on ``answers_soft``: plain, prior-corrected and with a few labels.
+
+    Runs in a worker set up by :func:`setup_worker`; ``hard`` trains on the answers' argmax only.
+    """
     from .answers import Answers
     from .attacker import Request
 
@@ -273,7 +278,12 @@ def _scores(answers_soft: np.ndarray, recipes, seeds, *, hard: bool = False) -> 
     return scores
 
 
-def _cell(task) -> dict:
+def worker_archive():
+    """The archive :func:`setup_worker` loaded into this worker (its pool cut to the campaign's size)."""
+    return _STATE["archive"]
+
+
+def frontier_cell(task) -> dict:
     """One (design, level, key): sigma, the user's retention and every thief's accuracy per seed."""
     name, level, key_index, seeds, near = task
     archive = _STATE["archive"]
@@ -282,8 +292,8 @@ def _cell(task) -> dict:
     scale = _scale(z)
     key = b"caliber-frontier-key-" + str(key_index).encode()
     if name == "clean":
-        return {"task": task, "scores": {**_scores(z, SOFT_RECIPES, seeds),
-                                         **_scores(z, HARD_RECIPES, seeds, hard=True)}}
+        return {"task": task, "scores": {**thief_scores(z, SOFT_RECIPES, seeds),
+                                         **thief_scores(z, HARD_RECIPES, seeds, hard=True)}}
     g = design_named(name).build(z, key, scale=scale, target=level)
     rows = [f"pool-{i}" for i in range(len(z))]
     gz = g(z, rows)
@@ -292,23 +302,23 @@ def _cell(task) -> dict:
     a0_eval = float(np.mean(ze.argmax(1) == ye))
     user = keyed_accuracy(ze, ye, g(ze, [f"eval-{i}" for i in range(len(ze))]), sigma) / a0_eval
     served = z + sigma * gz
-    scores = {**_scores(served, SOFT_RECIPES, seeds), **_scores(served, HARD_RECIPES, seeds, hard=True)}
+    scores = {**thief_scores(served, SOFT_RECIPES, seeds), **thief_scores(served, HARD_RECIPES, seeds, hard=True)}
     from .cycle_unmixing import unmixed
 
-    unmix_scores = _scores(unmixed(served), UNMIX_RECIPES, seeds)
-    scores.update({_prefixed(UNMIX, k): v for k, v in unmix_scores.items()})
+    unmix_scores = thief_scores(unmixed(served), UNMIX_RECIPES, seeds)
+    scores.update({prefixed(UNMIX, k): v for k, v in unmix_scores.items()})
     if near:
         gen = np.random.Generator(np.random.SFC64(np.random.SeedSequence([key_index, 0xD0B])))
         total = np.zeros_like(z)
         for j in range(near):
             copy = z + gen.normal(0.0, NEAR_JITTER * scale, z.shape)
             total += copy + sigma * g(copy, [f"near{j}-pool-{i}" for i in range(len(z))])
-        near_scores = _scores(total / near, NEAR_RECIPES, seeds)
-        scores.update({_prefixed(f"near{near}:", k): v for k, v in near_scores.items()})
+        near_scores = thief_scores(total / near, NEAR_RECIPES, seeds)
+        scores.update({prefixed(f"near{near}:", k): v for k, v in near_scores.items()})
     return {"task": task, "sigma_over_s": sigma / scale, "user": user, "scores": scores}
 
 
-def _prefixed(prefix: str, name: str) -> str:
+def prefixed(prefix: str, name: str) -> str:
     """A thief's name under ``prefix``; a labelled thief keeps its prefix first (out of the label-free strongest)."""
     if name.startswith(LABELLED):
         return LABELLED + prefix + name[len(LABELLED):]
@@ -324,7 +334,8 @@ def _scale(z: np.ndarray) -> float:
 def measure_frontier(path: str, *, designs: Sequence[str], levels: Sequence[float] = DEFAULT_LEVELS,
                      keys: int = 3, seeds: int = 2, near_duplicates: int = 16, processes: int = 1,
                      eval_path: str | None = None, pool_rows: int | None = None,
-                     progress: Callable[[int, int], None] | None = None) -> Frontier:
+                     progress: Callable[[int, int], None] | None = None,
+                     cell: Callable[[tuple], dict] = frontier_cell) -> Frontier:
     """The frontier of every design on one archive (see the module docstring).
 
     Parameters
@@ -338,13 +349,15 @@ def measure_frontier(path: str, *, designs: Sequence[str], levels: Sequence[floa
     processes : worker processes (each trains single-threaded).
     pool_rows : the thief queries only the pool's first this many rows (σ is solved on them); None: all.
     progress : called with (cells done, cells) after each cell.
+    cell : measures one (design, level, key) task in a worker (:func:`frontier_cell`; a module-level
+        function that knows other designs, which it then validates itself).
 
     Raises
     ------
     ValueError
         An unknown design, a level outside (0, 1), or a non-positive count.
     """
-    for name in designs:
+    for name in designs if cell is frontier_cell else ():
         design_named(name)
     if not levels or any(not 0 < r < 1 for r in levels):
         raise ValueError(f"levels must be retention fractions in (0, 1), got {tuple(levels)!r}")
@@ -357,22 +370,23 @@ def measure_frontier(path: str, *, designs: Sequence[str], levels: Sequence[floa
     tasks += [(d, float(r), k, seed_list, int(near_duplicates)) for d in designs for r in levels for k in range(keys)]
     results = []
     if processes == 1:
-        _setup(path, eval_path, pool_rows)
+        setup_worker(path, eval_path, pool_rows)
         for t in tasks:
-            results.append(_cell(t))
+            results.append(cell(t))
             if progress:
                 progress(len(results), len(tasks))
     else:
         ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(processes, initializer=_setup, initargs=(path, eval_path, pool_rows)) as pool:
-            for out in pool.imap_unordered(_cell, tasks):
+        with ctx.Pool(processes, initializer=setup_worker, initargs=(path, eval_path, pool_rows)) as pool:
+            for out in pool.imap_unordered(cell, tasks):
                 results.append(out)
                 if progress:
                     progress(len(results), len(tasks))
-    return _summarize(path, results, keys=keys, seeds=seeds)
+    return summarize(path, results, keys=keys, seeds=seeds)
 
 
-def _summarize(path: str, results: list[dict], *, keys: int, seeds: int) -> Frontier:
+def summarize(path: str, results: list[dict], *, keys: int, seeds: int) -> Frontier:
+    """The frontier of measured cells: per (design, level), the strongest label-free thief over keys x seeds."""
     clean = {a: v for a, v in next(r for r in results if r["task"][0] == "clean")["scores"].items()
              if not a.startswith(LABELLED)}
     clean_name = max(clean, key=lambda a: np.mean(clean[a]))
