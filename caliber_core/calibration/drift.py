@@ -271,12 +271,7 @@ def check_drift(config, logits, labels=None, *, confidence: float = 0.95,
             findings.append(target_finding(i, t, q, expected, observed, half, n_new))
     if check_a0:
         a0_new = float(rows.correct.mean())
-        half = zq * math.sqrt(a0_cal * (1 - a0_cal) / n_cal + a0_new * (1 - a0_new) / n_new)
-        lo, hi = a0_cal - half, a0_cal + half
-        ok = bool(lo <= a0_new <= hi)
-        msg = (f"clean accuracy A0 {percent(a0_cal)} -> {percent(a0_new)} ({100 * (a0_new - a0_cal):+.1f} points), "
-               f"expected {percent(lo)}-{percent(hi)} for N={n_new:,}; " + ("consistent" if ok else "recalibrate"))
-        findings.append(Finding("clean_accuracy", None, None, a0_cal, a0_new, lo, hi, ok, msg))
+        findings.append(clean_accuracy_finding(a0_cal, a0_new, zq, n_cal, n_new))
     if s_cal is not None:
         findings.append(scale_finding(float(s_cal), sample.margins, zq, n_cal, n_new))
     return DriftReport(tuple(findings), n_new, n_cal, conf, rows.method)
@@ -298,6 +293,16 @@ def target_finding(i, t, q, expected, observed, half, n_new) -> Finding:
            f"expected {percent(lo)}-{percent(hi)} for N={n_new:,} (calibration {percent(expected)}, "
            f"moved {100 * (observed - expected):+.1f} points); " + ("consistent" if ok else "recalibrate"))
     return Finding(q, i, float(t["sigma"]), expected, observed, lo, hi, ok, msg)
+
+
+def clean_accuracy_finding(a0_cal: float, a0_new: float, zq: float, n_cal: int, n_new: int) -> Finding:
+    """The finding of the clean accuracy: the new rows' A0 against the calibration's, within their joint interval."""
+    half = zq * math.sqrt(a0_cal * (1 - a0_cal) / n_cal + a0_new * (1 - a0_new) / n_new)
+    lo, hi = a0_cal - half, a0_cal + half
+    ok = bool(lo <= a0_new <= hi)
+    msg = (f"clean accuracy A0 {percent(a0_cal)} -> {percent(a0_new)} ({100 * (a0_new - a0_cal):+.1f} points), "
+           f"expected {percent(lo)}-{percent(hi)} for N={n_new:,}; " + ("consistent" if ok else "recalibrate"))
+    return Finding("clean_accuracy", None, None, a0_cal, a0_new, lo, hi, ok, msg)
 
 
 def scale_finding(s_cal: float, margins: np.ndarray, zq: float, n_cal: int, n_new: int) -> Finding:

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..config import load_config
 from ..target_record import check_confidence
-from .drift import DriftReport, Finding, expected_value, percent, scale_finding, target_finding
+from .drift import DriftReport, Finding, clean_accuracy_finding, expected_value, scale_finding, target_finding
 from .gap_histogram import ReducedRows
 from .target_intervals import is_certified
 from .vocab_sigma import bounds_at, clean_accuracy
@@ -140,12 +140,7 @@ def check_reduced(config, reduced: ReducedRows, *, confidence: float = 0.95) -> 
             findings.append(target_finding(i, t, q, expected, observed, half, n_new))
     findings.sort(key=lambda f: (f.target, _QUANTITIES.index(f.quantity)))
     if check_a0:
-        half = zq * math.sqrt(a0_cal * (1 - a0_cal) / n_cal + a0_new * (1 - a0_new) / n_new)
-        lo, hi = a0_cal - half, a0_cal + half
-        ok = bool(lo <= a0_new <= hi)
-        msg = (f"clean accuracy A0 {percent(a0_cal)} -> {percent(a0_new)} ({100 * (a0_new - a0_cal):+.1f} points), "
-               f"expected {percent(lo)}-{percent(hi)} for N={n_new:,}; " + ("consistent" if ok else "recalibrate"))
-        findings.append(Finding("clean_accuracy", None, None, a0_cal, a0_new, lo, hi, ok, msg))
+        findings.append(clean_accuracy_finding(a0_cal, a0_new, zq, n_cal, n_new))
     if s_cal is not None:
         findings.append(scale_finding(float(s_cal), reduced.top_gaps[:, 0], zq, n_cal, n_new))
     return DriftReport(tuple(findings), n_new, n_cal, conf, ROW_METHOD)
