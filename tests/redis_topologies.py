@@ -36,24 +36,43 @@ def redis_executables(*, cli: bool = False) -> tuple:
     return server, tool
 
 
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands to outgoing connections (clients, replicas, sentinels)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct free TCP ports on 127.0.0.1 (with port + 10000 free too, for a cluster's bus)."""
+    """``n`` distinct free TCP ports on 127.0.0.1, with port + 10000 free too (a cluster's bus).
+
+    Ports come from below the ephemeral range: a port the kernel gave out by ``bind(0)`` can be
+    handed to an outgoing connection before the server that was meant to listen on it starts.
+    """
+    import random
+
+    top = max(10_100, min(_ephemeral_floor(), 65536) - 10_000)
     ports, held = [], []
-    while len(ports) < n:
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        held.append(s)
-        if port + 10000 > 65535:
+    for port in random.sample(range(10_000, top), k=min(4000, top - 10_000)):
+        if len(ports) == n:
+            break
+        pair = []
+        try:
+            for p in (port, port + 10_000):
+                s = socket.socket()
+                pair.append(s)
+                s.bind(("127.0.0.1", p))
+        except OSError:
+            for s in pair:
+                s.close()
             continue
-        with socket.socket() as bus:
-            try:
-                bus.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
+        held.extend(pair)
         ports.append(port)
     for s in held:
         s.close()
+    if len(ports) < n:
+        raise RuntimeError(f"found {len(ports)} of {n} free port pairs below the ephemeral range")
     return ports
 
 
