@@ -244,19 +244,30 @@ def test_a_groups_counter_and_flag_survive_a_failover_of_its_own_node_apart_from
         while cluster.slot_owner(slot_of(group)) is victim and time.monotonic() < deadline:
             time.sleep(0.05)
         assert cluster.slot_owner(slot_of(group)) is not victim
+        while True:  # the promoted replica answers reads before this request is tried
+            try:
+                plain.get(group)
+                break
+            except StoreUnavailable:
+                assert time.monotonic() < deadline + RECOVERY_BAR_S
+                time.sleep(0.1)
+        failed = 0
         while True:  # the store follows the new slot map without a restart
             try:
                 decisions = plain.record_request(entries, **request)
                 break
-            except StoreUnavailable:
+            except StoreUnavailable:  # a new request each time: its account part may have run (over, never under)
+                failed += 1
                 assert time.monotonic() < deadline + RECOVERY_BAR_S
                 time.sleep(0.1)
         # The promoted replica holds the group's count, level and flag: the member is still served level 2.
         assert [d.segments for d in decisions] == [((0, 1),), ((2, 1),)]
         after = plain.get(group)
         assert after.flagged and after.level == 2 and after.queries == {1: 4, 2: 3}
-        assert plain.get(account).queries == {0: 7} and plain.members(group)[account]["queries"] == 7
+        counted = plain.get(account).queries[0]
+        assert 7 <= counted <= 7 + failed and 7 <= plain.members(group)[account]["queries"] <= 7 + failed
         assert members[account]["queries"] == 6 and plain.groups() == [group]
-        assert plain.get(account).lifted == {(0, 1): 4, (0, 2): 3}
+        if not failed:
+            assert plain.get(account).lifted == {(0, 1): 4, (0, 2): 3}
         waiting.close()
         plain.close()
