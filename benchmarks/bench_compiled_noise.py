@@ -105,9 +105,24 @@ def prepare(device: str) -> dict:
             print(f"warning: {w.message}", flush=True)
     seconds = {(n, d): s for (_, n, d), s in compiled_noise.compile_seconds().items()}
     return {f"{n_levels} level(s), {str(dtype).split('.')[-1]}":
-            (f"{seconds[(n_levels, dtype)]:.1f}" if compiled_noise.ready(device, n_levels, dtype)
-             else "not served (see the warning)")
+            (f"{seconds[(n_levels, dtype)]:.1f} ({compiled_noise.kernel_name(device, n_levels, dtype)})"
+             if compiled_noise.ready(device, n_levels, dtype) else "not served (see the warning)")
             for n_levels, dtype in wanted}
+
+
+_INDUCTOR = {}
+
+
+def inductor_twin(device: str):
+    """Inductor's compile of the same function, where the Triton kernel serves: timed beside it (CUDA only)."""
+    import torch
+
+    from caliber_core.serving import compiled_noise
+
+    if "fn" not in _INDUCTOR:
+        _INDUCTOR["fn"] = torch.compile(compiled_noise.noisy_logits, dynamic=True, fullgraph=True,
+                                        options=dict(compiled_noise.COMPILE_OPTIONS))
+    return _INDUCTOR["fn"]
 
 
 def _reference_bits(logits, seeds, increments, served):
@@ -182,6 +197,20 @@ def per_row(folder: Path, timer: Timer, *, vocab: int, rows: int, n_levels: int,
                                                                       for r in range(rows)])
     if cuda:  # what CUDA tensors were served by before
         fns["replaced"] = lambda step: keyed_noise_torch.add_keyed_noise_op_by_op(logits, seeds, increments)
+        if compiled_noise.kernel_name(device, n_levels, torch.float32) == "triton":
+            from caliber_core.serving import keyed_noise, triton_noise
+
+            twin = inductor_twin(device)
+            try:  # torch's own compile of it may fail on a torch version; the column then stays empty
+                compiled_noise.call(twin, logits, seeds, increments)
+                fns["inductor"] = lambda step: compiled_noise.call(twin, logits, seeds, increments)
+            except Exception as exc:
+                print(f"note: Inductor's compile of the function failed here ({type(exc).__name__})", flush=True)
+            packed = torch.from_numpy(np.stack([s.view(np.int64) for s in seeds] + [
+                np.full(rows, n_levels, dtype=np.int64)])).to(device)
+            incs = torch.tensor(increments, dtype=torch.float64, device=device)
+            table = torch.from_numpy(keyed_noise.gather_table()).to(device)
+            fns["kernel"] = lambda step: triton_noise.noisy_logits(logits, packed, incs, table)
     else:  # what serves CPU tensors: the fused C kernel
         fns["replaced"] = lambda step: keyed_noise_torch.add_keyed_noise(logits, seeds, increments)
     if n_levels == 3:
@@ -265,6 +294,10 @@ def write_figure(result: dict, name: str) -> Path:
               [[k, v] for k, v in result["compile_seconds"].items()],
               caption="Compile at start (`compiled_noise.prepare`: batch 1 and 5, then a bit check against numpy's "
                       "reference); this process's first compile includes the compiler's own start.")
+    if result.get("triton_configs"):
+        fig.table(["Triton launch configuration", "µs a call (batch 64, K = 32,768, three levels)"],
+                  [[k, f"{v:,.1f}"] for k, v in result["triton_configs"].items()],
+                  caption="Timed once at prepare; the fastest serves.")
     fig.table(["dtype", "cases bit-equal to numpy's reference"],
               [[k, f"{a} of {b}"] for k, (a, b) in result["bits"].items()],
               caption="Bits: random rows (batch 1, 7, 64; K of 1,000, 32,000 or 128,000), keys and served counts, "
@@ -272,10 +305,13 @@ def write_figure(result: dict, name: str) -> Path:
     replaced = "torch's op-by-op path (what CUDA served before)" if cuda else "the fused C kernel (what serves CPU)"
     rows = [[f"{r['vocab']:,}", r["rows"], r["levels"], _cell(r, "compiled"), _cell(r, "served"), _cell(r, "replaced"),
              f"{r['randn_us'][0]:,.2f} ± {r['randn_us'][1]:,.2f}",
-             {True: "equal", False: "DIFFER", None: "–"}[r["bits_equal"]]]
+             {True: "equal", False: "DIFFER", None: "–"}[r["bits_equal"]]] + (
+                [_cell(r, "kernel"), _cell(r, "inductor")] if cuda else [])
             for r in result["per_row"]]
-    fig.table(["K", "batch", "levels", "compiled kernel µs/row (× randn + add)", "`BatchNoise.serve` µs/row (×)",
-               f"replaced: {replaced} µs/row (×)", "`torch.randn` + add µs/row", "bits"], rows,
+    fig.table(["K", "batch", "levels", "served kernel µs/row (× randn + add)", "`BatchNoise.serve` µs/row (×)",
+               f"replaced: {replaced} µs/row (×)", "`torch.randn` + add µs/row", "bits"] + (
+                   ["Triton kernel alone (seeds already on the device) µs/row (×)",
+                    "Inductor's compile of the same function µs/row (×)"] if cuda else []), rows,
               caption="Per row, float32 logits, every level drawn. The compiled kernel's time includes its host "
                       "side (seeds packed and copied to the device in one transfer, the call); `BatchNoise.serve` "
                       "adds the checks, the keyed row seeds (one hash per row and level) and the levels' bookkeeping.")
@@ -317,7 +353,10 @@ def main(argv=None) -> int:
     from caliber_core.serving import compiled_noise
 
     result["compile_seconds"] = prepare(device)
-    print(json.dumps({"compile_seconds": result["compile_seconds"]}), flush=True)
+    result["triton_configs"] = {f"block {b}, {w} warps": round(t * 1e6, 1)
+                                for (b, w), t in compiled_noise.triton_configs(device).items()}
+    print(json.dumps({"compile_seconds": result["compile_seconds"], "triton_configs_us": result["triton_configs"]}),
+          flush=True)
     if not (compiled_noise.ready(device, 3, torch.float32) and compiled_noise.ready(device, 1, torch.float32)):
         print(f"error: the compiled kernel is unavailable on {device} for float32 logits: "
               f"{compiled_noise.unavailable_reason(device) or 'it failed its self-check'}", file=sys.stderr)

@@ -4,6 +4,7 @@ compiled kernel behind every served path, and no request waiting for a compiler.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 import warnings
@@ -60,9 +61,9 @@ def test_the_eager_function_is_numpys_reference_on_random_cases():
         dtype = TORCH_DTYPES[case % 4]
         n_rows, n_classes, n_levels = int(rng.integers(1, 9)), int(rng.integers(2, 3000)), int(rng.integers(1, 5))
         logits, seeds, increments, served = random_case(rng, dtype, n_rows, n_classes, n_levels)
-        every = compiled_noise._call(compiled_noise.noisy_logits, logits, seeds, increments, None)
+        every = compiled_noise.call(compiled_noise.noisy_logits, logits, seeds, increments, None)
         assert np.array_equal(bits_of(every), reference(logits, seeds, increments)), (dtype, n_rows, n_classes)
-        some = compiled_noise._call(compiled_noise.noisy_logits, logits, seeds, increments, served)
+        some = compiled_noise.call(compiled_noise.noisy_logits, logits, seeds, increments, served)
         assert np.array_equal(bits_of(some), served_reference(logits, seeds, increments, served)), served
 
 
@@ -97,7 +98,7 @@ def test_float16_and_bfloat16_are_rounded_once():
 @pytest.fixture
 def fresh_state(monkeypatch):
     """compiled_noise's per-process state, emptied for one test (and restored after it)."""
-    for name in ("_variants", "_device_failure", "_compile_seconds"):
+    for name in ("_variants", "_device_failure", "_compile_seconds", "_kernel_names", "_triton_configs"):
         monkeypatch.setattr(compiled_noise, name, {})
     monkeypatch.setattr(compiled_noise, "_warned", set())
 
@@ -155,6 +156,33 @@ def test_a_variant_that_fails_its_self_check_is_not_served(fresh_state, monkeypa
     assert compiled_noise.unavailable_reason("cpu") is None  # the device may serve other variants
 
 
+def test_a_first_kernel_that_fails_its_self_check_gives_way_to_the_next(fresh_state, monkeypatch):
+    def off_by_one_ulp(logits, rows, increments, table):
+        out = compiled_noise.noisy_logits(logits, rows, increments, table)
+        return (out.view(BITS[out.dtype]) ^ 1).view(out.dtype)
+
+    monkeypatch.setattr(compiled_noise, "_candidates", lambda name, device: [
+        ("triton", lambda: off_by_one_ulp), ("inductor", lambda: compiled_noise._own_function(name))])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second kernel serves: nothing to warn of
+        assert compiled_noise.prepare("cpu", n_levels=2, dtypes=(torch.float16,))
+    assert compiled_noise.kernel_name("cpu", 2, torch.float16) == "inductor"
+    rng = np.random.default_rng(10)
+    logits, seeds, increments, served = random_case(rng, torch.float16, 5, 300, 2)
+    got = compiled_noise.add_keyed_noise(logits, seeds, increments, served)
+    assert np.array_equal(bits_of(got), served_reference(logits, seeds, increments, served))
+
+
+def test_the_kernel_choice_follows_caliber_noise_kernel(monkeypatch):
+    monkeypatch.setenv("CALIBER_NOISE_KERNEL", "inductor")
+    assert [k for k, _ in compiled_noise._candidates("v", "cuda:0")] == ["inductor"]
+    monkeypatch.setenv("CALIBER_NOISE_KERNEL", "triton")
+    assert [k for k, _ in compiled_noise._candidates("v", "cuda:0")] == ["triton"]
+    monkeypatch.delenv("CALIBER_NOISE_KERNEL")
+    assert [k for k, _ in compiled_noise._candidates("v", "cuda:0")] == ["triton", "inductor"]
+    assert [k for k, _ in compiled_noise._candidates("v", "cpu")] == ["inductor"]  # the CPU has the fused C kernel
+
+
 def test_bad_arguments_to_prepare_get_one_line(fresh_state):
     with pytest.raises(ValueError, match="n_levels must be a positive integer"):
         compiled_noise.prepare("cpu", n_levels=0)
@@ -202,6 +230,8 @@ def test_torch_compile_on_the_cpu_gives_numpys_bits(fresh_state):
 @needs_cuda
 def test_cuda_compiled_kernel_is_numpys_reference_for_every_dtype():
     assert compiled_noise.prepare("cuda", n_levels=3, dtypes=TORCH_DTYPES), compiled_noise.unavailable_reason("cuda")
+    if importlib.util.find_spec("triton") is not None:  # the hand-written kernel serves CUDA where Triton is
+        assert {compiled_noise.kernel_name("cuda", 3, dtype) for dtype in TORCH_DTYPES} == {"triton"}
     rng = np.random.default_rng(12)
     for dtype in TORCH_DTYPES:
         for n_rows, n_classes in ((1, 1000), (7, 32_000), (64, 1000), (3, 128_000)):
@@ -234,8 +264,10 @@ def test_cuda_first_request_is_not_slower_than_the_tenth():
 
 @needs_cuda
 def test_cuda_fallback_warns_once_and_serves_the_same_bits(fresh_state, monkeypatch):
-    monkeypatch.setattr(compiled_noise, "_compile",
-                        lambda name: (_ for _ in ()).throw(RuntimeError("torch.compile is unavailable")))
+    def unavailable():
+        raise RuntimeError("torch.compile is unavailable")
+
+    monkeypatch.setattr(compiled_noise, "_candidates", lambda name, device: [("inductor", unavailable)])
     with pytest.warns(compiled_noise.CompiledNoiseWarning, match="op-by-op"):
         assert not compiled_noise.prepare("cuda", n_levels=2)
     rng = np.random.default_rng(13)

@@ -44,8 +44,8 @@ import torch
 
 from . import keyed_noise, keyed_noise_torch
 
-__all__ = ["CompiledNoiseWarning", "FALLBACK_COST", "add_keyed_noise", "compile_seconds", "noisy_logits", "prepare",
-           "ready", "unavailable_reason"]
+__all__ = ["CompiledNoiseWarning", "FALLBACK_COST", "add_keyed_noise", "call", "compile_seconds", "kernel_name",
+           "noisy_logits", "prepare", "ready", "triton_configs", "unavailable_reason"]
 
 #: What serving a CUDA tensor costs without the compiled kernel (issue 34's H200 figures, K = 128,000, batch 64).
 FALLBACK_COST = ("the op-by-op path: about 24x the time of torch.randn + add per row with one level and 81x with "
@@ -153,6 +153,8 @@ _lock = threading.RLock()
 _variants: dict = {}  # (device, n_levels, dtype) -> compiled callable, or None where it failed
 _device_failure: dict = {}  # device -> the reason torch.compile cannot serve it
 _compile_seconds: dict = {}
+_kernel_names: dict = {}  # (device, n_levels, dtype) -> "triton" or "inductor"
+_triton_configs: dict = {}  # device -> seconds per launch configuration, timed once
 _warned: set = set()
 
 
@@ -194,7 +196,7 @@ def _warm_and_check(function, device: str, n_levels: int, dtype: torch.dtype) ->
                        for _ in range(n_levels)]
         increments = [float(x) for x in rng.uniform(0.25, 2.0, size=n_levels)]
         served = [n_levels - row % (n_levels + 1) for row in range(n_rows)]
-        got = _call(function, logits.to(device), level_seeds, increments, served)
+        got = call(function, logits.to(device), level_seeds, increments, served)
         want = wide.copy()
         for row, k in enumerate(served):
             if k:
@@ -261,26 +263,59 @@ def prepare(device=None, *, n_levels: int = 1, dtypes=(torch.float32,)) -> bool:
                 continue
             name = f"noisy_logits_{device.replace(':', '')}_{n_levels}_{str(dtype).split('.')[-1]}"
             started = time.perf_counter()
-            try:
-                if os.environ.get("CALIBER_COMPILED_KERNEL", "").lower() in ("0", "off", "no"):
-                    raise RuntimeError("CALIBER_COMPILED_KERNEL is off")
-                function = _compile(name)
-                _warm_and_check(function, device, n_levels, dtype)
-            except RuntimeError as exc:
-                if "differs from numpy" not in str(exc):
-                    _fail_device(device, exc)
-                else:
-                    _warn(key, f"caliber's compiled noise kernel for {n_levels} level(s) of {dtype} logits on "
-                               f"{device} is not served ({exc}); they are served by {FALLBACK_COST}")
+            if os.environ.get("CALIBER_COMPILED_KERNEL", "").lower() in ("0", "off", "no"):
+                _fail_device(device, RuntimeError("CALIBER_COMPILED_KERNEL is off"))
                 _variants[key], ok = None, False
                 continue
-            except Exception as exc:  # no compiler, no Triton, an unsupported op: the op-by-op path serves
-                _fail_device(device, exc)
+            function, failures = None, []
+            for kernel, build in _candidates(name, device):
+                try:
+                    candidate = build()
+                    _warm_and_check(candidate, device, n_levels, dtype)
+                except Exception as exc:  # no compiler, no Triton, an unsupported op, a bit difference: next one
+                    failures.append((kernel, exc))
+                    continue
+                function = candidate
+                _kernel_names[key] = kernel
+                break
+            if function is None:
+                _fail_variant(device, key, failures)
                 _variants[key], ok = None, False
                 continue
             _variants[key] = function
             _compile_seconds[key] = time.perf_counter() - started
     return ok
+
+
+def _candidates(name: str, device: str) -> list:
+    """(kernel, build) pairs to try for a variant, fastest first: the hand-written Triton kernel on CUDA
+    (:mod:`.triton_noise`), then Inductor's compile of :func:`noisy_logits`. ``CALIBER_NOISE_KERNEL`` =
+    ``triton`` or ``inductor`` keeps one."""
+    choice = os.environ.get("CALIBER_NOISE_KERNEL", "").lower()
+    out = []
+    if device.startswith("cuda") and choice in ("", "triton"):
+        out.append(("triton", lambda: _triton_kernel(device)))
+    if choice in ("", "inductor"):
+        out.append(("inductor", lambda: _compile(name)))
+    return out
+
+
+def _triton_kernel(device: str):
+    from . import triton_noise  # imports Triton: only where a CUDA variant is prepared
+
+    if device not in _triton_configs:
+        _triton_configs[device] = triton_noise.time_configs(device)
+    return triton_noise.noisy_logits
+
+
+def _fail_variant(device: str, key, failures: list) -> None:
+    """No kernel could serve a variant: a bit difference warns for the variant, anything else for the device."""
+    if failures and all("differs from numpy" in str(exc) for _, exc in failures):
+        _warn(key, f"caliber's compiled noise kernel for {key[1]} level(s) of {key[2]} logits on {device} is not "
+                   f"served ({'; '.join(f'{k}: {e}' for k, e in failures)}); they are served by {FALLBACK_COST}")
+        return
+    _fail_device(device, next((exc for _, exc in reversed(failures) if "differs from numpy" not in str(exc)),
+                              RuntimeError("no kernel to try")))
 
 
 def _fail_device(device: str, exc: Exception) -> None:
@@ -298,6 +333,16 @@ def ready(device, n_levels: int, dtype: torch.dtype) -> bool:
 def unavailable_reason(device) -> str | None:
     """Why ``device`` is not served by the compiled kernel (None when it may be, or before :func:`prepare`)."""
     return _device_failure.get(_device_key(device))
+
+
+def kernel_name(device, n_levels: int, dtype: torch.dtype) -> str | None:
+    """Which kernel serves a prepared variant: ``"triton"``, ``"inductor"``, or None (the op-by-op path)."""
+    return _kernel_names.get((_device_key(device), n_levels, dtype))
+
+
+def triton_configs(device) -> dict:
+    """Median seconds per Triton launch configuration (block, warps) timed on ``device`` at prepare ({} before)."""
+    return dict(_triton_configs.get(_device_key(device), {}))
 
 
 def compile_seconds() -> dict:
@@ -324,7 +369,8 @@ def _table_on(device) -> torch.Tensor:
         torch.from_numpy(keyed_noise.gather_table()).to(device), 0, 1))
 
 
-def _call(function, logits: torch.Tensor, level_seeds, increments, served) -> torch.Tensor:
+def call(function, logits: torch.Tensor, level_seeds, increments, served=None) -> torch.Tensor:
+    """``function`` (a :func:`noisy_logits`-shaped kernel) on the logits, the seeds packed into one device copy."""
     device = logits.device
     n_rows, n_levels = logits.shape[0], len(increments)
     rows = np.empty((n_levels + 1, n_rows), dtype=np.int64)
@@ -359,14 +405,14 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) 
         The same bits as numpy's reference either way.
     """
     function = _variants.get((_device_key(logits.device), len(increments), logits.dtype))
-    if function is None or not increments:
+    if function is None or len(increments) == 0:
         key = (_device_key(logits.device), len(increments), logits.dtype)
-        if increments and key not in _variants and _device_key(logits.device) not in _device_failure:
+        if len(increments) and key not in _variants and _device_key(logits.device) not in _device_failure:
             _warn(("unprepared",) + key, f"caliber's compiled noise kernel was not prepared for {len(increments)} "
                                          f"level(s) of {logits.dtype} logits on {key[0]} (compiled_noise.prepare at "
                                          f"start); they are served by {FALLBACK_COST}")
         return keyed_noise_torch.add_keyed_noise_op_by_op(logits, level_seeds, increments, served)
-    return _call(function, logits, level_seeds, increments, served)
+    return call(function, logits, level_seeds, increments, served)
 
 
 keyed_noise_torch.use_device_kernel(add_keyed_noise)

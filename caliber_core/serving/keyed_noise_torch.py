@@ -238,7 +238,7 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) 
                                     (n_rows, n_classes), name, seeds, increments, served,
                                     n_threads=_kernel_threads())
         return out
-    if logits.device.type != "cpu" and increments and _device_kernel:
+    if logits.device.type != "cpu" and len(increments) and _device_kernel:
         return _device_kernel[0](logits, level_seeds, increments, served)
     return add_keyed_noise_op_by_op(logits, level_seeds, increments, served)
 

@@ -25,8 +25,7 @@ answer plus noise independent of z and of it, so together they tell a thief
 no more than the least-noisy answer alone. The draws are bound to the
 config's digest: two configs never share one.
 
-torch is never imported at module import time (it costs seconds); tensors are
-detected by their type's module, and their noise is drawn on their own device.
+torch is never imported here (seconds); tensors are known by their type's module, and drawn on their device.
 """
 
 from __future__ import annotations
@@ -181,9 +180,10 @@ class Perturber:
         self._generator = generator if generator is not None else np.random.Generator(np.random.SFC64())
         if seeding == "per-input":
             fused_noise.prepare()  # built or loaded now, never on a request (warns once if it cannot be)
-            if "torch" in sys.modules:  # a server of tensors: the torch side is imported now, not on a request
-                from . import compiled_noise  # on a CUDA machine, compiled now (warns once if it cannot be)
-                compiled_noise.prepare(n_levels=sum(1 for inc in self._increments if inc != 0.0) or 1)
+            if "torch" in sys.modules:  # a server of tensors: on a CUDA machine, compiled now (warns if it cannot be)
+                from . import compiled_noise
+                if compiled_noise.prepare(n_levels=sum(1 for inc in self._increments if inc != 0.0) or 1):  # a request now:
+                    self.perturb(sys.modules["torch"].zeros((2, self._n_classes or 8), device="cuda"), [b"0", b"1"])  # kernels load on 1st use
 
     @classmethod
     def from_config(cls, config, *, target: int = 0, seeding: str = "per-input", key: bytes | None = None,
