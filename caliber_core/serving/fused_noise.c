@@ -26,7 +26,7 @@
 #define SIGN (1ULL << 63)
 #define BLOCK 256 /* columns per block: the sum and one draw stay in L1 */
 #define MAX_LEVELS 64
-#define KERNEL_ABI 1
+#define KERNEL_ABI 2
 
 enum { DT_FLOAT64 = 0, DT_FLOAT32 = 1, DT_FLOAT16 = 2, DT_BFLOAT16 = 3 };
 
@@ -227,6 +227,49 @@ void caliber_widen(const void *in, double *out, int64_t n, int dtype) {
         else if (dtype == DT_FLOAT16) out[i] = half_to_float(((const uint16_t *)in)[i]);
         else out[i] = as_float((uint32_t)((const uint16_t *)in)[i] << 16);
     }
+}
+
+/* The smallest and largest value of (n_rows, n_classes) rows, and whether any is NaN: the request check in one
+ * pass (torch.aminmax took 3 ms a batch of 8 x 32,000 inside vLLM's CPU engine, the kernel 5). */
+void caliber_min_max(const void *x, int64_t n_rows, int64_t n_classes, int64_t stride, int dtype, double *out) {
+    double lo = 1.0 / 0.0, hi = -1.0 / 0.0;
+    int nan = 0;
+    for (int64_t r = 0; r < n_rows; r++) {
+        const char *row = (const char *)x + r * stride;
+        float l = 1.0f / 0.0f, h = -1.0f / 0.0f; /* every dtype but float64 widens exactly to float */
+        int n = 0;
+        if (dtype == DT_FLOAT64) {
+            double dl = lo, dh = hi;
+            for (int64_t i = 0; i < n_classes; i++) {
+                double v = ((const double *)row)[i];
+                dl = v < dl ? v : dl;
+                dh = v > dh ? v : dh;
+                n |= v != v;
+            }
+            lo = dl, hi = dh;
+        } else if (dtype == DT_FLOAT32) {
+            for (int64_t i = 0; i < n_classes; i++) {
+                float v = ((const float *)row)[i];
+                l = v < l ? v : l;
+                h = v > h ? v : h;
+                n |= v != v;
+            }
+        } else {
+            for (int64_t i = 0; i < n_classes; i++) {
+                uint16_t b = ((const uint16_t *)row)[i];
+                float v = dtype == DT_FLOAT16 ? half_to_float(b) : as_float((uint32_t)b << 16);
+                l = v < l ? v : l;
+                h = v > h ? v : h;
+                n |= v != v;
+            }
+        }
+        if (dtype != DT_FLOAT64) {
+            lo = l < lo ? l : lo;
+            hi = h > hi ? h : hi;
+        }
+        nan |= n;
+    }
+    out[0] = lo, out[1] = hi, out[2] = nan;
 }
 
 typedef struct {

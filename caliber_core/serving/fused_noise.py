@@ -39,7 +39,7 @@ import numpy as np
 
 from . import keyed_noise
 
-__all__ = ["DTYPE_CODES", "FusedKernelWarning", "FALLBACK_COST", "add_keyed_noise", "available",
+__all__ = ["DTYPE_CODES", "FusedKernelWarning", "FALLBACK_COST", "add_keyed_noise", "available", "min_max",
            "normals_from_words", "prepare", "round_to", "unavailable_reason", "widen"]
 
 SOURCE = Path(__file__).with_name("fused_noise.c")
@@ -48,7 +48,7 @@ DTYPE_CODES = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3}
 #: Levels one call can add (fused_noise.c's MAX_LEVELS).
 MAX_LEVELS = 64
 _BITS = {"float64": np.uint64, "float32": np.uint32, "float16": np.uint16, "bfloat16": np.uint16}
-_ABI = 1
+_ABI = 2
 # Without -ffp-contract=off a compiler may fuse y * t + c into one rounding (GCC does by default).
 _FLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-pthread")
 #: What serving costs without the kernel (benchmarks/bench_fused_noise.py, docs/figures/fused-noise.md).
@@ -127,6 +127,7 @@ def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
     library.caliber_add_keyed_noise.argtypes = [pointer, i64, pointer, i64, i64, i64, i32, pointer, pointer, i32,
                                                 pointer, i32]
     library.caliber_add_keyed_noise.restype = i32
+    library.caliber_min_max.argtypes, library.caliber_min_max.restype = [pointer, i64, i64, i64, i32, pointer], None
     if library.caliber_kernel_abi() != _ABI:
         raise RuntimeError(f"the library's ABI is {library.caliber_kernel_abi()}, expected {_ABI}")
     table = np.ascontiguousarray(keyed_noise.table())
@@ -303,3 +304,29 @@ def add_keyed_noise(logits_ptr: int, logit_stride: int, out_ptr: int, out_stride
     """
     _call(_library(), logits_ptr, logit_stride, out_ptr, out_stride, shape, dtype_name, seeds, increments,
           served, n_threads)
+
+
+def min_max(pointer: int, shape, row_stride: int, dtype_name: str) -> tuple[float, float, bool]:
+    """The smallest and largest value of a row-major CPU buffer and whether it holds a NaN, in one pass.
+
+    Only once the kernel is loaded (:func:`available`): a request never waits for a compiler.
+
+    Parameters
+    ----------
+    pointer : int
+        Address of (n_rows, n_classes) values whose rows are contiguous.
+    shape : (int, int)
+        (n_rows, n_classes), both positive.
+    row_stride : int
+        Bytes from one row to the next.
+    dtype_name : {"float64", "float32", "float16", "bfloat16"}
+
+    Returns
+    -------
+    (float, float, bool)
+        min and max over the non-NaN values, and whether any value is NaN.
+    """
+    out = np.empty(3, dtype=np.float64)
+    _state["library"].caliber_min_max(pointer, shape[0], shape[1], row_stride, DTYPE_CODES[dtype_name],
+                                      out.ctypes.data)
+    return float(out[0]), float(out[1]), bool(out[2])

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..validation import is_torch
+from . import fused_noise
 from .keyed_noise import encode_ids
 
 
@@ -127,7 +128,10 @@ def check_values(logits, *, limit: float) -> None:
     values = logits.detach() if torch_in else np.asarray(logits)
     if (values.numel() if torch_in else values.size) == 0:
         return
-    if torch_in:
+    found = _min_max_in_one_pass(values, torch_in)
+    if found is not None:
+        smallest, largest = found
+    elif torch_in:
         import torch
 
         smallest, largest = torch.stack(torch.aminmax(values)).tolist()
@@ -155,6 +159,27 @@ def check_values(logits, *, limit: float) -> None:
     row, col = np.argwhere(np.isfinite(rows) & (np.abs(rows) > limit))[0]
     raise ValueError(f"logits hold {float(rows[row, col])!r} at row {row}, class {col}: beyond {limit:.4g}, "
                      f"the largest magnitude whose noisy value stays finite in this dtype")
+
+
+def _min_max_in_one_pass(values, torch_in: bool):
+    """(min, max) of CPU rows by the fused kernel's one pass, NaN as a NaN min; None where it does not apply
+    (no kernel loaded yet, another device, dtype or layout). torch.aminmax took 3 ms a batch of 8 x 32,000 in
+    vLLM's CPU engine, as long as half the noise itself."""
+    if not fused_noise.available() or values.ndim not in (1, 2) or 0 in values.shape:
+        return None
+    if torch_in:
+        name = str(values.dtype).rpartition(".")[2]
+        if values.device.type != "cpu" or values.stride(-1) != 1 or name not in fused_noise.DTYPE_CODES:
+            return None
+        pointer, row_stride = values.data_ptr(), values.stride(0) * values.element_size()
+    else:
+        name = values.dtype.name
+        if values.strides[-1] != values.itemsize or not values.dtype.isnative or name not in fused_noise.DTYPE_CODES:
+            return None
+        pointer, row_stride = values.ctypes.data, values.strides[0]
+    shape = (1, values.shape[0]) if values.ndim == 1 else tuple(values.shape)
+    smallest, largest, nan = fused_noise.min_max(pointer, shape, row_stride, name)
+    return (math.nan if nan else smallest), largest
 
 
 def largest_value(dtype) -> float:
