@@ -201,12 +201,15 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=10, help="timed repeats of part 1 (default 10)")
     parser.add_argument("--engine-repeats", type=int, default=3, help="timed repeats in the engine (default 3)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per request in the engine (default 64)")
-    parser.add_argument("--large-layers", type=int, default=8, help="the larger model's layers (default 8)")
+    parser.add_argument("--large-layers", type=int, default=8, help="the larger model's layers (default 8; 0: the tiny model only)")
     parser.add_argument("--large-hidden", type=int, default=1024, help="the larger model's hidden size (default 1024)")
     parser.add_argument("--device", default="cpu", help="where part 1's logits live (default cpu)")
     parser.add_argument("--no-engine", action="store_true", help="part 1 only (no vLLM needed)")
     parser.add_argument("--no-figure", action="store_true", help="print only; leave docs/figures/vllm.md")
     args = parser.parse_args(argv)
+    if args.large_layers < 0 or args.large_hidden < 1:
+        parser.error(f"--large-layers must be 0 or more and --large-hidden positive, got {args.large_layers} and "
+                     f"{args.large_hidden}")
     import figure_files  # noqa: F401  (imported now, it records the load at the start of the run)
     # The engine core in this process (not a spawned one): the three engines of a model run in turns here.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -220,7 +223,8 @@ def main(argv=None) -> int:
         print(json.dumps(result["per_row"]), flush=True)
         if not args.no_engine:
             result["engines"] = []
-            for layers, hidden in ((2, 128), (args.large_layers, args.large_hidden)):
+            models = ((2, 128),) + (((args.large_layers, args.large_hidden),) if args.large_layers else ())
+            for layers, hidden in models:
                 one = engine_throughput(Path(tmp), vocab=args.engine_vocab, batch=8, tokens=args.tokens,
                                         repeats=args.engine_repeats, layers=layers, hidden=hidden)
                 print(json.dumps(one), flush=True)
