@@ -50,3 +50,17 @@ def test_streamlit_run_serves_app_py_with_the_start_up_warm_up():
     assert found.is_asgi_app and found.app_name == "app"
     source = Path(APP).read_text()
     assert "warmup.start(server=True)" in source and 'if __name__ == "__main__":' in source
+
+
+def test_the_warm_up_imports_every_module_a_page_imports_before_it_freezes():
+    """What a page imports after the freeze stays in the post-run collection's view on every step."""
+    import sys
+
+    package = Path(warmup.__file__).resolve().parent
+    files = {p for p in package.rglob("*.py") if "pages" not in p.relative_to(package).parts}
+    expected = {".".join(("caliber_dashboard",) + p.relative_to(package).with_suffix("").parts)
+                .removesuffix(".__init__") for p in files} - {"caliber_dashboard", "caliber_dashboard.app"}
+    names = warmup.import_modules()
+    assert set(names) == expected
+    assert all(name in sys.modules for name in names)
+    assert "caliber_dashboard.calibrate.thief" in names  # the Calibrate page's, which pulls in torch
