@@ -32,6 +32,7 @@ import copy
 import dataclasses
 import hashlib
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
@@ -142,6 +143,10 @@ _fleet_slot = _slots("fleet", max_entries=32)
 
 # Neighbouring slider targets are computed here while the page is drawn (see served()).
 _prefetcher = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-prefetch")
+#: Seconds a prefetch waits before it starts: the step that asked for it is still
+#: sending its elements, and a thread computing beside it holds the interpreter lock
+#: in 5 ms turns that the server's sending thread would wait for.
+PREFETCH_PAUSE_S = 0.25
 
 
 def _fill(slot: _Slot, compute: Callable[[Callable[[float], None] | None], Any], *,
@@ -358,6 +363,7 @@ def prefetch(data: LogitsData, cal: Calibration, kind: str, values: Sequence[flo
 
 
 def _prefetch_one(data, cal, kind, value, side) -> None:
+    time.sleep(PREFETCH_PAUSE_S)
     try:
         with quietly():
             served(data, cal, kind, value, side=side)
