@@ -107,17 +107,28 @@ def warm_demo() -> None:
 
 
 def import_modules() -> list[str]:
-    """Import every module of the dashboard package that a page may import; their names.
+    """Import every module a page may import; their names.
 
-    Everything but the page scripts and the entry point, which are run, not imported.
+    Every module of the dashboard package (but the page scripts and the entry
+    point, which are run, not imported), and every module a page script
+    imports by name itself (read from the scripts' import statements).
     """
+    import ast
     import importlib
     import pkgutil
+    from pathlib import Path
 
     import caliber_dashboard
 
     names = [m.name for m in pkgutil.walk_packages(caliber_dashboard.__path__, "caliber_dashboard.")
              if not (m.name.startswith("caliber_dashboard.pages") or m.name == "caliber_dashboard.app")]
+    for page in sorted((Path(caliber_dashboard.__file__).parent / "pages").glob("*.py")):
+        for node in ast.walk(ast.parse(page.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.append(node.module)
+            elif isinstance(node, ast.Import):
+                names.extend(alias.name for alias in node.names)
+    names = list(dict.fromkeys(names))
     for name in names:
         importlib.import_module(name)
     return names
