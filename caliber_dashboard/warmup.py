@@ -107,7 +107,7 @@ def warm_demo() -> None:
 
 
 def import_modules() -> list[str]:
-    """Import every module a page may import; their names.
+    """Import every module a page may import; the names of those imported.
 
     Every module of the dashboard package (but the page scripts and the entry
     point, which are run, not imported), and every module a page script
@@ -128,10 +128,15 @@ def import_modules() -> list[str]:
                 names.append(node.module)
             elif isinstance(node, ast.Import):
                 names.extend(alias.name for alias in node.names)
-    names = list(dict.fromkeys(names))
-    for name in names:
-        importlib.import_module(name)
-    return names
+    imported = []
+    for name in dict.fromkeys(names):
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an optional extra not installed: the page that needs it says so itself
+            _LOG.info("warm-up: %s not importable", name)
+            continue
+        imported.append(name)
+    return imported
 
 
 def _prime_streamlit(wait_s: float = 10.0) -> None:
