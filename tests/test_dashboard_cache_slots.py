@@ -36,3 +36,24 @@ def test_a_table_keeps_at_most_max_entries():
     first, _, last = table(("a",)), table(("b",)), table(("c",))
     assert table(("c",)) is last
     assert table(("a",)) is not first  # the oldest went when the third came
+
+
+def test_prefetch_fills_the_whole_readout_of_a_neighbour(monkeypatch):
+    """served, the sigma range and (off the point) the one-sided bound: a step then computes nothing."""
+    from caliber_dashboard.common import state
+
+    data = next(d for d in state.demo_models() if d.has_labels)
+    cal = cache.calibration(data)
+    for side, value in (("point", 0.77), ("at-least", 0.76)):
+        cache.prefetch(data, cal, "retention", [value], side=side)
+        cache._prefetcher.submit(lambda: None).result(timeout=120)  # one worker: runs after the prefetch
+
+    def computed_again(*args, **kwargs):
+        raise AssertionError("the readout of a prefetched target was computed on the step")
+
+    monkeypatch.setattr(cache.readouts, "sigma_range", computed_again)
+    monkeypatch.setattr(cache, "with_interval", computed_again)
+    monkeypatch.setattr(cache, "estimator", computed_again)  # the one-sided bound's computation
+    assert cache.sigma_range(data, cal, "retention", 0.77) is not None
+    assert cache.sigma_range(data, cal, "retention", 0.76, side="at-least") is not None
+    assert 0.0 < cache.side_bound(data, cal, "retention", 0.76, side="at-least") < 1.0

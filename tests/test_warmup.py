@@ -50,3 +50,42 @@ def test_streamlit_run_serves_app_py_with_the_start_up_warm_up():
     assert found.is_asgi_app and found.app_name == "app"
     source = Path(APP).read_text()
     assert "warmup.start(server=True)" in source and 'if __name__ == "__main__":' in source
+
+
+def test_the_warm_up_imports_every_module_a_page_imports_before_it_freezes():
+    """What a page imports after the freeze stays in the post-run collection's view on every step."""
+    import sys
+
+    package = Path(warmup.__file__).resolve().parent
+    files = {p for p in package.rglob("*.py") if "pages" not in p.relative_to(package).parts}
+    expected = {".".join(("caliber_dashboard",) + p.relative_to(package).with_suffix("").parts)
+                .removesuffix(".__init__") for p in files} - {"caliber_dashboard", "caliber_dashboard.app"}
+    names = warmup.import_modules()
+    assert expected <= set(names)
+    assert not [n for n in names if n.startswith("caliber_dashboard.pages") or n == "caliber_dashboard.app"]
+    assert all(name in sys.modules for name in names)
+    assert "caliber_dashboard.calibrate.thief" in names  # the Calibrate page's, which pulls in torch
+
+
+def test_every_module_a_page_file_imports_is_imported_by_the_warm_up():
+    """A page's own import of a module the warm-up misses would leave it outside the freeze."""
+    import ast
+    import subprocess
+    import sys
+
+    pages = sorted((Path(warmup.__file__).resolve().parent / "pages").glob("*.py"))
+    assert pages
+    wanted = set()
+    for page in pages:
+        for node in ast.walk(ast.parse(page.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                wanted.add(node.module)
+            elif isinstance(node, ast.Import):
+                wanted.update(alias.name for alias in node.names)
+    # A fresh interpreter: this test process has imported much more already.
+    code = ("import sys; from caliber_dashboard import warmup; warmup.import_modules(); "
+            f"print(sorted(m for m in {sorted(wanted)!r} if m not in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(APP).parent.parent)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

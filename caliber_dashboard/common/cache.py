@@ -32,6 +32,7 @@ import copy
 import dataclasses
 import hashlib
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
@@ -142,6 +143,10 @@ _fleet_slot = _slots("fleet", max_entries=32)
 
 # Neighbouring slider targets are computed here while the page is drawn (see served()).
 _prefetcher = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-prefetch")
+#: Seconds a prefetch waits before it starts: the step that asked for it is still
+#: sending its elements, and a thread computing beside it holds the interpreter lock
+#: in 5 ms turns that the server's sending thread would wait for.
+PREFETCH_PAUSE_S = 0.25
 
 
 def _fill(slot: _Slot, compute: Callable[[Callable[[float], None] | None], Any], *,
@@ -345,20 +350,26 @@ def side_bound(data: LogitsData, cal: Calibration, kind: str, value: float, *, s
 
 def prefetch(data: LogitsData, cal: Calibration, kind: str, values: Sequence[float], *,
              side: str = "point") -> None:
-    """Compute :func:`served` for ``values`` (the slider's neighbours) in the background.
+    """Compute what a readout shows for ``values`` (the slider's neighbours) in the background.
 
-    The next step then finds its readout ready.
+    :func:`served`, :func:`sigma_range` and, off the point, :func:`side_bound`:
+    the next step then finds its readout ready (the σ range alone is two curve
+    inversions, 30-60 ms a step here when left to the step itself).
     """
     key = _model_key(data, cal) + (kind,)
     for v in values:
-        if _served_slot(key + (float(v), side)).value is _EMPTY:
+        if _served_slot(key + (float(v), side, "sigma-range")).value is _EMPTY:  # filled last
             _prefetcher.submit(_prefetch_one, data, cal, kind, float(v), side)
 
 
 def _prefetch_one(data, cal, kind, value, side) -> None:
+    time.sleep(PREFETCH_PAUSE_S)
     try:
         with quietly():
             served(data, cal, kind, value, side=side)
+            sigma_range(data, cal, kind, value, side=side)
+            if side != "point":
+                side_bound(data, cal, kind, value, side=side)
     except ValueError:
         pass  # out of reach: the page says so if that value is ever asked for
 
