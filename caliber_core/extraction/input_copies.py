@@ -20,7 +20,7 @@ count N:
 
 Larger s decorrelates the noise but blurs the teacher, whose answers change
 over the same distances; the thief cannot tell the two apart in its answers,
-so the plans span s from a quarter of the field's length to twice it
+so the plans span s from a quarter of the field's length to four times it
 (:data:`COPY_PLANS`) and the strongest plan is picked on the evaluation labels
 like every other recipe -- a choice no real thief can make, so it errs
 toward the thief. :func:`structure_function` measures how far apart two
@@ -79,10 +79,12 @@ class CopyPlan:
 
 
 # The grid first measured (M = 4, 16; s = 0.25, 0.5, 1) put the strongest plan at its edge (M = 4, s = 1) on both
-# teachers at 32,000 queries; it reaches past that edge in each direction (M = 2, 8; s = 2; every copy at s = 1).
+# teachers at 32,000 queries; it reaches past that edge in each direction (M = 2, 8; s = 2; every copy at s = 1),
+# and, since s = 2 was then the strongest against the input field, to s = 4 and every copy at s = 2.
 COPY_PLANS = (CopyPlan(4, 0.25), CopyPlan(4, 0.5), CopyPlan(4, 1.0),
               CopyPlan(16, 0.25), CopyPlan(16, 0.5), CopyPlan(16, 1.0), CopyPlan(4, 0.5, average=False),
-              CopyPlan(2, 1.0), CopyPlan(8, 1.0), CopyPlan(4, 2.0), CopyPlan(4, 1.0, average=False))
+              CopyPlan(2, 1.0), CopyPlan(8, 1.0), CopyPlan(4, 2.0), CopyPlan(4, 1.0, average=False),
+              CopyPlan(4, 4.0), CopyPlan(4, 2.0, average=False))
 COPY_RECIPES = (Recipe("T4-wd1e-2", 4.0, 1e-2), Recipe("T1-wd1e-3", 1.0, 1e-3))  # the strongest plain recipes
 COPY_HARD = Recipe("hard-wd1e-2", 1.0, 1e-2)
 
