@@ -102,3 +102,16 @@ def test_bad_plans_are_refused_in_one_line():
     with pytest.raises(ValueError, match="do not split into blocks"):
         averaged(np.zeros((5, 2)), 2)
     assert len({p.name for p in COPY_PLANS}) == len(COPY_PLANS)
+
+
+def test_every_design_of_an_input_frontier_meets_the_copy_thief_where_the_archive_has_a_teacher(tmp_path):
+    from caliber_core.extraction.input_frontier import measure_input_frontier
+
+    path = tmp_path / "a.npz"
+    np.savez_compressed(path, **make_extraction_archive.make_archive(pool=300, heldout=200, train=600, steps=20))
+    frontier = measure_input_frontier(str(path), designs=["field-4", "input-field-1"], keys=1, seeds=1,
+                                      near_duplicates=0)
+    for point in frontier.points:
+        names = set(point.attackers)
+        assert {p.name + "T4-wd1e-2" for p in COPY_PLANS} <= names, point.design
+        assert "hard-wd1e-2+prior" in names  # beside every earlier thief
