@@ -20,12 +20,13 @@ count N:
 
 Larger s decorrelates the noise but blurs the teacher, whose answers change
 over the same distances; the thief cannot tell the two apart in its answers,
-so the plans span s from a quarter of the field's length to four times it
-(:data:`COPY_PLANS`) and the strongest plan is picked on the evaluation labels
-like every other recipe -- a choice no real thief can make, so it errs
-toward the thief. :func:`structure_function` measures how far apart two
-answers lie at each jitter, and :func:`scale_from_structure` reads the
-field's length off it where the teacher's own change does not drown it.
+so the plans span s = 0.25 to 4 feature standard deviations (a quarter of
+``input-field-1``'s length to four times it, :data:`COPY_PLANS`) and the
+strongest plan is picked on the evaluation labels like every other recipe --
+a choice no real thief can make, so it errs toward the thief.
+:func:`structure_function` measures how far apart two answers lie at each
+jitter, and :func:`scale_from_structure` reads the field's length off it
+where the teacher's own change does not drown it.
 
 The archive holds cached logits; the copies are answered by the teacher's
 own layers (``teacher_weight_<i>``, ``teacher_bias_<i>``), which
