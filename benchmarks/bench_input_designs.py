@@ -69,7 +69,10 @@ def main(argv=None) -> int:
         missing = [s for s in sorted(set(args.sizes)) if s not in done.sizes]
         fig.note("σ/S of an input design is its strength: σ/S for `input-field-*`, the cut t on the cells' "
                  "keyed uniforms for `cells-swap-*`. `seams:` is the thief that knows the cell design "
-                 "(caliber_core/extraction/cell_seams.py); `unmix:` the one that knows the class cycle.")
+                 "(caliber_core/extraction/cell_seams.py); `unmix:` the one that knows the class cycle; "
+                 "`copiesMxs:` the one that spends the budget on M jittered copies of fewer inputs "
+                 "(jitter s feature standard deviations), answered by the teacher at the copies, and averages "
+                 "them (`...all:` trains on every copy; caliber_core/extraction/input_copies.py).")
         fig.note(f"Pool sizes measured: {', '.join(f'{s:,}' for s in done.sizes)}"
                  + (f"; not measured in this run: {', '.join(f'{s:,}' for s in missing)}." if missing else ".")
                  + f" {time.time() - start:.0f} s of training over {args.processes} processes.")

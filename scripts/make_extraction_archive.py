@@ -18,6 +18,8 @@ teacher's::
     .venv/bin/python scripts/make_extraction_archive.py --pool 32000 --classes 20 --hidden 128 --layers 3 \
         --class-sep 2.0 --seed 1 --out /tmp/synthetic-20c-32k.npz
 
+The archive also holds the teacher's layers (``teacher_weight_<i>``,
+``teacher_bias_<i>``), so that a thief's new queries can be answered.
 The train, pool and held-out rows are disjoint draws of one task; every
 draw is seeded (``--seed``), so a file is a pure function of its options.
 """
@@ -137,7 +139,8 @@ def make_archive(*, pool: int, heldout: int = 2000, train: int = 4000, seed: int
     Returns
     -------
     dict of str to ndarray
-        ``inputs``, ``logits``, ``labels``, ``heldout_inputs``, ``heldout_logits``, ``heldout_labels``.
+        ``inputs``, ``logits``, ``labels``, ``heldout_inputs``, ``heldout_logits``, ``heldout_labels``, and the
+        teacher's layers (:func:`teacher_layers`).
 
     Raises
     ------
@@ -159,7 +162,25 @@ def make_archive(*, pool: int, heldout: int = 2000, train: int = 4000, seed: int
                             n_classes=n_classes)
     p, h = slice(train, train + pool), slice(train + pool, train + pool + heldout)
     return {"inputs": x[p], "logits": logits_of(teacher, x[p]), "labels": y[p],
-            "heldout_inputs": x[h], "heldout_logits": logits_of(teacher, x[h]), "heldout_labels": y[h]}
+            "heldout_inputs": x[h], "heldout_logits": logits_of(teacher, x[h]), "heldout_labels": y[h],
+            **teacher_layers(teacher)}
+
+
+def teacher_layers(model) -> dict[str, np.ndarray]:
+    """The teacher's linear layers as ``teacher_weight_<i>`` (out, in) and ``teacher_bias_<i>`` arrays (float32).
+
+    A thief who asks *new* inputs (jittered copies of its queries,
+    :mod:`caliber_core.extraction.input_copies`) needs the teacher's answers
+    there, not only the cached logits; the layers are ReLU-separated.
+    """
+    from torch import nn
+
+    linear = [m for m in model if isinstance(m, nn.Linear)]
+    out = {}
+    for i, layer in enumerate(linear):
+        out[f"teacher_weight_{i}"] = layer.weight.detach().numpy().astype(np.float32)
+        out[f"teacher_bias_{i}"] = layer.bias.detach().numpy().astype(np.float32)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

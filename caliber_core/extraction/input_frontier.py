@@ -15,7 +15,12 @@ input-keyed design (:mod:`.input_designs`) also sees the queries' inputs:
   the design at the copy's own inputs, and averages the answers;
 * against the cells, the design-aware thief of :mod:`.cell_seams` swaps back
   what it finds on the seams and distills with
-  :data:`~.thief_frontier.UNMIX_RECIPES` (prefix ``seams:``).
+  :data:`~.thief_frontier.UNMIX_RECIPES` (prefix ``seams:``);
+* where the archive holds the teacher's layers, the thief of
+  :mod:`.input_copies` spends the same budget on fewer inputs and jittered
+  copies of them, answered by the teacher at the copies and served by the
+  design there (prefix ``copies<M>x<s>:``), against every design in the run
+  (the logit designs too, so the strongest thief is the same set for all).
 
 Logit designs in the same run go through
 :func:`~.thief_frontier.frontier_cell` unchanged, so one table compares them
@@ -31,6 +36,7 @@ import numpy as np
 
 from ..calibration.margins import margin_scale
 from .cell_seams import unswapped
+from .input_copies import archive_teacher, copy_thief_scores
 from .input_designs import INPUT_DESIGNS, input_design
 from .noise_designs import design as logit_design
 from .thief_frontier import (HARD_RECIPES, NEAR_JITTER, NEAR_RECIPES, SOFT_RECIPES, UNMIX_RECIPES, Frontier,
@@ -55,7 +61,7 @@ def input_frontier_cell(task) -> dict:
     """
     name, level, key_index, seeds, near = task
     if name not in INPUT_DESIGNS:
-        return frontier_cell(task)
+        return _with_copy_thief(frontier_cell(task))
     archive = worker_archive()
     pool, ev = archive.pool, archive.evaluation
     x, z, y = pool.inputs, pool.logits.astype(np.float64), pool.labels
@@ -80,8 +86,31 @@ def input_frontier_cell(task) -> dict:
             total += noise.serve(copy_x, copy_z)
         near_scores = thief_scores(total / near, NEAR_RECIPES, seeds)
         scores.update({prefixed(f"near{near}:", k): v for k, v in near_scores.items()})
+    teacher = archive_teacher(archive.source)
+    if teacher is not None:
+        scores.update(copy_thief_scores(noise.serve, teacher, x, ev, archive.n_classes, seeds, seed=key_index))
     strength = noise.strength / float(margin_scale(z)) if input_design(name).family == "input-field" else noise.strength
     return {"task": task, "sigma_over_s": strength, "user": user, "scores": scores}
+
+
+def _with_copy_thief(result: dict) -> dict:
+    """A logit design's cell with the copy thief's scores added (the copies served by the design at the copies)."""
+    name, level, key_index, seeds, _ = result["task"]
+    archive = worker_archive()
+    teacher = archive_teacher(archive.source)
+    if name == "clean" or teacher is None:
+        return result
+    z = archive.pool.logits.astype(np.float64)
+    scale = float(margin_scale(z))
+    g = logit_design(name).build(z, b"caliber-frontier-key-" + str(key_index).encode(), scale=scale, target=level)
+    sigma = result["sigma_over_s"] * scale
+
+    def serve(inputs, logits):
+        return logits + sigma * g(logits, [f"copy-{key_index}-{i}" for i in range(len(logits))])
+
+    result["scores"].update(copy_thief_scores(serve, teacher, archive.pool.inputs, archive.evaluation,
+                                              archive.n_classes, seeds, seed=key_index))
+    return result
 
 
 def measure_input_frontier(path: str, *, designs: Sequence[str], level: float = 0.75, keys: int = 3,
