@@ -51,6 +51,8 @@ def _bits(x: float) -> int:
 
 _LO_BIN, _HI_BIN = _bits(2.0**LOW_EXP), _bits(2.0**HIGH_EXP)
 N_BINS = _HI_BIN - _LO_BIN + 2  # bin 0: [0, 2^LOW); last: [2^HIGH, inf)
+#: The lower edge of the raw bin after each raw bin (float32): bin(g) <= b exactly when g < _EDGE_ABOVE[b].
+_EDGE_ABOVE = np.left_shift(np.arange(1, _HI_BIN + 2, dtype=np.int64), SHIFT).astype(np.int32).view(np.float32)
 
 
 def bin_edges() -> tuple[np.ndarray, np.ndarray]:
@@ -165,7 +167,9 @@ def reduce_block(block: np.ndarray, *, m: int = TOP_GAPS, labels: np.ndarray | N
         # The m + 1 smallest gaps (the top's own 0 among them), exactly: every gap in a bin at or
         # below the one where the cumulative count reaches m + 1.
         threshold = int(np.searchsorted(np.cumsum(raw), m + 1))
-        near = gaps if threshold >= _HI_BIN else gaps[bins <= threshold]  # the last bin spans every bin past it
+        # A gap's bin is at most the threshold exactly when the gap is below the next bin's lower edge (its
+        # bits are ordered as the gaps): a float32 comparison, half the bytes of the bins' one.
+        near = gaps if threshold >= _HI_BIN else gaps[gaps < _EDGE_ABOVE[threshold]]  # the last bin: all past it
         values = np.sort(near)[: m + 1]
         top_gaps[i] = values[1:]  # the smallest is the top itself
         # Take the kept gaps (and the top's own) out of the histogram.
@@ -336,9 +340,10 @@ def row_bounds(reduced: ReducedRows, sigma: float, *, step: float = _STEP,
             skip = (reduced.label_slots[r] != LABEL_IS_TOP)[:, None] & (
                 nodes[None, :] > U_MAX - h_sig[r][:, None])
             live &= ~skip[:, None, :]
-        # Every entry evaluated, then 1 where dead: cheaper than gathering and scattering the live ones.
-        factors = ndtr(x)
-        np.copyto(factors, 1.0, where=~live)
+        # Only the live entries evaluated (a third to two thirds of them near a target: the normal CDF
+        # costs ten times the gather and scatter), the same values bit for bit.
+        factors = np.ones(x.shape)
+        factors[live] = ndtr(x[live])
         head = np.log(np.maximum(np.prod(factors, axis=1), 1e-300))
         agree = head
         if h_sig is not None:
