@@ -51,6 +51,8 @@ def _bits(x: float) -> int:
 
 _LO_BIN, _HI_BIN = _bits(2.0**LOW_EXP), _bits(2.0**HIGH_EXP)
 N_BINS = _HI_BIN - _LO_BIN + 2  # bin 0: [0, 2^LOW); last: [2^HIGH, inf)
+#: Raw bins (a gap's float32 bits >> SHIFT): those below LO_BIN fold into bin 0, those from HI_BIN on into the last.
+LO_BIN, HI_BIN = _LO_BIN, _HI_BIN
 #: The lower edge of the raw bin after each raw bin (float32): bin(g) <= b exactly when g < _EDGE_ABOVE[b].
 _EDGE_ABOVE = np.left_shift(np.arange(1, _HI_BIN + 2, dtype=np.int64), SHIFT).astype(np.int32).view(np.float32)
 

@@ -3,7 +3,8 @@
 :func:`reduce_file` reads a ``.npy``/``.safetensors``/``.pt``/stored ``.npz``
 matrix block by block (:mod:`caliber_core.loading.row_stream`; float32 in place
 through a memory map) and keeps, per row, the top gaps, a gap histogram and,
-with labels, the label's gap (:mod:`.gap_histogram`): 4,000 x 128,000 float32
+with labels, the label's gap (:mod:`.gap_histogram`, through the compiled pass
+of :mod:`.gap_kernel` where it is built): 4,000 x 128,000 float32
 (2 GB) becomes 4,000 x (32 + 1,282) numbers. :func:`stream_labels` reads and
 checks the labels that go with such a matrix; :func:`subset` picks evenly
 spaced reduced rows.
@@ -21,7 +22,8 @@ import numpy as np
 
 from ..loading.row_stream import BLOCK_BYTES, MappedMatrix, RowSource, can_map, open_rows
 from ..loading.safety import DEFAULT_MAX_ELEMENTS, display_name, fail
-from .gap_histogram import TOP_GAPS, ReducedRows, reduce_block
+from .gap_histogram import TOP_GAPS, ReducedRows
+from .gap_kernel import reduce_rows
 
 
 def reduce_file(path, *, m: int = TOP_GAPS, max_elements: int = DEFAULT_MAX_ELEMENTS,
@@ -188,7 +190,8 @@ def _reduce_mapped(source: RowSource, m: int, labels, out, src, progress) -> Pen
                 if len(in_flight) > 2 * workers:
                     _finish(in_flight.pop(0), out, src, progress, source.n_rows, done_with)
                 # The reduction runs at most HASH_LAG_BYTES ahead of the digest (those pages stay resident).
-                while hashing and hashing[0][1].done() or hashing and (stop - hashing[0][0]) * mapped.row_bytes > HASH_LAG_BYTES:
+                while hashing and (hashing[0][1].done()
+                                   or (stop - hashing[0][0]) * mapped.row_bytes > HASH_LAG_BYTES):
                     hashing.pop(0)[1].result()
             while in_flight:
                 _finish(in_flight.pop(0), out, src, progress, source.n_rows, done_with)
@@ -239,7 +242,7 @@ def check_kept_size(source: RowSource, *, m: int = TOP_GAPS, max_elements: int =
 
 def _reduce(block: np.ndarray, m: int, labels):
     try:
-        return reduce_block(block, m=m, labels=labels)
+        return reduce_rows(block, m=m, labels=labels)  # the compiled pass where it is built, else numpy's
     except ValueError:
         return None  # a NaN or +inf row: _finish names it
 
