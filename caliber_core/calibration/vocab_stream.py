@@ -69,9 +69,10 @@ def reduce_file_hashing(path, *, m: int = TOP_GAPS, max_elements: int = DEFAULT_
                         ) -> tuple[ReducedRows, RowSource, PendingDigest]:
     """:func:`reduce_file`, returning as soon as the rows are reduced while the file's SHA-256 finishes.
 
-    The digest of a memory-mapped file trails the reduction by up to ``HASH_LAG_BYTES``
-    (SHA-256 alone costs about as much CPU as the reduction): what the caller does next
-    (the solve) runs beside its last stretch. Parameters as :func:`reduce_file`.
+    The digest of a memory-mapped file runs on its own thread, in the file's order, as far
+    behind the reduction as it falls (SHA-256 costs about twice the CPU of the compiled
+    reduction): what the caller does next (the solve) runs beside its last stretch.
+    Parameters as :func:`reduce_file`.
 
     Returns
     -------
@@ -138,30 +139,27 @@ class PendingDigest:
 _BUFFERS = 3
 #: Threads that reduce blocks (numpy lets go of the interpreter lock in the row work).
 REDUCERS = 2
-#: How far the digest may trail the reduction: the pages between stay mapped (resident) until hashed.
-HASH_LAG_BYTES = 192 << 20
 
 
 def _reduce_mapped(source: RowSource, m: int, labels, out, src, progress) -> PendingDigest:
     """Reduce a float32 matrix read in place through a memory map, its SHA-256 trailing on a thread of its own.
 
     One thread hashes the file's bytes in order (hashlib lets go of the interpreter lock), others
-    reduce blocks of rows; a block's pages are let go once both are done with it, so the resident
-    set holds the blocks in flight and the digest's lag (at most ``HASH_LAG_BYTES``) only.
+    reduce blocks of rows, neither waiting for the other. Each lets go of a block's pages once done
+    with it (the page cache keeps them: the other maps them again at a minor fault's cost), so the
+    resident set holds the blocks in flight only, however far the digest trails.
     """
     digest = hashlib.sha256()
     per_block = max(1, BLOCK_BYTES // (source.n_classes * 4))
     workers = max(1, min(REDUCERS, os.cpu_count() or 1))
     mapped = MappedMatrix(source)
     hasher = ThreadPoolExecutor(max_workers=1)
-    users = {}  # block start -> users left (its reducer and the hasher): the second to finish lets its pages go
-    lock = threading.Lock()
+    lock = threading.Lock()  # no page is let go after the map is closed
     closed = []
 
     def done_with(start: int, stop: int) -> None:
         with lock:
-            users[start] -= 1
-            if not users[start] and not closed:
+            if not closed:
                 mapped.release(start, stop)
 
     def close() -> None:
@@ -171,13 +169,12 @@ def _reduce_mapped(source: RowSource, m: int, labels, out, src, progress) -> Pen
             mapped.__exit__(None, None, None)
 
     def hash_rows(start: int, stop: int):
-        users[start] = 2
         lo, hi = source.offset + start * mapped.row_bytes, source.offset + stop * mapped.row_bytes
         job = hasher.submit(digest.update, mapped.bytes_between(lo, hi))
         job.add_done_callback(lambda _: done_with(start, stop))  # on the hasher's thread
-        return stop, job
+        return job
 
-    hashing = [(0, hasher.submit(digest.update, mapped.bytes_between(0, source.offset)))]  # (stop row, job)
+    hashing = [hasher.submit(digest.update, mapped.bytes_between(0, source.offset))]
     try:
         with ThreadPoolExecutor(max_workers=workers) as reducers:
             in_flight: list = []
@@ -189,19 +186,15 @@ def _reduce_mapped(source: RowSource, m: int, labels, out, src, progress) -> Pen
                 in_flight.append((start, block, reducers.submit(_reduce, block, m, y)))
                 if len(in_flight) > 2 * workers:
                     _finish(in_flight.pop(0), out, src, progress, source.n_rows, done_with)
-                # The reduction runs at most HASH_LAG_BYTES ahead of the digest (those pages stay resident).
-                while hashing and (hashing[0][1].done()
-                                   or (stop - hashing[0][0]) * mapped.row_bytes > HASH_LAG_BYTES):
-                    hashing.pop(0)[1].result()
             while in_flight:
                 _finish(in_flight.pop(0), out, src, progress, source.n_rows, done_with)
             del block
         end = source.offset + source.n_rows * mapped.row_bytes
-        hashing.append((source.n_rows, hasher.submit(digest.update, mapped.bytes_between(end, mapped.size))))
+        hashing.append(hasher.submit(digest.update, mapped.bytes_between(end, mapped.size)))
     except BaseException:
         close()
         raise
-    return PendingDigest(digest, [job for _, job in hashing], on_done=close)
+    return PendingDigest(digest, hashing, on_done=close)
 
 
 def _reduce_read(source: RowSource, m: int, labels, out, src, progress) -> None:

@@ -197,12 +197,14 @@ def is_full_vocabulary(path) -> bool:
 def _run_full_vocab(args) -> int:
     """A full-vocabulary dump, streamed (``calibration.full_vocab``)."""
     from ..calibration.full_vocab import config_for_vocab_file
+    from ..calibration.heap_reuse import keep_freed_heap
     from ..calibration.pipeline import DEFAULT_TARGETS
     from ..loading import DEFAULT_MAX_ELEMENTS
 
     if args.seeding != "per-input" or args.key_file:
         raise ValueError("a full-vocabulary dump is calibrated per-input: consistent seeding does not apply")
     targets = getattr(args, "targets", None) or list(DEFAULT_TARGETS)
+    keep_freed_heap()  # this process exits when done: the solve's arrays reuse freed pages instead of faulting
     _, config = config_for_vocab_file(
         args.file, targets, side=args.side, progress=progress(not args.quiet, "streaming rows"),
         max_elements=DEFAULT_MAX_ELEMENTS if args.max_elements is None else args.max_elements,
