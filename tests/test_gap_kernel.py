@@ -94,3 +94,16 @@ def test_the_portable_build_without_vector_instructions_gives_the_same_numbers(t
     x = awkward_rows()
     y = labels_for(x)
     assert same(gap_kernel._reduce(library, x, 32, y), reduce_block(x, labels=y))
+
+
+@needs_kernel
+def test_narrow_rows_and_every_vector_tail_give_the_same_numbers():
+    rng = np.random.default_rng(11)
+    for v in (2, 3, 7, 8, 9, 31, 32, 33, 40, 65):
+        x = (rng.standard_normal((5, v)) * 3).astype(np.float32)
+        x[1, : v // 2] = -np.inf
+        x[2, :] = x[2, 0]  # every logit tied
+        y = rng.integers(0, v, size=5)
+        for m in (1, 32):
+            assert same(gap_kernel.reduce_rows(x, m=m, labels=y), reduce_block(x, m=m, labels=y)), (v, m)
+            assert same(gap_kernel.reduce_rows(x, m=m), reduce_block(x, m=m)), (v, m)
