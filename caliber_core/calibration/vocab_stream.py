@@ -139,27 +139,34 @@ class PendingDigest:
 _BUFFERS = 3
 #: Threads that reduce blocks (numpy lets go of the interpreter lock in the row work).
 REDUCERS = 2
+#: How far the reduction may run ahead of the digest: the pages between stay mapped (resident) until hashed.
+HASH_LAG_BYTES = 128 << 20
 
 
 def _reduce_mapped(source: RowSource, m: int, labels, out, src, progress) -> PendingDigest:
     """Reduce a float32 matrix read in place through a memory map, its SHA-256 trailing on a thread of its own.
 
     One thread hashes the file's bytes in order (hashlib lets go of the interpreter lock), others
-    reduce blocks of rows, neither waiting for the other. Each lets go of a block's pages once done
-    with it (the page cache keeps them: the other maps them again at a minor fault's cost), so the
-    resident set holds the blocks in flight only, however far the digest trails.
+    reduce blocks of rows, at most ``HASH_LAG_BYTES`` ahead of it. A block's pages are let go once
+    both are done with it: each page is mapped once, and the resident set holds the blocks in flight
+    and the digest's lag only. SHA-256 is the longest chain (twice the compiled reduction's CPU):
+    held to it, the reduction and the imports beside it share the other core, and what comes next
+    (the solve) overlaps only the digest's last stretch. Letting the digest trail further would
+    map every page it reaches again, about 0.3 CPU-s of page faults on 2 GB.
     """
     digest = hashlib.sha256()
     per_block = max(1, BLOCK_BYTES // (source.n_classes * 4))
     workers = max(1, min(REDUCERS, os.cpu_count() or 1))
     mapped = MappedMatrix(source)
     hasher = ThreadPoolExecutor(max_workers=1)
-    lock = threading.Lock()  # no page is let go after the map is closed
+    users = {}  # block start -> users left (its reducer and the hasher): the second to finish lets its pages go
+    lock = threading.Lock()
     closed = []
 
     def done_with(start: int, stop: int) -> None:
         with lock:
-            if not closed:
+            users[start] -= 1
+            if not users[start] and not closed:
                 mapped.release(start, stop)
 
     def close() -> None:
@@ -169,17 +176,22 @@ def _reduce_mapped(source: RowSource, m: int, labels, out, src, progress) -> Pen
             mapped.__exit__(None, None, None)
 
     def hash_rows(start: int, stop: int):
+        users[start] = 2
         lo, hi = source.offset + start * mapped.row_bytes, source.offset + stop * mapped.row_bytes
         job = hasher.submit(digest.update, mapped.bytes_between(lo, hi))
         job.add_done_callback(lambda _: done_with(start, stop))  # on the hasher's thread
-        return job
+        return start, job
 
-    hashing = [hasher.submit(digest.update, mapped.bytes_between(0, source.offset))]
+    hashing = [(0, hasher.submit(digest.update, mapped.bytes_between(0, source.offset)))]  # (first row, job)
     try:
         with ThreadPoolExecutor(max_workers=workers) as reducers:
             in_flight: list = []
             for start in range(0, source.n_rows, per_block):
                 stop = min(source.n_rows, start + per_block)
+                # Not more than HASH_LAG_BYTES past the oldest block the digest has not finished.
+                while hashing and (hashing[0][1].done()
+                                   or (stop - hashing[0][0]) * mapped.row_bytes > HASH_LAG_BYTES):
+                    hashing.pop(0)[1].result()
                 hashing.append(hash_rows(start, stop))
                 block = mapped.rows[start:stop]
                 y = None if labels is None else labels[start:stop]
@@ -190,11 +202,11 @@ def _reduce_mapped(source: RowSource, m: int, labels, out, src, progress) -> Pen
                 _finish(in_flight.pop(0), out, src, progress, source.n_rows, done_with)
             del block
         end = source.offset + source.n_rows * mapped.row_bytes
-        hashing.append(hasher.submit(digest.update, mapped.bytes_between(end, mapped.size)))
+        hashing.append((source.n_rows, hasher.submit(digest.update, mapped.bytes_between(end, mapped.size))))
     except BaseException:
         close()
         raise
-    return PendingDigest(digest, hashing, on_done=close)
+    return PendingDigest(digest, [job for _, job in hashing], on_done=close)
 
 
 def _reduce_read(source: RowSource, m: int, labels, out, src, progress) -> None:
