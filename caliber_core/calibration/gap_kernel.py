@@ -10,7 +10,7 @@ differences and the counts integers (a self-check against the numpy path runs
 whenever the library is loaded). On a 4,000 x 128,000 float32 dump it is
 about three times cheaper than the numpy path.
 
-The machine's C compiler builds it in about half a second, once per source,
+The machine's C compiler builds it in one to two seconds, once per source,
 flags and CPU, into a cache (``CALIBER_KERNEL_CACHE``, default
 ``~/.cache/caliber/kernels``); later processes load the cached library.
 Where it cannot be built, loaded or fails its self-check (or
