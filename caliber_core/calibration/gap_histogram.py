@@ -318,9 +318,9 @@ def row_bounds(reduced: ReducedRows, sigma: float, *, step: float = _STEP,
         counts = _float_counts(reduced)[:, :n_live]
     else:
         counts = reduced.counts[every][:, :n_live].astype(np.float32)  # float32 matmul: counts are exact
-    lo_tail = (counts @ log_ndtr(lower_edge[live, None] / s + nodes[None, :]).astype(np.float32)).astype(np.float64)
+    lo_edge_log = log_ndtr(lower_edge[live, None] / s + nodes[None, :]).astype(np.float32)
     hi_edges = np.where(np.isfinite(upper_edge[live]), upper_edge[live], 1e300)
-    hi_tail = (counts @ log_ndtr(hi_edges[:, None] / s + nodes[None, :]).astype(np.float32)).astype(np.float64)
+    hi_edge_log = log_ndtr(hi_edges[:, None] / s + nodes[None, :]).astype(np.float32)
     lower, upper = np.full(n, np.nan), np.full(n, np.nan)
     acc_lo = np.zeros(n) if labelled else None
     acc_hi = np.zeros(n) if labelled else None
@@ -335,6 +335,9 @@ def row_bounds(reduced: ReducedRows, sigma: float, *, step: float = _STEP,
     def rows(a: int) -> None:
         b = min(every.size, a + per_chunk)
         r = every[a:b]  # the rows of this chunk; the tails are indexed by position a:b
+        # Each chunk's tails in its own thread (float32 products: the counts are exact).
+        lo_tail = (counts[a:b] @ lo_edge_log).astype(np.float64)
+        hi_tail = (counts[a:b] @ hi_edge_log).astype(np.float64)
         g = reduced.top_gaps[r]
         k = max(1, int(np.max(np.sum(g < cut, axis=1))))
         x = g[:, :k, None] / s + nodes[None, None, :]
@@ -357,8 +360,8 @@ def row_bounds(reduced: ReducedRows, sigma: float, *, step: float = _STEP,
             if binned.size:  # a binned label left the histogram: its exact factor comes back
                 agree = agree.copy()
                 agree[binned] += log_ndtr(h_sig[r][binned, None] + nodes[None, :])
-        lower[r] = np.exp(agree + lo_tail[a:b]) @ weights
-        upper[r] = np.exp(agree + hi_tail[a:b]) @ weights
+        lower[r] = np.exp(agree + lo_tail) @ weights
+        upper[r] = np.exp(agree + hi_tail) @ weights
         if not labelled:
             return
         correct = slots == LABEL_IS_TOP
@@ -376,8 +379,8 @@ def row_bounds(reduced: ReducedRows, sigma: float, *, step: float = _STEP,
             head[in_head] = np.log(np.maximum(np.prod(factors[in_head], axis=1), 1e-300))
         w = step * end_weights * np.exp(-0.5 * (nodes[None, :] + hs[near, None]) ** 2) / np.sqrt(2 * np.pi)
         base = head[near] + log_top[None, :]
-        acc_lo[r[near]] = np.sum(np.exp(base + lo_tail[a:b][near]) * w, axis=1)
-        acc_hi[r[near]] = np.sum(np.exp(base + hi_tail[a:b][near]) * w, axis=1)
+        acc_lo[r[near]] = np.sum(np.exp(base + lo_tail[near]) * w, axis=1)
+        acc_hi[r[near]] = np.sum(np.exp(base + hi_tail[near]) * w, axis=1)
 
     starts = range(0, every.size, per_chunk)
     if len(starts) == 1:
