@@ -107,3 +107,13 @@ def test_narrow_rows_and_every_vector_tail_give_the_same_numbers():
         for m in (1, 32):
             assert same(gap_kernel.reduce_rows(x, m=m, labels=y), reduce_block(x, m=m, labels=y)), (v, m)
             assert same(gap_kernel.reduce_rows(x, m=m), reduce_block(x, m=m)), (v, m)
+
+
+def test_without_a_compiler_the_numpy_path_reduces_and_says_why(monkeypatch, tmp_path):
+    monkeypatch.setattr(gap_kernel, "_state", {})
+    monkeypatch.setenv("CALIBER_KERNEL_CACHE", str(tmp_path))  # nothing built there yet
+    monkeypatch.delenv("CALIBER_GAP_KERNEL", raising=False)
+    monkeypatch.setattr(gap_kernel.shutil, "which", lambda name: None)
+    assert not gap_kernel.available() and "no C compiler" in gap_kernel.unavailable_reason()
+    x = awkward_rows()
+    assert same(gap_kernel.reduce_rows(x), reduce_block(x))
