@@ -177,6 +177,7 @@ def _curves(reduced: ReducedRows, grid) -> dict[str, tuple[np.ndarray, np.ndarra
     if reduced.has_labels:
         a0 = clean_accuracy(reduced)
         out["accuracy"] = (np.empty(grid.size), np.empty(grid.size))
+
     def at(s: float):
         # With labels only the accuracy is drawn and solved: the wrong rows' agreement is not computed.
         return (accuracy_row_bounds(reduced, s) if reduced.has_labels

@@ -69,10 +69,10 @@ def reduce_file_hashing(path, *, m: int = TOP_GAPS, max_elements: int = DEFAULT_
                         ) -> tuple[ReducedRows, RowSource, PendingDigest]:
     """:func:`reduce_file`, returning as soon as the rows are reduced while the file's SHA-256 finishes.
 
-    The digest of a memory-mapped file runs on its own thread, in the file's order, as far
-    behind the reduction as it falls (SHA-256 costs about twice the CPU of the compiled
-    reduction): what the caller does next (the solve) runs beside its last stretch.
-    Parameters as :func:`reduce_file`.
+    The digest of a memory-mapped file runs on its own thread, in the file's order, the
+    reduction at most ``HASH_LAG_BYTES`` ahead of it (SHA-256 costs about twice the CPU of
+    the compiled reduction): what the caller does next (the solve) runs beside its last
+    stretch. Parameters as :func:`reduce_file`.
 
     Returns
     -------
