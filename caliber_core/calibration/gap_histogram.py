@@ -328,6 +328,8 @@ def row_bounds(reduced: ReducedRows, sigma: float, *, step: float = _STEP,
         far = (reduced.label_slots != LABEL_IS_TOP) & (h_sig > H_CUT)
         acc_hi[far] = ndtr(-h_sig[far] / np.sqrt(2.0))  # the label must at least beat the top
     per_chunk = max(1, 2_000_000 // (reduced.top_gaps.shape[1] * nodes.size))
+    # As many chunks, of equal size: no thread idles on a short last one.
+    per_chunk = max(1, -(-every.size // max(1, -(-every.size // per_chunk))))
     log_top = log_ndtr(nodes)  # the top's own factor in a wrong row's accuracy
     end_weights = np.ones(nodes.size)
     end_weights[[0, -1]] = 0.5
