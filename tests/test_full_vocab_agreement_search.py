@@ -103,3 +103,40 @@ def test_the_search_serves_the_root_of_the_fine_rule_in_few_evaluations(logits, 
 def _midpoint(red, sigma, step):
     b = row_bounds(red, sigma, step=step)
     return 0.5 * (b.agree_lo.mean() + b.agree_hi.mean())
+
+
+def test_the_trailing_digest_is_the_files_and_every_block_is_let_go(logits, tmp_path, monkeypatch):
+    """The digest trails the reduction; it still hashes every byte in order, and each block is let go once."""
+    from caliber_core.calibration import vocab_stream
+    from caliber_core.loading.row_stream import MappedMatrix
+
+    path = tmp_path / "dump.npy"
+    np.save(path, logits)
+    monkeypatch.setattr(vocab_stream, "BLOCK_BYTES", 3 * V * 4)
+    monkeypatch.setattr(vocab_stream, "HASH_LAG_BYTES", 7 * V * 4)  # the reduction waits for the digest often
+    released = []
+    real_release = MappedMatrix.release
+    monkeypatch.setattr(MappedMatrix, "release",
+                        lambda self, a, b: released.append((a, b)) or real_release(self, a, b))
+    reduced, _, digest = vocab_stream.reduce_file_hashing(path)
+    assert digest.result() == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert digest.result() == digest.result()  # kept once done
+    blocks = [(a, min(a + 3, len(logits))) for a in range(0, len(logits), 3)]
+    assert sorted(released) == blocks  # once each, by whichever of the digest and the reducer was last
+    top, counts = reduce_block(logits)
+    np.testing.assert_array_equal(reduced.top_gaps, top)
+    np.testing.assert_array_equal(reduced.counts, counts)
+    _, _, given_up = vocab_stream.reduce_file_hashing(path)
+    given_up.close()  # a caller that failed: nothing left running, the map closed
+    given_up.close()
+
+
+def test_a_config_from_the_file_records_the_files_digest_after_its_solve(logits, tmp_path):
+    from caliber_core.calibration.full_vocab import config_for_vocab_file
+
+    path = tmp_path / "dump.npy"
+    np.save(path, logits)
+    _, config = config_for_vocab_file(path, [("agreement", 0.9)])
+    assert config["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    with pytest.raises(ValueError, match="out of reach"):
+        config_for_vocab_file(path, [("agreement", 1e-9)])  # below chance: the solve fails

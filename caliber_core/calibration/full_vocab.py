@@ -11,8 +11,10 @@ both bounds. The streaming and solving names are importable from here too.
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -36,12 +38,15 @@ from .vocab_sigma import (
     sigma_for,
     sigma_for_agreement,
 )
-from .vocab_stream import REDUCERS, SUBSET_ROWS, check_kept_size, reduce_file, stream_labels, subset
+from .blas_threads import one_blas_thread
+from .vocab_stream import (REDUCERS, SUBSET_ROWS, check_kept_size, reduce_file, reduce_file_hashing, stream_labels,
+                           subset)
 
 __all__ = [
     "KINDS", "METHOD", "METHOD_ACCURACY", "REDUCERS", "SEARCH_REACH", "STREAM_MIN_CLASSES", "SUBSET_ROWS",
     "bounds_at", "check_kept_size", "clean_accuracy", "config_for_full_vocab", "config_for_vocab_file",
-    "guess_sigma", "mean_bounds", "reduce_file", "sigma_for", "sigma_for_agreement", "stream_labels", "subset",
+    "guess_sigma", "mean_bounds", "reduce_file", "reduce_file_hashing", "sigma_for", "sigma_for_agreement",
+    "stream_labels", "subset",
 ]
 
 METHOD = "full-vocabulary-streamed-agreement"
@@ -85,6 +90,11 @@ def config_for_full_vocab(
         An accuracy or retention target without labels, an unknown side, an unreachable
         target, or a margin scale that is not positive.
     """
+    with one_blas_thread():
+        return _config(reduced, targets, name=name, side=side, sha256=sha256, source=source)
+
+
+def _config(reduced: ReducedRows, targets, *, name: str, side: str, sha256, source) -> tuple[list[TargetRecord], dict]:
     if side not in SIDES:
         raise ValueError(f"side must be one of {SIDES}, got {side!r}")
     wrong = [k for k, _ in targets if k != "agreement"]
@@ -167,10 +177,16 @@ def _curves(reduced: ReducedRows, grid) -> dict[str, tuple[np.ndarray, np.ndarra
     if reduced.has_labels:
         a0 = clean_accuracy(reduced)
         out["accuracy"] = (np.empty(grid.size), np.empty(grid.size))
-    for i, s in enumerate(grid):
+
+    def at(s: float):
         # With labels only the accuracy is drawn and solved: the wrong rows' agreement is not computed.
-        b = (accuracy_row_bounds(reduced, s) if reduced.has_labels
-             else row_bounds(reduced, s, step=quadrature_step(reduced)))
+        return (accuracy_row_bounds(reduced, s) if reduced.has_labels
+                else row_bounds(reduced, s, step=quadrature_step(reduced)))
+
+    # One sigma a task, a thread a core (numpy lets go of the interpreter lock): the same numbers in grid order.
+    with ThreadPoolExecutor(max_workers=min(grid.size, os.cpu_count() or 1)) as pool:
+        every = list(pool.map(at, grid))
+    for i, b in enumerate(every):
         out["agreement"][0][i], out["agreement"][1][i] = b.agree_lo.mean(), b.agree_hi.mean()
         if reduced.has_labels:
             out["accuracy"][0][i], out["accuracy"][1][i] = b.acc_lo.mean(), b.acc_hi.mean()
@@ -250,7 +266,12 @@ def config_for_vocab_file(path, targets: Sequence[tuple[str, float]], *, side: s
                          f"got {wrong[0]} (give --labels, or a .npz with a `labels` array)")
     # scipy.special (the bounds' normal CDF) takes ~0.5 CPU-s to import: it loads while the file streams.
     threading.Thread(target=importlib.import_module, args=("scipy.special",), daemon=True).start()
-    reduced, source, sha = reduce_file(path, max_elements=max_elements, progress=progress, labels=labels,
-                                       source=source)
-    return config_for_full_vocab(reduced, targets, name=source.name, side=side, sha256=sha,
-                                 source=str(path))
+    reduced, source, digest = reduce_file_hashing(path, max_elements=max_elements, progress=progress, labels=labels,
+                                                  source=source)
+    try:  # the file's digest finishes on its own thread while the targets are solved
+        records, config = config_for_full_vocab(reduced, targets, name=source.name, side=side, source=str(path))
+    except BaseException:
+        digest.close()
+        raise
+    config["sha256"] = digest.result()
+    return records, config

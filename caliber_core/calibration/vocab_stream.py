@@ -3,7 +3,8 @@
 :func:`reduce_file` reads a ``.npy``/``.safetensors``/``.pt``/stored ``.npz``
 matrix block by block (:mod:`caliber_core.loading.row_stream`; float32 in place
 through a memory map) and keeps, per row, the top gaps, a gap histogram and,
-with labels, the label's gap (:mod:`.gap_histogram`): 4,000 x 128,000 float32
+with labels, the label's gap (:mod:`.gap_histogram`, through the compiled pass
+of :mod:`.gap_kernel` where it is built): 4,000 x 128,000 float32
 (2 GB) becomes 4,000 x (32 + 1,282) numbers. :func:`stream_labels` reads and
 checks the labels that go with such a matrix; :func:`subset` picks evenly
 spaced reduced rows.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,7 +22,8 @@ import numpy as np
 
 from ..loading.row_stream import BLOCK_BYTES, MappedMatrix, RowSource, can_map, open_rows
 from ..loading.safety import DEFAULT_MAX_ELEMENTS, display_name, fail
-from .gap_histogram import TOP_GAPS, ReducedRows, reduce_block
+from .gap_histogram import TOP_GAPS, ReducedRows
+from .gap_kernel import reduce_rows
 
 
 def reduce_file(path, *, m: int = TOP_GAPS, max_elements: int = DEFAULT_MAX_ELEMENTS,
@@ -55,6 +58,35 @@ def reduce_file(path, *, m: int = TOP_GAPS, max_elements: int = DEFAULT_MAX_ELEM
     LogitsFileError
         A bad header, a truncated file, a NaN or +inf row, or a reduced size over ``max_elements``.
     """
+    reduced, source, digest = reduce_file_hashing(path, m=m, max_elements=max_elements, progress=progress,
+                                                  labels=labels, source=source)
+    return reduced, source, digest.result()
+
+
+def reduce_file_hashing(path, *, m: int = TOP_GAPS, max_elements: int = DEFAULT_MAX_ELEMENTS,
+                        progress: Callable[[float], None] | None = None,
+                        labels: np.ndarray | None = None, source: RowSource | None = None,
+                        ) -> tuple[ReducedRows, RowSource, PendingDigest]:
+    """:func:`reduce_file`, returning as soon as the rows are reduced while the file's SHA-256 finishes.
+
+    The digest of a memory-mapped file runs on its own thread, in the file's order, the
+    reduction at most ``HASH_LAG_BYTES`` ahead of it (SHA-256 costs about twice the CPU of
+    the compiled reduction): what the caller does next (the solve) runs beside its last
+    stretch. Parameters as :func:`reduce_file`.
+
+    Returns
+    -------
+    reduced : ReducedRows
+    source : RowSource
+    digest : PendingDigest
+        ``digest.result()`` waits for the SHA-256 of the file's bytes (hex). Call it once:
+        the file's map stays open until then.
+
+    Raises
+    ------
+    LogitsFileError
+        As :func:`reduce_file`.
+    """
     from .gap_histogram import N_BINS
 
     source = open_rows(path) if source is None else source
@@ -66,47 +98,115 @@ def reduce_file(path, *, m: int = TOP_GAPS, max_elements: int = DEFAULT_MAX_ELEM
     if labels is not None:
         out += [np.empty(source.n_rows), np.empty(source.n_rows, dtype=np.int32)]
     if can_map(source):
-        sha = _reduce_mapped(source, m, labels, out, src, progress)
+        digest = _reduce_mapped(source, m, labels, out, src, progress)
     else:
         _reduce_read(source, m, labels, out, src, progress)
-        sha = _file_sha256(source.path)  # converted blocks are not the file's bytes: hashed from the file
-    return ReducedRows(top_gaps, counts, source.n_classes, *out[2:]), source, sha
+        # converted blocks are not the file's bytes: hashed from the file
+        digest = PendingDigest(None, [], on_done=lambda: None, text=_file_sha256(source.path))
+    return ReducedRows(top_gaps, counts, source.n_classes, *out[2:]), source, digest
+
+
+class PendingDigest:
+    """A file's SHA-256 still being computed on its own thread (:func:`reduce_file_hashing`)."""
+
+    def __init__(self, digest, jobs: list, on_done: Callable[[], None], text: str | None = None):
+        self._digest, self._jobs, self._on_done, self.text = digest, jobs, on_done, text
+
+    def result(self) -> str:
+        """Wait for the digest; the hex SHA-256 of the file's bytes.
+
+        Returns
+        -------
+        str
+        """
+        if self.text is None:
+            try:
+                for job in self._jobs:
+                    job.result()
+            finally:
+                self._jobs = []
+                self._on_done()
+            self.text = self._digest.hexdigest()
+        return self.text
+
+    def close(self) -> None:
+        """Give up the digest (the caller failed): the jobs not started are dropped and the file's map closed."""
+        if self.text is None and self._jobs:
+            self._jobs = []
+            self._on_done()
 
 
 _BUFFERS = 3
 #: Threads that reduce blocks (numpy lets go of the interpreter lock in the row work).
 REDUCERS = 2
+#: How far the reduction may run ahead of the digest: the pages between stay mapped (resident) until hashed.
+HASH_LAG_BYTES = 128 << 20
 
 
-def _reduce_mapped(source: RowSource, m: int, labels, out, src, progress) -> str:
-    """Reduce a float32 matrix read in place through a memory map; return the file's SHA-256.
+def _reduce_mapped(source: RowSource, m: int, labels, out, src, progress) -> PendingDigest:
+    """Reduce a float32 matrix read in place through a memory map, its SHA-256 trailing on a thread of its own.
 
     One thread hashes the file's bytes in order (hashlib lets go of the interpreter lock), others
-    reduce blocks of rows; a block's pages are let go once both are done with it, so the resident
-    set holds the blocks in flight only.
+    reduce blocks of rows, at most ``HASH_LAG_BYTES`` ahead of it. A block's pages are let go once
+    both are done with it: each page is mapped once, and the resident set holds the blocks in flight
+    and the digest's lag only. SHA-256 is the longest chain (twice the compiled reduction's CPU):
+    held to it, the reduction and the imports beside it share the other core, and what comes next
+    (the solve) overlaps only the digest's last stretch. Letting the digest trail further would
+    map every page it reaches again, about 0.3 CPU-s of page faults on 2 GB.
     """
     digest = hashlib.sha256()
     per_block = max(1, BLOCK_BYTES // (source.n_classes * 4))
     workers = max(1, min(REDUCERS, os.cpu_count() or 1))
-    in_flight: list = []
-    with MappedMatrix(source) as mapped, ThreadPoolExecutor(max_workers=1) as hasher, \
-            ThreadPoolExecutor(max_workers=workers) as reducers:
-        hasher.submit(digest.update, mapped.bytes_between(0, source.offset))
-        for start in range(0, source.n_rows, per_block):
-            stop = min(source.n_rows, start + per_block)
-            lo, hi = source.offset + start * mapped.row_bytes, source.offset + stop * mapped.row_bytes
-            hashed = hasher.submit(digest.update, mapped.bytes_between(lo, hi))
-            block = mapped.rows[start:stop]
-            y = None if labels is None else labels[start:stop]
-            in_flight.append((start, block, hashed, reducers.submit(_reduce, block, m, y)))
-            if len(in_flight) > 2 * workers:
-                _finish(in_flight.pop(0), out, src, progress, source.n_rows, mapped)
-        while in_flight:
-            _finish(in_flight.pop(0), out, src, progress, source.n_rows, mapped)
+    mapped = MappedMatrix(source)
+    hasher = ThreadPoolExecutor(max_workers=1)
+    users = {}  # block start -> users left (its reducer and the hasher): the second to finish lets its pages go
+    lock = threading.Lock()
+    closed = []
+
+    def done_with(start: int, stop: int) -> None:
+        with lock:
+            users[start] -= 1
+            if not users[start] and not closed:
+                mapped.release(start, stop)
+
+    def close() -> None:
+        hasher.shutdown(wait=True, cancel_futures=True)
+        with lock:
+            closed.append(True)
+            mapped.__exit__(None, None, None)
+
+    def hash_rows(start: int, stop: int):
+        users[start] = 2
+        lo, hi = source.offset + start * mapped.row_bytes, source.offset + stop * mapped.row_bytes
+        job = hasher.submit(digest.update, mapped.bytes_between(lo, hi))
+        job.add_done_callback(lambda _: done_with(start, stop))  # on the hasher's thread
+        return start, job
+
+    hashing = [(0, hasher.submit(digest.update, mapped.bytes_between(0, source.offset)))]  # (first row, job)
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as reducers:
+            in_flight: list = []
+            for start in range(0, source.n_rows, per_block):
+                stop = min(source.n_rows, start + per_block)
+                # Not more than HASH_LAG_BYTES past the oldest block the digest has not finished.
+                while hashing and (hashing[0][1].done()
+                                   or (stop - hashing[0][0]) * mapped.row_bytes > HASH_LAG_BYTES):
+                    hashing.pop(0)[1].result()
+                hashing.append(hash_rows(start, stop))
+                block = mapped.rows[start:stop]
+                y = None if labels is None else labels[start:stop]
+                in_flight.append((start, block, reducers.submit(_reduce, block, m, y)))
+                if len(in_flight) > 2 * workers:
+                    _finish(in_flight.pop(0), out, src, progress, source.n_rows, done_with)
+            while in_flight:
+                _finish(in_flight.pop(0), out, src, progress, source.n_rows, done_with)
+            del block
         end = source.offset + source.n_rows * mapped.row_bytes
-        hasher.submit(digest.update, mapped.bytes_between(end, mapped.size)).result()
-        del block
-    return digest.hexdigest()
+        hashing.append((source.n_rows, hasher.submit(digest.update, mapped.bytes_between(end, mapped.size))))
+    except BaseException:
+        close()
+        raise
+    return PendingDigest(digest, [job for _, job in hashing], on_done=close)
 
 
 def _reduce_read(source: RowSource, m: int, labels, out, src, progress) -> None:
@@ -117,7 +217,7 @@ def _reduce_read(source: RowSource, m: int, labels, out, src, progress) -> None:
             if len(in_flight) == _BUFFERS - 1:
                 _finish(in_flight.pop(0), out, src, progress, source.n_rows)
             y = None if labels is None else labels[start : start + block.shape[0]]
-            in_flight.append((start, block, None, reducer.submit(_reduce, block, m, y)))
+            in_flight.append((start, block, reducer.submit(_reduce, block, m, y)))
         while in_flight:
             _finish(in_flight.pop(0), out, src, progress, source.n_rows)
 
@@ -147,24 +247,22 @@ def check_kept_size(source: RowSource, *, m: int = TOP_GAPS, max_elements: int =
 
 def _reduce(block: np.ndarray, m: int, labels):
     try:
-        return reduce_block(block, m=m, labels=labels)
+        return reduce_rows(block, m=m, labels=labels)  # the compiled pass where it is built, else numpy's
     except ValueError:
         return None  # a NaN or +inf row: _finish names it
 
 
-def _finish(job, out, src, progress, n_rows, mapped=None) -> None:
-    start, block, hashed, reduce_job = job
+def _finish(job, out, src, progress, n_rows, done_with=None) -> None:
+    start, block, reduce_job = job
     result = reduce_job.result()
-    if hashed is not None:
-        hashed.result()
-    if mapped is not None and result is not None:
-        mapped.release(start, start + block.shape[0])
     if result is None:
         row = start + int(np.argmax(~np.isfinite(block.max(axis=1))))
         raise fail(src, f"row {row} holds NaN or +inf (every logit must be finite or -inf)")
     rows = result[0].shape[0]
     for whole, part in zip(out, result):
         whole[start : start + rows] = part
+    if done_with is not None:
+        done_with(start, start + rows)
     if progress is not None:
         progress((start + rows) / n_rows)
 

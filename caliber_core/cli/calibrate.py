@@ -112,14 +112,14 @@ def run(args) -> int:
     -----
     Eq. util-norm, Eq. logistic-decay and Eq. inverse-v (``--inversion logistic``).
     """
-    from ..calibration.pipeline import DEFAULT_TARGETS, calibrate_data, config_from_calibration
-    from ..loading import require_labels
-    from ..config import saturation_message
-
     if str(args.file).lower().endswith((".jsonl", ".json")):
         return _run_llm(args)
     if is_full_vocabulary(args.file):
         return _run_full_vocab(args)
+    from ..calibration.pipeline import DEFAULT_TARGETS, calibrate_data, config_from_calibration
+    from ..config import saturation_message
+    from ..loading import require_labels
+
     data = load(args.file, args, labels_path=args.labels)
     for warning in data.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -196,13 +196,24 @@ def is_full_vocabulary(path) -> bool:
 
 def _run_full_vocab(args) -> int:
     """A full-vocabulary dump, streamed (``calibration.full_vocab``)."""
+    import importlib
+    import threading
+
     from ..calibration.full_vocab import config_for_vocab_file
-    from ..calibration.pipeline import DEFAULT_TARGETS
+    from ..calibration.heap_reuse import keep_freed_heap
     from ..loading import DEFAULT_MAX_ELEMENTS
 
     if args.seeding != "per-input" or args.key_file:
         raise ValueError("a full-vocabulary dump is calibrated per-input: consistent seeding does not apply")
-    targets = getattr(args, "targets", None) or list(DEFAULT_TARGETS)
+    targets = getattr(args, "targets", None)
+    if not targets:  # the sweep's module only for its defaults: it takes 0.1-0.2 s to import
+        from ..calibration.pipeline import DEFAULT_TARGETS
+
+        targets = list(DEFAULT_TARGETS)
+    keep_freed_heap()  # this process exits when done: the solve's arrays reuse freed pages instead of faulting
+    # What writing the config needs (the interval notes: 0.1-0.3 s of imports) loads while the file streams.
+    threading.Thread(target=importlib.import_module, args=("caliber_core.calibration.target_intervals",),
+                     daemon=True).start()
     _, config = config_for_vocab_file(
         args.file, targets, side=args.side, progress=progress(not args.quiet, "streaming rows"),
         max_elements=DEFAULT_MAX_ELEMENTS if args.max_elements is None else args.max_elements,

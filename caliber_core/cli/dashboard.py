@@ -15,8 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
-import webbrowser
 from pathlib import Path
 
 from .arguments import positive_int
@@ -135,12 +133,18 @@ def has_display() -> bool:
     return True
 
 
-def open_browser_when_healthy(url: str, *, timeout: float = 120.0, opener=webbrowser.open) -> bool:
+def open_browser_when_healthy(url: str, *, timeout: float = 120.0, opener=None) -> bool:
     """Open ``url`` in a browser once the server's health check answers.
 
     Returns whether it was opened: not when the server never answered within
     ``timeout`` seconds, nor where no browser can be found (a remote shell).
+    ``opener`` defaults to ``webbrowser.open``.
     """
+    # Imported here: every command imports this module, and urllib.request alone took 70-100 ms.
+    import urllib.request
+    import webbrowser
+
+    opener = webbrowser.open if opener is None else opener
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
