@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from caliber_core import native_build
 from caliber_core.serving import fused_noise, keyed_noise
 from tests.test_keyed_noise import edge_words, random_words
 
@@ -109,7 +110,7 @@ def test_the_portable_build_without_vector_instructions_gives_the_same_bits(tmp_
     the vector one hands its tails to) serves numpy's bits, as the AVX2 build does."""
     import ctypes
 
-    compiler = fused_noise._compiler()
+    compiler = native_build.compiler()
     if compiler is None:
         pytest.skip("no C compiler")
     library_path = tmp_path / "portable.so"

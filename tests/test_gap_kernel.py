@@ -9,6 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from caliber_core import native_build
 from caliber_core.calibration import gap_kernel
 from caliber_core.calibration.gap_histogram import reduce_block
 from caliber_core.simulation.llm_like import llm_like_logits
@@ -113,7 +114,7 @@ def test_without_a_compiler_the_numpy_path_reduces_and_says_why(monkeypatch, tmp
     monkeypatch.setattr(gap_kernel, "_state", {})
     monkeypatch.setenv("CALIBER_KERNEL_CACHE", str(tmp_path))  # nothing built there yet
     monkeypatch.delenv("CALIBER_GAP_KERNEL", raising=False)
-    monkeypatch.setattr(gap_kernel.shutil, "which", lambda name: None)
+    monkeypatch.setattr(native_build.shutil, "which", lambda name: None)
     assert not gap_kernel.available() and "no C compiler" in gap_kernel.unavailable_reason()
     x = awkward_rows()
     assert same(gap_kernel.reduce_rows(x), reduce_block(x))

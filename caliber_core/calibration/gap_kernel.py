@@ -21,18 +21,13 @@ same numbers; :func:`unavailable_reason` says why.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 from pathlib import Path
 
 import numpy as np
 
+from .. import native_build
 from .gap_histogram import HI_BIN, LABEL_BINNED, LABEL_IS_TOP, LO_BIN, N_BINS, SHIFT, TOP_GAPS, reduce_block
 
 __all__ = ["available", "reduce_rows", "unavailable_reason"]
@@ -156,13 +151,7 @@ def _library():
 def _load():
     if os.environ.get("CALIBER_GAP_KERNEL", "").lower() in ("0", "off", "no"):
         raise RuntimeError("CALIBER_GAP_KERNEL is off")
-    compiler = next((c for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c and shutil.which(c.split()[0])),
-                    None)
-    cached = _library_path(compiler or "none")
-    if not cached.exists():
-        if compiler is None:
-            raise RuntimeError("no C compiler found (set CC, or install gcc or clang)")
-        _compile(compiler, cached)
+    cached = native_build.built_library(SOURCE, _FLAGS)
     library = _bind(ctypes.CDLL(str(cached)))
     _self_check(library)
     return library
@@ -204,42 +193,3 @@ def _self_check(library) -> None:
             raise RuntimeError("the compiled reduction names another row for a NaN") from exc
     else:
         raise RuntimeError("the compiled reduction let a NaN row through")
-
-
-def _cpu_fingerprint() -> str:
-    """What the library was compiled for (-march=native): a shared cache must not hand one CPU another's code."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            lines = [line for line in handle if line.startswith(("flags", "model name", "Features", "CPU part"))]
-        text = "".join(sorted(set(lines)))
-    except OSError:
-        text = platform.processor()
-    return f"{platform.system()}-{platform.machine()}-{text}"
-
-
-def _library_path(compiler: str) -> Path:
-    identity = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(_FLAGS).encode(), compiler.encode(), _cpu_fingerprint().encode(),
-                 sys.platform.encode()):
-        identity.update(hashlib.sha256(part).digest())
-    configured = os.environ.get("CALIBER_KERNEL_CACHE")
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    folder = Path(configured) if configured else Path(base) / "caliber" / "kernels"
-    return folder / f"gap_rows-{identity.hexdigest()[:24]}.so"
-
-
-def _compile(compiler: str, target: Path) -> None:
-    """Build the library into ``target`` (atomically: a concurrent loader never sees half a file)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    errors = []
-    for arch in (("-march=native",), ()):  # a compiler without -march=native still builds it
-        fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        proc = subprocess.run([*compiler.split(), *_FLAGS, *arch, "-o", partial, str(SOURCE)],
-                              capture_output=True, text=True, timeout=300)
-        if proc.returncode == 0:
-            os.replace(partial, target)
-            return
-        os.unlink(partial)
-        errors.append((proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"])
-    raise RuntimeError(f"{compiler} failed: {errors[-1][0]}")

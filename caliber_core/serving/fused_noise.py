@@ -24,19 +24,14 @@ No torch import here: callers pass raw pointers.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 import warnings
 from pathlib import Path
 
 import numpy as np
 
+from .. import native_build
 from . import keyed_noise
 
 __all__ = ["DTYPE_CODES", "FusedKernelWarning", "FALLBACK_COST", "add_keyed_noise", "available", "min_max",
@@ -62,58 +57,6 @@ class FusedKernelWarning(RuntimeWarning):
 
 _lock = threading.Lock()
 _state: dict = {}
-
-
-def _cpu_fingerprint() -> str:
-    """What the cached library was compiled for (-march=native): a cache shared between machines
-    must not hand one CPU another's instructions."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            lines = [line for line in handle if line.startswith(("flags", "model name", "Features", "CPU part"))]
-        text = "".join(sorted(set(lines)))
-    except OSError:
-        text = platform.processor()
-    return f"{platform.system()}-{platform.machine()}-{text}"
-
-
-def _cache_dir() -> Path:
-    configured = os.environ.get("CALIBER_KERNEL_CACHE")
-    if configured:
-        return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "caliber" / "kernels"
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name.split()[0]):
-            return name
-    return None
-
-
-def _compile(compiler: str, target: Path) -> None:
-    """Build the library into ``target`` (atomically: a concurrent loader never sees half a file)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    errors = []
-    for arch in (("-march=native",), ()):  # a compiler without -march=native still builds it
-        fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        command = [*compiler.split(), *_FLAGS, *arch, "-o", partial, str(SOURCE)]
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
-        if proc.returncode == 0:
-            os.replace(partial, target)
-            return
-        os.unlink(partial)
-        errors.append((proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"])
-    raise RuntimeError(f"{compiler} failed: {errors[-1][0]}")
-
-
-def _library_path(compiler: str) -> Path:
-    identity = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(_FLAGS).encode(), compiler.encode(), _cpu_fingerprint().encode(),
-                 sys.platform.encode()):
-        identity.update(hashlib.sha256(part).digest())
-    return _cache_dir() / f"fused_noise-{identity.hexdigest()[:24]}.so"
 
 
 def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
@@ -184,12 +127,7 @@ def _call(library, logits_ptr, logit_stride, out_ptr, out_stride, shape, dtype_n
 def _load() -> ctypes.CDLL:
     if os.environ.get("CALIBER_FUSED_KERNEL", "").lower() in ("0", "off", "no"):
         raise RuntimeError("CALIBER_FUSED_KERNEL is off")
-    compiler = _compiler()
-    cached = _library_path(compiler or "none")
-    if not cached.exists():
-        if compiler is None:
-            raise RuntimeError("no C compiler found (set CC, or install gcc or clang)")
-        _compile(compiler, cached)
+    cached = native_build.built_library(SOURCE, _FLAGS)
     library = _bind(ctypes.CDLL(str(cached)))
     _self_check(library)
     return library
