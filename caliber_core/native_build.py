@@ -12,6 +12,7 @@ its own.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import platform
@@ -21,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["built_library", "compiler"]
+__all__ = ["built_library", "compiler", "load_checked", "load_once"]
 
 
 def compiler() -> str | None:
@@ -99,3 +100,56 @@ def built_library(source: Path, flags: tuple) -> Path:
             raise RuntimeError("no C compiler found (set CC, or install gcc or clang)")
         _build(command, source, flags, cached)
     return cached
+
+
+def load_once(state: dict, lock, load, on_failure=None):
+    """``load()``'s library, decided once per process and kept in ``state`` with the reason it failed.
+
+    Parameters
+    ----------
+    state : dict
+        The kernel module's own: ``"library"`` (None after a failure) and ``"reason"``.
+    lock : threading.Lock
+        Held only while deciding; later calls read ``state`` without it.
+    load : callable
+        Builds or loads, binds and self-checks; any exception means the slower path serves.
+    on_failure : callable, optional
+        Called once with the reason (a warning, say).
+
+    Returns
+    -------
+    ctypes.CDLL or None
+    """
+    library = state.get("library", state)  # decided already: no lock on every request
+    if library is not state:
+        return library
+    with lock:
+        if "library" not in state:
+            try:
+                state["library"], state["reason"] = load(), None
+            except Exception as exc:  # any failure to build, load or self-check
+                state["library"], state["reason"] = None, f"{type(exc).__name__}: {exc}"
+                if on_failure is not None:
+                    on_failure(state["reason"])
+    return state["library"]
+
+
+def load_checked(source: Path, flags: tuple, switch: str, bind, self_check):
+    """The built library of ``source``, bound and self-checked; refused while the environment variable ``switch``
+    is 0, off or no.
+
+    Returns
+    -------
+    ctypes.CDLL
+        ``bind``'s result, after ``self_check`` passed on it.
+
+    Raises
+    ------
+    RuntimeError
+        Switched off, no compiler, a failed build, or what ``bind`` or ``self_check`` raise.
+    """
+    if os.environ.get(switch, "").lower() in ("0", "off", "no"):
+        raise RuntimeError(f"{switch} is off")
+    library = bind(ctypes.CDLL(str(built_library(source, flags))))
+    self_check(library)
+    return library

@@ -21,7 +21,6 @@ same numbers; :func:`unavailable_reason` says why.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from pathlib import Path
 
@@ -136,25 +135,11 @@ def unavailable_reason() -> str | None:
 
 
 def _library():
-    library = _state.get("library", _state)  # decided already: no lock on every block
-    if library is not _state:
-        return library
-    with _lock:
-        if "library" not in _state:
-            try:
-                _state["library"], _state["reason"] = _load(), None
-            except Exception as exc:  # any failure to build, load or self-check: the numpy path serves
-                _state["library"], _state["reason"] = None, f"{type(exc).__name__}: {exc}"
-    return _state["library"]
+    return native_build.load_once(_state, _lock, _load)  # on a failure the numpy path serves
 
 
 def _load():
-    if os.environ.get("CALIBER_GAP_KERNEL", "").lower() in ("0", "off", "no"):
-        raise RuntimeError("CALIBER_GAP_KERNEL is off")
-    cached = native_build.built_library(SOURCE, _FLAGS)
-    library = _bind(ctypes.CDLL(str(cached)))
-    _self_check(library)
-    return library
+    return native_build.load_checked(SOURCE, _FLAGS, "CALIBER_GAP_KERNEL", _bind, _self_check)
 
 
 def _bind(library):

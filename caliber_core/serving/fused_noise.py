@@ -24,7 +24,6 @@ No torch import here: callers pass raw pointers.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 import warnings
 from pathlib import Path
@@ -125,12 +124,7 @@ def _call(library, logits_ptr, logit_stride, out_ptr, out_stride, shape, dtype_n
 
 
 def _load() -> ctypes.CDLL:
-    if os.environ.get("CALIBER_FUSED_KERNEL", "").lower() in ("0", "off", "no"):
-        raise RuntimeError("CALIBER_FUSED_KERNEL is off")
-    cached = native_build.built_library(SOURCE, _FLAGS)
-    library = _bind(ctypes.CDLL(str(cached)))
-    _self_check(library)
-    return library
+    return native_build.load_checked(SOURCE, _FLAGS, "CALIBER_FUSED_KERNEL", _bind, _self_check)
 
 
 def prepare() -> bool:
@@ -148,18 +142,12 @@ def prepare() -> bool:
     FusedKernelWarning
         Once per process: the kernel is not available (the reason, and :data:`FALLBACK_COST`).
     """
-    library = _state.get("library", _state)  # decided already: no lock on every request
-    if library is not _state:
-        return library is not None
-    with _lock:
-        if "library" not in _state:
-            try:
-                _state["library"], _state["reason"] = _load(), None
-            except Exception as exc:  # any failure to build, load or self-check: the slower path serves
-                _state["library"], _state["reason"] = None, f"{type(exc).__name__}: {exc}"
-                warnings.warn(f"caliber's fused noise kernel is unavailable ({_state['reason']}); "
-                              f"torch tensors are served by {FALLBACK_COST}", FusedKernelWarning, stacklevel=2)
-    return _state["library"] is not None
+    return native_build.load_once(_state, _lock, _load, on_failure=_warn_unavailable) is not None
+
+
+def _warn_unavailable(reason: str) -> None:
+    warnings.warn(f"caliber's fused noise kernel is unavailable ({reason}); torch tensors are served by "
+                  f"{FALLBACK_COST}", FusedKernelWarning, stacklevel=4)
 
 
 def available() -> bool:
