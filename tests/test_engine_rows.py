@@ -71,6 +71,33 @@ def test_each_row_gets_its_levels_perturber_noise_in_any_order(policy, tmp_path)
     assert torch.equal(direct, served[order])
 
 
+def test_serving_in_place_gives_the_same_bits(policy):
+    """out=logits (what the vLLM processor passes) writes the served rows into the logits themselves."""
+    core = BatchNoise(policy, key=KEY)
+    rng = np.random.default_rng(7)
+    levels = [3, 0, 1, 1, 2, 0, 3]
+    ids = [position_id([r], [r + 2]) for r in range(7)]
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        logits = torch.tensor(rng.normal(size=(7, K)) * 4, dtype=dtype)
+        want = core.serve(logits, levels, ids)
+        into = logits.clone()
+        got = core.serve(into, levels, ids, out=into)
+        bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]  # bit for bit, NaN-free
+        assert got is into and torch.equal(got.view(bits), want.view(bits)), dtype
+        other = torch.empty_like(logits)  # a separate tensor of the logits' shape
+        assert core.serve(logits, levels, ids, out=other) is other and torch.equal(other, want)
+    array = rng.normal(size=(7, K)).astype(np.float32)  # numpy writes its result into out
+    want = core.serve(array, levels, ids)
+    assert core.serve(array, levels, ids, out=array) is array
+    np.testing.assert_array_equal(array, want)
+    bad = torch.zeros(2, K)
+    bad[1, 3] = float("nan")
+    before = bad.clone()
+    with pytest.raises(ValueError, match=r"logits contain NaN"):
+        core.serve(bad, [1, 1], [b"a", b"b"], out=bad)
+    assert torch.equal(bad.nan_to_num(), before.nan_to_num())  # refused before any row was written
+
+
 def test_levels_nest_and_repeats_are_identical(policy):
     core = BatchNoise(policy, key=KEY)
     row = torch.randn(1, K, generator=torch.Generator().manual_seed(0))
@@ -90,9 +117,9 @@ def test_every_row_makes_the_top_levels_draws(policy, monkeypatch):
     calls = []
     real = keyed_noise_torch.add_keyed_noise
 
-    def spy(block, seeds, increments, served=None):  # every row draws every level it is given seeds for
+    def spy(block, seeds, increments, served=None, **kwargs):  # every row draws every level it is given seeds for
         calls.append((block.shape[0], len(seeds)))
-        return real(block, seeds, increments, served=served)
+        return real(block, seeds, increments, served=served, **kwargs)
 
     monkeypatch.setattr(keyed_noise_torch, "add_keyed_noise", spy)
     core = BatchNoise(policy, key=KEY)

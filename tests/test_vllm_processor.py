@@ -137,8 +137,8 @@ def test_every_row_costs_the_same_draws(setup, monkeypatch):
     made = []
     real = keyed_noise_torch.add_keyed_noise
     monkeypatch.setattr(keyed_noise_torch, "add_keyed_noise",
-                        lambda block, seeds, inc, served=None: (made.append(block.shape[0] * len(seeds)),
-                                                                real(block, seeds, inc, served=served))[1])
+                        lambda block, seeds, inc, served=None, **kw: (made.append(block.shape[0] * len(seeds)),
+                                                                      real(block, seeds, inc, served=served, **kw))[1])
     counts = []
     for level in (0, 1, 3):
         p = CaliberLogitsProcessor(vllm_config(), torch.device("cpu"), False)

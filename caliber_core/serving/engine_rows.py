@@ -179,7 +179,7 @@ class BatchNoise:
         """
         return verify_grant(token, signing_key=self._signing_key, digest=self.digest, top=self.policy.top, now=now)
 
-    def serve(self, logits, row_levels, row_ids):
+    def serve(self, logits, row_levels, row_ids, *, out=None):
         """``logits`` (n_rows, K) with row r at level ``row_levels[r]`` for id ``row_ids[r]``.
 
         Parameters
@@ -190,10 +190,14 @@ class BatchNoise:
             Each row's level (0: clean).
         row_ids : sequence of bytes
             Each row's id (:func:`position_id`).
+        out : ndarray or torch.Tensor, optional
+            Where the served logits go: ``logits`` itself serves in place (what an
+            engine's processor does), or an array of its type, shape and dtype that
+            does not overlap it. Default: a new one.
 
         Returns
         -------
-        The served logits: a new array/tensor of the input's type, dtype and
+        The served logits: ``out``, or a new array/tensor of the input's type, dtype and
         device. Rows at level 0 are bit-identical copies; a row at level j
         equals its level's Perturber on that row and id. Every row makes the
         draws of the policy's top level (the level changes which are added,
@@ -222,4 +226,4 @@ class BatchNoise:
                 end += 1
             segments.append((levels[start], end - start))
             start = end
-        return self.levels.serve(logits, list(row_ids), tuple(segments), shadow=False)
+        return self.levels.serve(logits, list(row_ids), tuple(segments), shadow=False, out=out)

@@ -324,7 +324,7 @@ static void row_block(Job *job, int64_t r, int64_t c0, int64_t c1) {
         if (served > 0) {
             finish(in + b0 * job->item, out + b0 * job->item, sum, n, job->dtype);
         } else {
-            memcpy(out + b0 * job->item, in + b0 * job->item, (size_t)n * job->item);
+            if (out != in) memcpy(out + b0 * job->item, in + b0 * job->item, (size_t)n * job->item); /* in place */
         }
         /* Every row folds one buffer into the sink, the discarded draws or its own sum: the same work at
          * every level (the top level included), and the discarded draws can never be optimized away. */

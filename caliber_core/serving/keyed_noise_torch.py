@@ -33,10 +33,8 @@ def _signed(word: int) -> int:
 _GAMMA = _signed(0x9E3779B97F4A7C15)
 _M1 = _signed(0xBF58476D1CE4E5B9)
 _M2 = _signed(0x94D049BB133111EB)
-_MASK52 = (1 << 52) - 1
-_MASK_T = (1 << _T_BITS) - 1
-_BITS_OF_2_52 = int(np.float64(2.0 ** 52).view(np.int64))
-_BITS_OF_64 = int(np.float64(64.0).view(np.int64))
+_MASK52, _MASK_T = (1 << 52) - 1, (1 << _T_BITS) - 1
+_BITS_OF_2_52, _BITS_OF_64 = int(np.float64(2.0 ** 52).view(np.int64)), int(np.float64(64.0).view(np.int64))
 #: The derivation's constants as int64 words, one definition for every torch form of it (the compiled kernel's too).
 WORD_CONSTANTS = {"T_BITS": _T_BITS, "SIGN_INDEX": _SIGN_INDEX, "GAMMA": _GAMMA, "M1": _M1, "M2": _M2,
                   "MASK52": _MASK52, "MASK_T": _MASK_T, "BITS_OF_2_52": _BITS_OF_2_52, "BITS_OF_64": _BITS_OF_64}
@@ -191,7 +189,7 @@ def _kernel_threads() -> int:
     return threads
 
 
-def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) -> torch.Tensor:
+def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None, *, out=None) -> torch.Tensor:
     """The torch twin of :func:`keyed_noise.add_keyed_noise`: same bits, on the logits' device.
 
     On the CPU the fused kernel (:mod:`.fused_noise`) serves every dtype in one
@@ -202,7 +200,7 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) 
     Parameters
     ----------
     logits : torch.Tensor of shape (n_rows, n_classes)
-        A floating dtype; not modified.
+        A floating dtype; not modified (unless passed as ``out``).
     level_seeds : sequence of array_like of shape (n_rows,), uint64
         Row seeds of each level.
     increments : sequence of float
@@ -211,10 +209,13 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) 
         How many of the levels each row adds (0: a copy of the row). Every
         level is drawn for every row whatever it adds, so a row's time does
         not depend on it. Default: all of them.
+    out : torch.Tensor, optional
+        The logits themselves (served in place, as an engine's processor may), or a
+        tensor of their shape and dtype not overlapping them. Default: a new tensor.
 
     Returns
     -------
-    torch.Tensor of shape (n_rows, n_classes), the logits' dtype and device
+    torch.Tensor of shape (n_rows, n_classes), the logits' dtype and device: ``out`` where given
 
     Notes
     -----
@@ -229,18 +230,21 @@ def add_keyed_noise(logits: torch.Tensor, level_seeds, increments, served=None) 
         values = logits.detach()
         if values.stride(-1) != 1:
             values = values.contiguous()
-        out = torch.empty((n_rows, n_classes), dtype=values.dtype)
+        direct = (out is not None and out.device.type == "cpu" and out.dtype == values.dtype
+                  and out.shape == values.shape and out.stride(-1) == 1)
+        target = out if direct else torch.empty((n_rows, n_classes), dtype=values.dtype)
         ready = isinstance(level_seeds, np.ndarray) and level_seeds.dtype == np.uint64  # RowSeeder's array
         seeds = (level_seeds if ready else np.array([np.asarray(s, dtype=np.uint64).reshape(-1) for s in level_seeds],
                                                     dtype=np.uint64)).reshape(len(increments), n_rows)
         item = values.element_size()
-        fused_noise.add_keyed_noise(values.data_ptr(), values.stride(0) * item, out.data_ptr(), n_classes * item,
-                                    (n_rows, n_classes), name, seeds, increments, served,
+        fused_noise.add_keyed_noise(values.data_ptr(), values.stride(0) * item, target.data_ptr(),
+                                    target.stride(0) * item, (n_rows, n_classes), name, seeds, increments, served,
                                     n_threads=_kernel_threads())
-        return out
-    if logits.device.type != "cpu" and len(increments) and _device_kernel:
-        return _device_kernel[0](logits, level_seeds, increments, served)
-    return add_keyed_noise_op_by_op(logits, level_seeds, increments, served)
+    elif logits.device.type != "cpu" and len(increments) and _device_kernel:
+        target = _device_kernel[0](logits, level_seeds, increments, served)
+    else:
+        target = add_keyed_noise_op_by_op(logits, level_seeds, increments, served)
+    return target if out is None or target is out else out.copy_(target)
 
 
 # The kernel for other devices' tensors, registered by compiled_noise when it is imported (at a server's build):

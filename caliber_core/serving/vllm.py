@@ -266,8 +266,9 @@ class CaliberLogitsProcessor(_V1Base):
         Returns
         -------
         torch.Tensor of shape (n_rows, vocab_size)
-            Each row noised at its request's level, seeded by its position id; a
-            row never added is served the top level with a random id.
+            ``logits`` itself, each row noised in place at its request's level,
+            seeded by its position id; a row never added is served the top level
+            with a random id. A request that fails the checks raises before any row is written.
 
         Notes
         -----
@@ -284,7 +285,8 @@ class CaliberLogitsProcessor(_V1Base):
                 continue
             levels.append(slot.level)
             ids.append(slot.hasher.id_after(slot.output))
-        return self.core.serve(logits, levels, ids)
+        # In place, as vLLM's own processors work: no new (n_rows, V) tensor a step.
+        return self.core.serve(logits, levels, ids, out=logits)
 
 
 def _hasher(prompt_ids) -> PositionHasher:

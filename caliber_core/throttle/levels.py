@@ -152,7 +152,7 @@ class LevelNoise:
         ids = [b"caliber.warm-up\x00", b"caliber.warm-up\x01"] if self.seeding == "per-input" else None
         self.serve(logits, ids, ((0, 1), (self.top, 1)), shadow=False)
 
-    def serve(self, logits, ids, segments, *, shadow: bool):
+    def serve(self, logits, ids, segments, *, shadow: bool, out=None):
         """``logits`` with each segment's rows at its level.
 
         Parameters
@@ -165,19 +165,26 @@ class LevelNoise:
             ((level, rows), ...) in row order, summing to the request's rows.
         shadow : bool
             Serve every row clean (the draws are made all the same).
+        out : ndarray or torch.Tensor, optional
+            Where the result is written: the logits themselves (in place) or an
+            array of their type, shape and dtype not overlapping them.
 
         Returns
         -------
         ndarray or torch.Tensor
-            The input's type, dtype, device and shape; with ``shadow`` (or
-            only level-0 rows) an equal copy.
+            The input's type, dtype, device and shape (``out`` where given); with
+            ``shadow`` (or only level-0 rows) an equal copy.
 
         Raises
         ------
         ValueError, TypeError
             As ``Perturber.perturb`` does, before any draw.
         """
-        return self.assemble(self.prepare(self.check(logits, ids)), segments, shadow=shadow)
+        served = self.assemble(self.prepare(self.check(logits, ids)), segments, shadow=shadow, out=out)
+        if out is None or served is out:
+            return served
+        out[...] = served  # the paths that do not write in place (numpy's, consistent seeding's)
+        return out
 
     def check(self, logits, ids) -> CheckedRequest:
         """Validate a request as ``Perturber.perturb`` does.
@@ -231,7 +238,7 @@ class LevelNoise:
         seeds = self._seeder.seeds(keyed_noise.joined_digests(encoded), n_classes)  # (draws, rows)
         return PreparedRequest(logits, rows, torch_in, seeds)
 
-    def assemble(self, prepared: PreparedRequest, segments, *, shadow: bool):
+    def assemble(self, prepared: PreparedRequest, segments, *, shadow: bool, out=None):
         """The served logits for the decided ``segments``; the same draws whatever was decided.
 
         Parameters
@@ -242,11 +249,13 @@ class LevelNoise:
             ((level, rows), ...) in row order.
         shadow : bool
             Serve every row clean.
+        out : optional
+            As :meth:`serve` takes it; only the fused path on tensors writes it here.
 
         Returns
         -------
         ndarray or torch.Tensor
-            As :meth:`serve` returns.
+            As :meth:`serve` returns, or a new array where ``out`` was not written.
 
         Notes
         -----
@@ -269,8 +278,9 @@ class LevelNoise:
                     [self._draws_at[segments[0][0]]] * rows.shape[0]
             else:
                 served = [self._draws_at[level] for level, n in segments for _ in range(n)]
-            out = add_keyed_noise(rows, seeds, increments, served=served)
-            return out if out.shape == logits.shape else out.reshape(logits.shape)
+            into = out if is_torch(out) and out.shape == rows.shape else None  # written in place (2-D logits)
+            noisy = add_keyed_noise(rows, seeds, increments, served=served, out=into)
+            return noisy if noisy.shape == logits.shape else noisy.reshape(logits.shape)
         add_keyed_noise = keyed_noise.add_keyed_noise
         out = None if len(segments) == 1 and not clean else (rows.clone() if torch_in else rows.copy())
         start = 0
