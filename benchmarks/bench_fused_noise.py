@@ -169,9 +169,11 @@ def write_figure(result: dict, device: str, name: str = "fused-noise") -> None:
     clock = ("this thread's CPU time (`time.thread_time`: the time other processes hold the cores is not "
              "counted, which a loaded machine needs)" if result["clock"] == "cpu" else "elapsed time")
     if result.get("loaded"):
+        paired = ("of CPU time paired within a repeat" if result["clock"] == "cpu" else
+                  "of elapsed time paired within a repeat, which a wait for a core still stretches unevenly")
         fig.note("**Loaded machine.** Other processes held the cores while this ran (the load average is in the "
-                 "header): read the ratios, which are of CPU time paired within a repeat, not the absolute times, "
-                 "and neither as a quiet machine's.")
+                 f"header): read the ratios, which are {paired}, not the absolute times, and neither as a quiet "
+                 "machine's.")
     fig.note(f"Float32 logits {where}, timed by {clock}; every row at the top level of a three-level policy "
              "(three nested keyed draws per element, all drawn). Mean ± sd over repeats; ratios are paired "
              "(each repeat's time over the same repeat's `torch.randn` + add). GPU figures were not measured "

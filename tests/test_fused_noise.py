@@ -224,6 +224,28 @@ def test_the_fallback_serves_per_row_level_counts_with_the_kernels_bits(monkeypa
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), dtype
 
 
+def test_out_serves_in_place_or_into_any_tensor_with_the_same_bits(monkeypatch):
+    """out=logits (in place, clean rows left as they are, threads splitting rows), a strided out, the fallback."""
+    rng = np.random.default_rng(12)
+    seeds = rng.integers(0, 2**64 - 1, size=(3, 3), dtype=np.uint64, endpoint=True)
+    served = [0, 3, 1]
+    for dtype in TORCH_DTYPES.values():
+        logits = (torch.from_numpy(rng.standard_normal((3, 40_001))) * 9).to(dtype)
+        want = fused(logits, seeds, [0.5, 1.0, 2.0], served=served)
+        into = logits.clone()
+        monkeypatch.setattr(keyed_noise_torch, "_kernel_threads", lambda: 2)
+        assert keyed_noise_torch.add_keyed_noise(into, seeds, [0.5, 1.0, 2.0], served=served, out=into) is into
+        assert torch.equal(into.view(torch.uint8), want.view(torch.uint8)), dtype
+        strided = torch.empty((40_001, 3), dtype=dtype).t()  # columns not contiguous: served, then copied in
+        assert keyed_noise_torch.add_keyed_noise(logits, seeds, [0.5, 1.0, 2.0], served=served, out=strided) is strided
+        assert torch.equal(strided.contiguous().view(torch.uint8), want.view(torch.uint8)), dtype
+        with monkeypatch.context() as patched:
+            patched.setattr(fused_noise, "prepare", lambda: False)
+            into = logits.clone()
+            assert keyed_noise_torch.add_keyed_noise(into, seeds, [0.5, 1.0, 2.0], served=served, out=into) is into
+        assert torch.equal(into.view(torch.uint8), want.view(torch.uint8)), dtype
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_serves_numpys_bits_for_every_dtype():
     rng = np.random.default_rng(10)
