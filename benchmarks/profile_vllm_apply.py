@@ -93,6 +93,23 @@ def profile(folder: Path, *, rounds: int, tokens: int, kernel_threads: int) -> d
 
     gc.callbacks.append(on_gc)
     steps = {name: 0 for name in engines}
+    # The runner's two halves of a step, per engine: the model's forward, and sampling (where processors run).
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    runner = {name: {} for name in engines}
+    halves = [(GPUModelRunner, "execute_model", "model"), (GPUModelRunner, "sample_tokens", "sampling")]
+    for owner, method, label in halves:
+        original = getattr(owner, method)
+
+        def timed(self, *args, _original=original, _label=label, **kwargs):
+            start = time.perf_counter_ns()
+            try:
+                return _original(self, *args, **kwargs)
+            finally:
+                if running[0] is not None:
+                    runner[running[0]].setdefault(_label, []).append(time.perf_counter_ns() - start)
+
+        setattr(owner, method, timed)
     for name in engines:  # warm-up round, untimed
         engines[name].generate(prompts, params, use_tqdm=False)
     times = {1: {}, kernel_threads: {}} if kernel_threads != 1 else {1: {}}
@@ -124,6 +141,8 @@ def profile(folder: Path, *, rounds: int, tokens: int, kernel_threads: int) -> d
 
     return {"rounds": rounds, "tokens": tokens, "vocab": vocab, "batch": batch, "torch_threads": torch.get_num_threads(),
             "gc_share": {name: collected[name] / steps[name] for name in engines},
+            "runner": {name: {label: _quartiles(values) for label, values in spent.items()}
+                       for name, spent in runner.items()},
             "times": {threads: {label: _quartiles(values) for label, values in into.items()}
                       for threads, into in times.items()}}
 
@@ -159,6 +178,12 @@ def write_figure(result: dict) -> None:
         f"draws an element); engine core in process, torch at {result['torch_threads']} thread(s); "
         f"{result['rounds']} rounds alternating the kernel's thread count; per call of `apply` (one decode step), "
         f"elapsed time."))
+    names = {"caliber": "Caliber's processor", "randn": "the minimal processor"}
+    fig.table(["engine", "model forward (`execute_model`): µs", "sampling, processors included (`sample_tokens`): µs"],
+              [[names[name]] + [f"{spent[label][0]:,.0f} [{spent[label][1]:,.0f}–{spent[label][2]:,.0f}]"
+                                for label in ("model", "sampling")] for name, spent in result["runner"].items()],
+              caption="The runner's two halves of a decode step, per engine, median [quartiles] over every round: "
+                      "what the processors change is the sampling half.")
     share = result["gc_share"]
     fig.note(f"Python's garbage collector took {share['caliber']:.2%} of the Caliber engine's generate time and "
              f"{share['randn']:.2%} of the minimal one's.")
