@@ -188,10 +188,10 @@ def _verification(record, intervals, kind, side, key):
 
 
 # Only what a step changes is in the fragment: the slider, the readout, the plot and a
-# verification of this target. A step re-sends and redraws those elements and nothing
-# else; the buttons and the Extraction link below it do not change with the target
-# (their callbacks read the fragment's latest target), so they are drawn by the page's
-# full runs only. Kind, side, view and band are chosen outside it too (a change there
+# verification of this target (its button too: a click reruns the fragment, not the page).
+# A step re-sends and redraws those elements and nothing else; Export this σ and the
+# Extraction link below it do not change with the target (the button's callback reads the
+# fragment's latest target), so they are drawn by the page's full runs only. Kind, side, view and band are chosen outside it too (a change there
 # reruns the page, which is rare). The plot follows every step: a marker that stays
 # behind while the numbers move reads as stale. Measured in Chromium next to a minimal
 # one-figure page: benchmarks/bench_dashboard.py, figures in docs/figures/dashboard-timings.md.
@@ -210,7 +210,11 @@ def target_panel(kind, side, view, with_bands):
     if record is not None:
         _readout(record, intervals, kind, side, value)
     _plot(record, intervals, view, with_bands)
-    _verification(record, intervals, kind, side, key)  # right above the Verify button
+    if record is not None:  # in the fragment: a click reruns this part only, and its result shows below it
+        st.button("Verify", key="verify_btn", icon=":material/science:", on_click=_request_verify,
+                  help="Measure what this σ delivers with fresh Monte-Carlo noise (a new seed every click); "
+                       "the result appears right below.")
+    _verification(record, intervals, kind, side, key)
     # The slider's neighbours, the next one in the direction of the last move first.
     rng = slider_range(kind, clean_accuracy=cal.clean_accuracy, n_classes=cal.n_classes)
     last = st.session_state.get(LAST_PERCENT, percent)
@@ -223,14 +227,11 @@ def target_panel(kind, side, view, with_bands):
 
 
 def target_actions():
-    """Export this target, verify it, or see the thief's side: the same three at every target."""
-    b1, b2, b3 = st.columns([2, 2, 1], vertical_alignment="center")
+    """Export this target, or see the thief's side: the same two at every target."""
+    b1, b2 = st.columns([3, 1], vertical_alignment="center")
     b1.button("Export this σ", key="export_this_btn", icon=":material/download:", on_click=_export_this,
               help="Opens Export with this target, kind and side.")
-    b2.button("Verify", key="verify_btn", icon=":material/science:", on_click=_request_verify,
-              help="Measure what this σ delivers with fresh Monte-Carlo noise (a new seed every click); "
-                   "the result appears right above.")
-    b3.page_link("pages/extraction.py", label="Extraction", icon=":material/content_copy:",
+    b2.page_link("pages/extraction.py", label="Extraction", icon=":material/content_copy:",
                  help="The extraction frontier: what a distilled surrogate keeps at each σ.")
 
 
