@@ -184,7 +184,7 @@ def _timed(page, action, *, ready: str, timeout_s: float = 600.0) -> float:
 def actions_at_scale(browser, app_url: str, folder: Path, *, n: int, k: int) -> list[tuple[str, float]]:
     """Each action a provider takes on an N x K upload with separate labels, timed in Chromium.
 
-    Upload labels (.npy), then the logits (.npy); open Calibrate (its calibration:
+    Once the server's warm-up is over, upload labels (.npy), then the logits (.npy); open Calibrate (its calibration:
     the first visit computes it), a slider step, Verify, side "at least"; open
     Fleet, Attack cost (largest M 64, its simulation included), Export, Policy,
     Extraction and Data again. The time of an action runs from the click to the
@@ -209,6 +209,7 @@ def actions_at_scale(browser, app_url: str, folder: Path, *, n: int, k: int) -> 
     try:
         page.goto(app_url)
         settle_run(page, ready="h1:has-text('Data')", timeout=600_000)
+        wait_idle(app_url)  # the server's warm-up (first visits time it) is over before the first upload
         out.append(("upload the labels file (.npy)", _timed(
             page, lambda: file_input(page, "Labels file").set_input_files(str(labels_path)), ready="text=labels")))
         out.append((f"upload the logits file ({n:,} x {k:,} .npy), labels attached", _timed(

@@ -352,3 +352,35 @@ def test_servers_build_the_kernel_at_start_and_the_first_request_is_as_fast_as_t
         if first <= 1.5 * steady + 0.01:
             return
     pytest.fail(f"the first request was slower than the tenth in three fresh processes: {seen}")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+def test_numpy_arrays_take_the_kernel_with_the_op_by_op_bits(dtype):
+    # Perturber serves a numpy array through add_to_array: the kernel's bits are numpy's, masked classes
+    # included; a layout the kernel does not take (a strided view, longdouble) goes the op-by-op way.
+    rng = np.random.default_rng(7)
+    logits = (rng.normal(size=(37, 300)) * 4).astype(dtype)
+    logits[2, 9], logits[5, 0] = np.inf, -np.inf
+    seeds = [rng.integers(0, 2**63, size=37, dtype=np.uint64) for _ in range(3)]
+    increments = (0.7, 0.2, 0.05)
+    want = keyed_noise.add_keyed_noise(logits, seeds, increments)
+    got = fused_noise.add_to_array(logits, seeds, increments)
+    assert got.dtype == logits.dtype and got.view(np.uint8).tobytes() == want.view(np.uint8).tobytes()
+    strided = logits[:, ::2]
+    assert np.array_equal(fused_noise.add_to_array(strided, seeds, increments),
+                          keyed_noise.add_keyed_noise(strided, seeds, increments))
+
+
+def test_perturber_serves_numpy_arrays_through_the_kernel(monkeypatch):
+    from caliber_core.serving.runtime import Perturber
+
+    rng = np.random.default_rng(8)
+    logits = rng.normal(size=(20, 500)).astype(np.float32)
+    ids = [f"row-{i}" for i in range(20)]
+    perturber = Perturber(0.9, key=bytes(range(1, 33)))
+    calls, real = [], fused_noise._call
+    monkeypatch.setattr(fused_noise, "_call", lambda *args: calls.append(args[6]) or real(*args))
+    served = perturber.perturb(logits, ids)
+    assert calls == ["float32"]  # the dtype the kernel was asked for
+    monkeypatch.setitem(fused_noise._state, "library", None)  # as if it were not loaded: numpy's ops
+    assert np.array_equal(perturber.perturb(logits, ids), served) and calls == ["float32"]

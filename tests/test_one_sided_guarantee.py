@@ -167,3 +167,17 @@ def test_an_at_most_target_no_noise_reaches_is_refused_or_marked_without_a_guara
     stdout = capsys.readouterr().out
     target = json.loads(out.read_text())["targets"][0]
     assert target["saturated"] and "no guarantee (saturated)" in stdout and "<= 5.0%" not in stdout
+
+
+@pytest.mark.parametrize("side", ["point", "at-least", "at-most"])
+def test_a_held_bootstrap_gives_the_config_a_fresh_one_gives(side):
+    # The dashboard passes the bootstrap its pages already hold (and have queried); the config is the same.
+    data, cal = _calibrated(CNN)
+    targets = [("retention", 0.8), ("agreement", 0.7)]
+    fresh = pipeline.config_from_calibration(cal, data, targets, side=side)[1]
+    held = interval_estimator(cal, seed=cal.seed)
+    held.at(0.3)
+    given = pipeline.config_from_calibration(cal, data, targets, side=side, estimator=held)[1]
+    assert json.dumps({**given, "created": None}) == json.dumps({**fresh, "created": None})
+    with pytest.raises(ValueError, match="not this calibration's bootstrap at this confidence"):
+        pipeline.config_from_calibration(cal, data, targets, side=side, confidence=0.9, estimator=held)

@@ -33,8 +33,8 @@ import numpy as np
 from .. import native_build
 from . import keyed_noise
 
-__all__ = ["DTYPE_CODES", "FusedKernelWarning", "FALLBACK_COST", "add_keyed_noise", "available", "min_max",
-           "normals_from_words", "prepare", "round_to", "unavailable_reason", "widen"]
+__all__ = ["DTYPE_CODES", "FusedKernelWarning", "FALLBACK_COST", "add_keyed_noise", "add_to_array", "available",
+           "min_max", "normals_from_words", "prepare", "round_to", "unavailable_reason", "widen"]
 
 SOURCE = Path(__file__).with_name("fused_noise.c")
 #: The kernel's dtype codes (fused_noise.c's DT_*), by numpy/torch dtype name.
@@ -230,6 +230,30 @@ def add_keyed_noise(logits_ptr: int, logit_stride: int, out_ptr: int, out_stride
     """
     _call(_library(), logits_ptr, logit_stride, out_ptr, out_stride, shape, dtype_name, seeds, increments,
           served, n_threads)
+
+
+def add_to_array(logits: np.ndarray, level_seeds, increments) -> np.ndarray:
+    """:func:`keyed_noise.add_keyed_noise` for a numpy array, by the kernel once it is loaded.
+
+    The same bits either way (the kernel's self-check compares them); numpy's
+    op-by-op path serves where the kernel is not loaded (:func:`prepare` not
+    called, or it failed), and for a dtype, layout or level count the kernel
+    does not take. One thread: a server runs its requests side by side.
+
+    Returns
+    -------
+    ndarray of the logits' shape (n_rows, n_classes) and dtype
+    """
+    name = logits.dtype.name
+    if (not available() or logits.ndim != 2 or 0 in logits.shape or not 0 < len(increments) <= MAX_LEVELS
+            or name not in DTYPE_CODES or not logits.dtype.isnative or logits.strides[-1] != logits.itemsize):
+        return keyed_noise.add_keyed_noise(logits, level_seeds, increments)
+    n_rows, n_classes = logits.shape
+    seeds = np.array([np.asarray(s, dtype=np.uint64).reshape(-1) for s in level_seeds], dtype=np.uint64)
+    out = np.empty((n_rows, n_classes), dtype=logits.dtype)
+    _call(_state["library"], logits.ctypes.data, logits.strides[0], out.ctypes.data, out.strides[0],
+          (n_rows, n_classes), name, seeds.reshape(len(increments), n_rows), increments, None, 1)
+    return out
 
 
 def min_max(pointer: int, shape, row_stride: int, dtype_name: str) -> tuple[float, float, bool]:

@@ -341,8 +341,8 @@ class Perturber:
             values = logits.detach()
             out = keyed_noise_torch.add_keyed_noise(values.reshape(n_rows, n_classes), seeds, increments)
             return out.reshape(values.shape)
-        arr = np.asarray(logits)
-        return keyed_noise.add_keyed_noise(arr.reshape(n_rows, n_classes), seeds, increments).reshape(arr.shape)
+        arr = np.asarray(logits)  # the fused kernel once loaded, numpy's ops otherwise: the same bits
+        return fused_noise.add_to_array(arr.reshape(n_rows, n_classes), seeds, increments).reshape(arr.shape)
 
     def _add_level_noise(self, logits, digests, n_rows: int, n_classes: int, torch_in: bool):
         """``logits + level_noise(...)`` in float64, rounded once to the logits' dtype."""

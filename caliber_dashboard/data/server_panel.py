@@ -22,7 +22,7 @@ from caliber_dashboard.common import state, ui
 from caliber_dashboard.workspace import CapExceeded
 from caliber_dashboard.workspace import session as workspace
 
-from . import data_root, server_files, vocab_files, vocab_panel
+from . import data_root, server_files, vocab_files
 
 MESSAGES = "caliber_server_file_messages"
 FILE_KEY, LABELS_KEY, TYPED_KEY = "server_file", "server_labels", "server_typed_path"
@@ -117,4 +117,3 @@ def draw() -> None:
         st.caption(f"The list stops at {data_root.MAX_LISTED:,} files; type a path for the others.")
     for level, text in st.session_state.get(MESSAGES, []):
         getattr(st, level)(ui.plain(text), icon=_ICONS[level])
-    vocab_panel.data_panel()

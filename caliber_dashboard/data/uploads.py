@@ -17,7 +17,10 @@ A labels file is used in one of two ways:
   (``answers.npy`` <- ``answers_labels.npy``). Exactly one must remain; otherwise
   the message says which models tie, or that none fits, and what to do.
 
-Labels that fail because one equals K (classes numbered 1..K) get a hint.
+Labels that fail because one equals K (classes numbered 1..K) get a hint. A
+matrix of a large vocabulary (``full_vocab.STREAM_MIN_CLASSES`` classes and
+more) goes through the streamed engine (:mod:`.vocab_uploads`), never into a
+dense copy.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from caliber_dashboard.common import upload_boundary as boundary
 from caliber_dashboard.workspace import CapExceeded
 from caliber_dashboard.workspace import session as workspace
 from caliber_dashboard.workspace.store import blob_digest
+
+from . import vocab_uploads
 
 Message = tuple[str, str]  # (level: "success" | "info" | "warning" | "error", text)
 _OUT_OF_RANGE = re.compile(r"labels index \d+ is (-?\d+), outside \[0, (\d+)\)")
@@ -147,6 +152,12 @@ def _load_one(upload, labels_upload, *, n_labels: int | None = None) -> dict | N
     these labels are not for it.
     """
     labels = None
+    streamed = vocab_uploads.streams(upload)  # a large vocabulary: the data root's streamed engine, never dense
+    if streamed is not None:
+        fits = labels_upload is not None and n_labels == streamed[0]
+        if not fits and labels_upload is not None and upload.file_id in _status():
+            return None
+        return {"messages": vocab_uploads.open_upload(upload, labels_upload if fits else None), "used_labels": fits}
     try:
         content = upload.getvalue()  # a copy of the upload's bytes: taken once
         data = boundary.load_logits(content, upload.name)

@@ -24,6 +24,9 @@ This module holds no drawing; :mod:`.vocab_panel` draws the pages' parts.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -49,8 +52,8 @@ from caliber_dashboard.workspace import session as workspace
 from . import data_root, server_files
 from .data_root import NotInRoot
 
-#: Workspace result kind of a streamed file's record.
-KIND = "server_vocab_file"
+#: Workspace result kind of a streamed file's record (a stored upload's names its blobs: :mod:`.vocab_uploads`).
+KIND = workspace.STREAMED_KIND
 #: Session key: (workspace token, {sha256: record}) in the order the files were opened.
 MEMBERS = "caliber_vocab_files"
 #: The targets a file opens with: the command line's defaults (agreement ones without labels).
@@ -72,6 +75,8 @@ class Streamed:
         The logits file's digest (as ``caliber calibrate`` records it).
     reduced : ReducedRows
         The whole file, reduced.
+    blobs : tuple of (str, str or None), optional
+        A stored upload's digests in the workspace (its logits, its labels file); None for a file under the root.
     """
 
     name: str
@@ -79,6 +84,7 @@ class Streamed:
     labels: str | None
     sha256: str
     reduced: ReducedRows
+    blobs: tuple[str, str | None] | None = None
 
     @property
     def has_labels(self) -> bool:
@@ -160,9 +166,7 @@ def open_streamed(root: Path, path: str, labels_path: str | None = None, *,
     LogitsFileError
         The file opened but is not a valid matrix or its labels do not fit (paths relative).
     """
-    from caliber_dashboard.common import upload_boundary
-
-    limit = upload_boundary.max_elements() if max_elements is None else max_elements
+    limit = _limit(max_elements)
     key = server_files.cache_key(root, path, labels_path) + (limit,)
     cached = _CACHE.get(key)
     if cached is not None:
@@ -172,19 +176,47 @@ def open_streamed(root: Path, path: str, labels_path: str | None = None, *,
         labels_real = data_root.resolve(root, labels_path, extensions=LABELS_EXTENSIONS)
     # Opened (and checked after the read) through the root's rules; the core reads the real path.
     with server_files.checked(root, path, STREAM_EXTENSIONS) as (_, real):
-        try:
-            source = open_rows(real)
-            check_kept_size(source, max_elements=limit)  # from the header, before anything is read
-            labels = stream_labels(source, labels_real, max_elements=limit)
-            reduced, _, sha = reduce_file(real, max_elements=limit, progress=progress, labels=labels,
-                                          source=source)
-        except LogitsFileError as exc:
-            message = _relative_message(exc, real, path)
-            if labels_real is not None:
-                message = message.replace(display_name(str(labels_real)), display_name(labels_path))
-            raise LogitsFileError(message) from None
-    stem = PurePosixPath(path).name.rsplit(".", 1)[0]
-    found = Streamed(clean_name(stem) or "logits", path, labels_path, sha, reduced)
+        return reduce_once(real, path, labels_real, labels_path, key=key, max_elements=limit, progress=progress)
+
+
+def _limit(max_elements: int | None) -> int:
+    from caliber_dashboard.common import upload_boundary
+
+    return upload_boundary.max_elements() if max_elements is None else max_elements
+
+
+def reduce_once(real: Path, shown: str, labels_real: Path | None, labels_shown: str | None, *, key: tuple,
+                max_elements: int | None = None, progress: Callable[[float], None] | None = None,
+                labels_blob: str | None = None, stored: bool = False) -> Streamed:
+    """The streamed engine on one file the server may read: reduce it with its labels, keep it under ``key``.
+
+    The one engine for files from the data root (:func:`open_streamed`) and stored uploads
+    (:mod:`.vocab_uploads`). ``shown`` and ``labels_shown`` are the names messages and records
+    carry instead of the real paths; ``stored`` marks an upload kept in the workspace (its
+    blobs: the file's digest and ``labels_blob``).
+
+    Raises
+    ------
+    LogitsFileError
+        Not a valid matrix, a reduction over ``max_elements``, or labels that do not fit.
+    """
+    cached = _CACHE.get(key)
+    if cached is not None:
+        return cached
+    limit = _limit(max_elements)
+    try:
+        source = open_rows(real)
+        check_kept_size(source, max_elements=limit)  # from the header, before anything is read
+        labels = stream_labels(source, labels_real, max_elements=limit)
+        reduced, _, sha = reduce_file(real, max_elements=limit, progress=progress, labels=labels, source=source)
+    except LogitsFileError as exc:
+        message = _relative_message(exc, real, shown)
+        if labels_real is not None:
+            message = message.replace(display_name(str(labels_real)), display_name(labels_shown))
+        raise LogitsFileError(message) from None
+    stem = PurePosixPath(shown).name.rsplit(".", 1)[0]
+    found = Streamed(clean_name(stem) or "logits", shown, labels_shown, sha, reduced,
+                     (sha, labels_blob) if stored else None)
     _CACHE.put(key, found)
     return found
 
@@ -243,7 +275,8 @@ def entry_for(streamed: Streamed, targets, side: str, config: dict) -> dict:
     return {"path": streamed.path, "labels": streamed.labels, "sha256": streamed.sha256, "name": streamed.name,
             "n_rows": streamed.reduced.n_rows, "n_classes": streamed.reduced.n_classes,
             "has_labels": streamed.has_labels, "targets": [[k, float(v)] for k, v in targets], "side": side,
-            "config": config, "saved": time.time()}
+            "config": config, "saved": time.time()} | (
+                {} if streamed.blobs is None else {"blob": streamed.blobs[0], "labels_blob": streamed.blobs[1]})
 
 
 def keep(entry: dict) -> str | None:
@@ -260,22 +293,62 @@ def keep(entry: dict) -> str | None:
 
 
 def remove(key: str) -> None:
-    """Forget one streamed file (session and workspace); the file itself is untouched."""
-    members().pop(key, None)
+    """Forget one streamed file (session and workspace); a file under the data root is untouched, an
+    upload's stored bytes go."""
+    entry = members().pop(key, None)
     try:
         workspace.delete_result(KIND, key)
+        if entry is not None and entry.get("blob"):
+            workspace.forget_upload(key)
     except workspace.STORE_ERRORS as exc:
         state.add_warning(f"Could not remove the streamed file's record from the workspace: {exc}")
 
 
+def upload_key(blob: str, labels_blob: str | None) -> tuple:
+    """The reduction cache's key of a stored upload: its bytes' digests (the content is the identity)."""
+    return ("upload", blob, labels_blob, _limit(None))
+
+
+@contextlib.contextmanager
+def _named(blob: Path, filename: str):
+    """A stored blob under a temporary name ending like ``filename`` (the readers go by the extension): a link."""
+    with tempfile.TemporaryDirectory(prefix="caliber_blob_") as folder:
+        link = Path(folder) / f"{blob.name}{PurePosixPath(filename).suffix.lower()}"
+        os.symlink(blob, link)
+        yield link
+
+
+def _reopen_upload(entry: dict, progress) -> Streamed:
+    key = upload_key(entry["blob"], entry.get("labels_blob"))
+    cached = _CACHE.get(key)
+    if cached is not None:
+        return cached
+    try:
+        blobs = workspace.store().blobs
+        with contextlib.ExitStack() as stack:
+            real = stack.enter_context(_named(blobs.path(entry["blob"]), entry["path"]))
+            labels_real = (None if not entry.get("labels_blob") else
+                           stack.enter_context(_named(blobs.path(entry["labels_blob"]), entry.get("labels") or "")))
+            return reduce_once(real, entry["path"], labels_real, entry.get("labels"), key=key, progress=progress,
+                               labels_blob=entry.get("labels_blob"), stored=True)
+    except workspace.STORE_ERRORS as exc:
+        raise ValueError(f"{display_name(entry['path'])}: the workspace's stored copy cannot be read ({exc})") from None
+
+
 def reopen(entry: dict, *, progress: Callable[[float], None] | None = None) -> Streamed:
-    """The reduction behind a record (the process's, or the file streamed again through the root's checks).
+    """The reduction behind a record (the process's, or the file streamed again: a stored upload from
+    the workspace, a file under the data root through the root's checks).
 
     Raises
     ------
     NotInRoot, LogitsFileError
         As :func:`open_streamed`; ValueError when no data root is set now, or the file changed.
     """
+    if entry.get("blob"):
+        streamed = _reopen_upload(entry, progress)
+        if streamed.sha256 != entry["blob"]:
+            raise ValueError(f"{display_name(entry['path'])}: the workspace's stored copy is damaged")
+        return streamed
     root = data_root.configured_root()
     if root is None:
         raise ValueError(f"{display_name(entry['path'])}: no data root is set on this server "

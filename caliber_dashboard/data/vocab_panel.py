@@ -1,4 +1,4 @@
-"""The pages' parts for large-vocabulary files streamed from the data root (:mod:`.vocab_files`).
+"""The pages' parts for large-vocabulary files, streamed from the data root or uploaded (:mod:`.vocab_files`).
 
 * Data: the streamed files, each with its shape and a remove button;
 * Calibrate: targets and side in, each sigma with its certified bounds out, and the
@@ -58,8 +58,9 @@ def data_panel() -> None:
     if not held:
         return
     st.subheader("Large-vocabulary files (streamed)")
-    st.caption("Opened from the data root through the streamed engine: reduced once in place, calibrated "
-               "from the reduction. They appear on Calibrate, Export and Policy, not in the models table.")
+    st.caption("Opened from the data root or uploaded, and read by the streamed engine: reduced once, "
+               "calibrated from the reduction. They appear on Calibrate, Export and Policy, not in the models "
+               "table.")
     for digest, entry in list(held.items()):
         c1, c2 = st.columns([8, 1], vertical_alignment="center")
         c1.markdown(ui.plain(label(entry)))
@@ -235,7 +236,7 @@ def export_panel() -> None:
         st.caption("Configs from the streamed engine (the targets chosen on Calibrate), the same as "
                    "`calibrate` writes for these files: `check` compares a new dump against one; "
                    "`throttle init` (or the Policy page) serves its targets as levels. Run the commands "
-                   "in the data root.")
+                   "where the files are (the data root for files opened from it).")
         for digest, entry in held.items():
             st.markdown(ui.plain(label(entry)))
             text = config_to_json(entry["config"])
@@ -256,5 +257,6 @@ def choose_for_policy(*, key: str) -> dict | None:
     keys = [None, *held]
     chosen = st.selectbox("Or serve a streamed large-vocabulary file's targets", keys, key=key,
                           format_func=lambda k: "(no: the model's targets above)" if k is None else label(held[k]),
-                          help="Opened from the data root; its targets, as last chosen on Calibrate, become the levels.")
+                          help="Opened from the data root or uploaded; its targets, as last chosen on Calibrate, "
+                               "become the levels.")
     return held.get(chosen) if chosen is not None else None

@@ -21,6 +21,7 @@ LAST_PERCENT = "caliber_calibrate_last_percent"
 CURRENT_TARGET = "caliber_calibrate_current_target"
 SESSION_FIGURE = "caliber_calibrate_figure"
 EXPORT_REQUEST = "caliber_calibrate_export_request"
+EXPORT_CHOICE = "caliber_calibrate_export_choice"
 CAPTIONS = {
     "normalized": "Points: Monte-Carlo sweep with ±1 s.e. bars. Red: the logistic law fit to them. "
                   "Shaded green: the accuracy corridor of Corollary 1, normalized like Ã. Dashed: "
@@ -29,6 +30,9 @@ CAPTIONS = {
            "Shaded green: the accuracy corridor of Corollary 1.",
     "residuals": "Sweep points minus the fitted logistic, with ±rmse.",
 }
+
+if st.session_state.pop(EXPORT_REQUEST, False):  # "Export this σ" was clicked: nothing to draw here
+    st.switch_page("pages/export.py")
 
 st.title("Calibrate")
 st.caption(
@@ -92,10 +96,13 @@ if not cal.has_labels:
             "targets are possible.")
 
 
-def _export_this(kind, percent, side):
-    # At once, not after the run: the Export page reads this choice on its next run.
-    state.remember_target(kind, percent, side)
-    st.session_state[EXPORT_REQUEST] = True
+def _export_this():
+    # At once, not after the run: the Export page reads this choice on its next run. The
+    # choice is the fragment's latest (the slider may have moved since this button was drawn).
+    choice = st.session_state.get(EXPORT_CHOICE)
+    if choice is not None:
+        state.remember_target(*choice)
+        st.session_state[EXPORT_REQUEST] = True
 
 
 def _request_verify():
@@ -120,10 +127,7 @@ def _readout(record, intervals, kind, side, value):
         bound = cache.side_bound(data, cal, kind, value, side=side)
         st.markdown(f"**{readouts.guarantee(kind, bound, side=side, level=intervals.level)}**")
         st.caption("Two-sided, at the σ served: " + readouts.interval_line(intervals, first=kind))
-    t1, t2 = st.columns([3, 1], vertical_alignment="center")
-    t1.markdown(thief.readout_line(data.sha256, record.sigma))
-    t2.page_link("pages/extraction.py", label="Extraction", icon=":material/content_copy:",
-                 help="The extraction frontier: what a distilled surrogate keeps at each σ.")
+    st.markdown(thief.readout_line(data.sha256, record.sigma))
     advice, wide = readouts.advice(intervals, kind=kind)
     method = (f"Method: {record.method}" + (" (saturated)" if record.saturated else "")
               + f" · side: {readouts.SIDE_LABELS[side]} · interval: {intervals.method}.")
@@ -183,13 +187,14 @@ def _verification(record, intervals, kind, side, key):
         f"(relative error {check.relative_error:+.2%}).")
 
 
-# Only the slider, the readout and the plot are in the fragment: a step re-sends and
-# redraws them and nothing else. Kind, side, view and band are chosen outside it (a
-# change there reruns the page, which is rare). The plot follows every step. Measured
-# in Chromium next to a minimal one-figure page (benchmarks/bench_dashboard.py, load
-# ~3-5 on 2 CPUs): numbers only, 0.11 s a step (0.5x the minimal page); numbers and
-# plot, 0.27-0.31 s (1.05-1.17x). Both are quick; a marker that stays behind while the
-# numbers move reads as stale, so the plot follows.
+# Only what a step changes is in the fragment: the slider, the readout, the plot and a
+# verification of this target (its button too: a click reruns the fragment, not the page).
+# A step re-sends and redraws those elements and nothing else; Export this σ and the
+# Extraction link below it do not change with the target (the button's callback reads the
+# fragment's latest target), so they are drawn by the page's full runs only. Kind, side, view and band are chosen outside it too (a change there
+# reruns the page, which is rare). The plot follows every step: a marker that stays
+# behind while the numbers move reads as stale. Measured in Chromium next to a minimal
+# one-figure page: benchmarks/bench_dashboard.py, figures in docs/figures/dashboard-timings.md.
 @st.fragment
 def target_panel(kind, side, view, with_bands):
     """Slider, readout with intervals, the plot with the target, verification. Reruns alone."""
@@ -201,19 +206,15 @@ def target_panel(kind, side, view, with_bands):
         record, intervals = cache.served(data, cal, kind, value, side=side)
     except ValueError as exc:
         st.warning(ui.plain(str(exc)))
+    st.session_state[EXPORT_CHOICE] = None if record is None else (kind, percent, side)
     if record is not None:
         _readout(record, intervals, kind, side, value)
-        b1, b2 = st.columns(2)
-        b1.button("Export this σ", key="export_this_btn", icon=":material/download:",
-                  on_click=_export_this, args=(kind, percent, side),
-                  help="Opens Export with this target, kind and side.")
-        b2.button("Verify", key="verify_btn", icon=":material/science:", on_click=_request_verify,
+    _plot(record, intervals, view, with_bands)
+    if record is not None:  # in the fragment: a click reruns this part only, and its result shows below it
+        st.button("Verify", key="verify_btn", icon=":material/science:", on_click=_request_verify,
                   help="Measure what this σ delivers with fresh Monte-Carlo noise (a new seed every click); "
                        "the result appears right below.")
-    if st.session_state.pop(EXPORT_REQUEST, False):
-        st.switch_page("pages/export.py")
-    _verification(record, intervals, kind, side, key)  # next to its button, above the plot
-    _plot(record, intervals, view, with_bands)
+    _verification(record, intervals, kind, side, key)
     # The slider's neighbours, the next one in the direction of the last move first.
     rng = slider_range(kind, clean_accuracy=cal.clean_accuracy, n_classes=cal.n_classes)
     last = st.session_state.get(LAST_PERCENT, percent)
@@ -223,6 +224,15 @@ def target_panel(kind, side, view, with_bands):
                    side=side)
     # The workspace write (two database commits) need not hold up the readout and plot.
     background.run_after(state.remember_target, kind, percent, side)
+
+
+def target_actions():
+    """Export this target, or see the thief's side: the same two at every target."""
+    b1, b2 = st.columns([3, 1], vertical_alignment="center")
+    b1.button("Export this σ", key="export_this_btn", icon=":material/download:", on_click=_export_this,
+              help="Opens Export with this target, kind and side.")
+    b2.page_link("pages/extraction.py", label="Extraction", icon=":material/content_copy:",
+                 help="The extraction frontier: what a distilled surrogate keeps at each σ.")
 
 
 st.subheader("Target → σ*")
@@ -242,6 +252,7 @@ with right:
     st.caption(CAPTIONS[view])
 with left:
     target_panel(ui.target_kind(cal, key_prefix="calibrate"), side, view, with_bands)
+    target_actions()
 
 st.subheader("Fit quality")
 # Two rows of three: a coefficient such as c = 9.094e-05 needs the width.

@@ -8,7 +8,7 @@ from caliber_core.loading import LABELS_EXTENSIONS, SUPPORTED_EXTENSIONS
 from caliber_core.config import config_to_json
 from caliber_dashboard import navigation
 from caliber_dashboard.common import cache, figures, state, tables, ui, upload_boundary
-from caliber_dashboard.data import log_store, logprob_log, server_panel, uploads
+from caliber_dashboard.data import log_store, logprob_log, server_panel, uploads, vocab_panel
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
 
@@ -76,6 +76,7 @@ with messages:
         getattr(st, level)(ui.plain(text), icon=_ICONS[level])
 
 server_panel.draw()  # files under the data root, when the server has one
+vocab_panel.data_panel()  # large-vocabulary files, from the data root or uploaded: the streamed engine's
 models = state.models()
 
 

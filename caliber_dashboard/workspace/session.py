@@ -153,6 +153,11 @@ def usage() -> Usage | None:
 # -------------------------------------------------------------------- uploads
 
 
+#: Result kind of the files read through the streamed engine (``caliber_dashboard.data.vocab_files``);
+#: a stored upload among them is never parsed whole (see :func:`restore_uploads`).
+STREAMED_KIND = "server_vocab_file"
+
+
 def persist_upload(content: bytes, filename: str, *, labels_content: bytes | None = None,
                    labels_filename: str | None = None) -> bool:
     """Store an upload in the workspace; False when storage is unavailable.
@@ -198,12 +203,20 @@ def restore_uploads() -> Restored:
     except STORE_ERRORS as exc:
         out.warnings.append(f"The workspace's file list could not be read ({_one_line(exc)}).")
         return out
+    streamed = _streamed_uploads()
     for record in records:
+        if record.model in streamed:  # a large vocabulary: the streamed engine reads its blob when asked
+            continue
         try:
             out.models.append(_load_record(record))
         except Exception as exc:  # noqa: BLE001  (one line per stored file, never a traceback)
             out.warnings.append(f"Skipped stored file {record.filename}: {boundary.message(exc)}")
     return out
+
+
+def _streamed_uploads() -> set[str]:
+    stored, _ = load_results(STREAMED_KIND)
+    return {key for key, entry in stored.items() if isinstance(entry, dict) and entry.get("blob")}
 
 
 def _load_record(record: UploadRecord) -> LogitsData:
