@@ -22,7 +22,7 @@ from .. import __version__
 from ..config import CERTIFIED_LEVEL, SCHEMA, SIDES, TargetRecord
 from ..loading.row_stream import open_rows
 from ..loading.safety import DEFAULT_MAX_ELEMENTS
-from . import margins
+from . import bound_kernel, margins
 from .accuracy_bounds import accuracy_row_bounds
 from .fit import fit_logistic
 from .gap_histogram import ReducedRows, row_bounds
@@ -264,8 +264,10 @@ def config_for_vocab_file(path, targets: Sequence[tuple[str, float]], *, side: s
     if wrong and labels is None:  # before the file is read, not after
         raise ValueError(f"a full-vocabulary dump read without labels: only --agreement targets apply, "
                          f"got {wrong[0]} (give --labels, or a .npz with a `labels` array)")
-    # scipy.special (the bounds' normal CDF) takes ~0.5 CPU-s to import: it loads while the file streams.
-    threading.Thread(target=importlib.import_module, args=("scipy.special",), daemon=True).start()
+    # What the solve needs loads while the file streams: without labels the compiled bounds (built on first
+    # use), else scipy.special (the bounds' normal CDF, ~0.5 CPU-s to import; the compiled bounds need none).
+    warm = (bound_kernel.available,) if labels is None else (importlib.import_module, "scipy.special")
+    threading.Thread(target=warm[0], args=warm[1:], daemon=True).start()
     reduced, source, digest = reduce_file_hashing(path, max_elements=max_elements, progress=progress, labels=labels,
                                                   source=source)
     try:  # the file's digest finishes on its own thread while the targets are solved

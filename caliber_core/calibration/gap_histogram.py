@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..validation import as_sigmas
+from . import bound_kernel
 from .survival import U_MAX
 
 TOP_GAPS = 32
@@ -296,8 +297,6 @@ def row_bounds(reduced: ReducedRows, sigma: float, *, step: float = _STEP,
     ValueError
         An invalid sigma.
     """
-    from scipy.special import log_ndtr, ndtr
-
     s = float(as_sigmas(sigma)[0])
     n = reduced.n_rows
     labelled = accuracy and reduced.has_labels
@@ -306,6 +305,10 @@ def row_bounds(reduced: ReducedRows, sigma: float, *, step: float = _STEP,
         acc = reduced.correct.astype(np.float64) if labelled else None
         return RowBounds(one, one.copy(), acc, None if acc is None else acc.copy())
     nodes, weights = (_NODES, _WEIGHTS) if step == _STEP else _rule(step)
+    if not reduced.has_labels and bound_kernel.available():
+        return _compiled_agreement(reduced, s, nodes, weights)
+    from scipy.special import log_ndtr, ndtr
+
     h_sig = None if not reduced.has_labels else reduced.label_gaps / s
     lower_edge, upper_edge = bin_edges()
     cut = (_PHI_ONE + U_MAX) * s  # Phi == 1 in float64 beyond, on every node
@@ -392,3 +395,24 @@ def row_bounds(reduced: ReducedRows, sigma: float, *, step: float = _STEP,
             list(pool.map(rows, starts))
     clip = (lambda x: None if x is None else np.clip(x, 0.0, 1.0))
     return RowBounds(clip(lower), clip(upper), clip(acc_lo), clip(acc_hi))
+
+
+def _compiled_agreement(reduced: ReducedRows, s: float, nodes: np.ndarray, weights: np.ndarray) -> RowBounds:
+    """:func:`row_bounds` of a reduction without labels through :mod:`.bound_kernel` (no scipy, no temporaries)."""
+    lower_edge, upper_edge = bin_edges()
+    n_live = int(np.count_nonzero(lower_edge < (_PHI_ONE + U_MAX) * s))  # Phi == 1 beyond, on every node
+    counts = _float_counts(reduced)[:, :n_live]
+    lo_table = bound_kernel.log_phi_table(lower_edge[:n_live], s, nodes)
+    hi_table = bound_kernel.log_phi_table(upper_edge[:n_live], s, nodes)
+    lower, upper = np.empty(reduced.n_rows), np.empty(reduced.n_rows)
+    workers = os.cpu_count() or 1
+    starts = np.linspace(0, reduced.n_rows, 2 * workers + 1).astype(int)  # a few chunks a core: none idles long
+
+    def rows(a: int, b: int) -> None:
+        # float32 products of exact counts, then the kept gaps and the node sums in one compiled pass
+        lower[a:b], upper[a:b] = bound_kernel.agreement_rows(reduced.top_gaps[a:b], s, nodes, weights, _PHI_ONE,
+                                                             counts[a:b] @ lo_table, counts[a:b] @ hi_table)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(rows, starts[:-1], starts[1:]))
+    return RowBounds(np.clip(lower, 0.0, 1.0), np.clip(upper, 0.0, 1.0), None, None)
