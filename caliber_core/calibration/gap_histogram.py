@@ -401,9 +401,11 @@ def _compiled_agreement(reduced: ReducedRows, s: float, nodes: np.ndarray, weigh
     """:func:`row_bounds` of a reduction without labels through :mod:`.bound_kernel` (no scipy, no temporaries)."""
     lower_edge, upper_edge = bin_edges()
     n_live = int(np.count_nonzero(lower_edge < (_PHI_ONE + U_MAX) * s))  # Phi == 1 beyond, on every node
-    counts = _float_counts(reduced)[:, :n_live]
-    lo_table = bound_kernel.log_phi_table(lower_edge[:n_live], s, nodes)
-    hi_table = bound_kernel.log_phi_table(upper_edge[:n_live], s, nodes)
+    first, counts = _occupied_counts(reduced)
+    live = slice(first, max(first, min(n_live, first + counts.shape[1])))  # occupied and not yet Phi == 1
+    counts = counts[:, : live.stop - first]
+    lo_table = bound_kernel.log_phi_table(lower_edge[live], s, nodes)
+    hi_table = bound_kernel.log_phi_table(upper_edge[live], s, nodes)
     lower, upper = np.empty(reduced.n_rows), np.empty(reduced.n_rows)
     workers = os.cpu_count() or 1
     starts = np.linspace(0, reduced.n_rows, 2 * workers + 1).astype(int)  # a few chunks a core: none idles long
@@ -416,3 +418,18 @@ def _compiled_agreement(reduced: ReducedRows, s: float, nodes: np.ndarray, weigh
     with ThreadPoolExecutor(max_workers=workers) as pool:
         list(pool.map(rows, starts[:-1], starts[1:]))
     return RowBounds(np.clip(lower, 0.0, 1.0), np.clip(upper, 0.0, 1.0), None, None)
+
+
+def _occupied_counts(reduced: ReducedRows) -> tuple[int, np.ndarray]:
+    """The first bin any row counts in, and float32 counts from it to the last such bin (kept on the reduction).
+
+    A language model's gaps fill a few octaves of the histogram: on a 4,000 x 128,000 dump some 220 of
+    its 1,282 bins, so the tails' products skip four fifths of zeros (a zero count adds exactly 0).
+    """
+    kept = reduced.__dict__.get("_occupied_counts")
+    if kept is None or kept[1].shape[0] != reduced.n_rows:
+        used = np.flatnonzero(reduced.counts.any(axis=0))
+        first, stop = (int(used[0]), int(used[-1]) + 1) if used.size else (0, 0)
+        kept = (first, reduced.counts[:, first:stop].astype(np.float32))
+        reduced.__dict__["_occupied_counts"] = kept
+    return kept
