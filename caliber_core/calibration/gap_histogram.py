@@ -407,17 +407,26 @@ def _compiled_agreement(reduced: ReducedRows, s: float, nodes: np.ndarray, weigh
     lo_table = bound_kernel.log_phi_table(lower_edge[live], s, nodes)
     hi_table = bound_kernel.log_phi_table(upper_edge[live], s, nodes)
     lower, upper = np.empty(reduced.n_rows), np.empty(reduced.n_rows)
-    workers = os.cpu_count() or 1
-    starts = np.linspace(0, reduced.n_rows, 2 * workers + 1).astype(int)  # a few chunks a core: none idles long
+    # A few chunks a core, none idling long; a small reduction (the display curve's rows, itself one thread
+    # a sigma) in the calling thread: a pool's wake-ups cost more than its rows.
+    workers = 1 if reduced.n_rows <= _INLINE_ROWS else os.cpu_count() or 1
+    starts = np.linspace(0, reduced.n_rows, 2 * workers + 1 if workers > 1 else 2).astype(int)
 
     def rows(a: int, b: int) -> None:
         # float32 products of exact counts, then the kept gaps and the node sums in one compiled pass
         lower[a:b], upper[a:b] = bound_kernel.agreement_rows(reduced.top_gaps[a:b], s, nodes, weights, _PHI_ONE,
                                                              counts[a:b] @ lo_table, counts[a:b] @ hi_table)
 
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(rows, starts[:-1], starts[1:]))
+    if workers == 1:
+        rows(0, reduced.n_rows)
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(rows, starts[:-1], starts[1:]))
     return RowBounds(np.clip(lower, 0.0, 1.0), np.clip(upper, 0.0, 1.0), None, None)
+
+
+#: Reductions of at most this many rows are bounded in the calling thread (:func:`_compiled_agreement`).
+_INLINE_ROWS = 1000
 
 
 def _occupied_counts(reduced: ReducedRows) -> tuple[int, np.ndarray]:
