@@ -198,7 +198,7 @@ def main() -> None:
         f"Measured {dt.date.today().isoformat()} on {platform.platform()} ({platform.processor() or 'cpu'}), "
         f"{pinned}, load average {load_before:.1f} when the timing started and {load_after:.1f} when it ended; "
         f"`python benchmarks/bench_full_vocab.py --rows {args.rows} --vocab {args.vocab}"
-        + (f" --cores {args.cores}`" if args.cores else "`"),
+        + (f" --repeat {args.repeat}" if args.repeat != 2 else "") + (f" --cores {args.cores}`" if args.cores else "`"),
         "",
         f"{args.rows:,} x {args.vocab:,} float32 ({path.stat().st_size / 2**30:.2f} GiB) from the page cache: "
         f"`calibrate --agreement 0.9 0.8` took **{wall:.1f} s** "

@@ -22,7 +22,7 @@ from .. import __version__
 from ..config import CERTIFIED_LEVEL, SCHEMA, SIDES, TargetRecord
 from ..loading.row_stream import open_rows
 from ..loading.safety import DEFAULT_MAX_ELEMENTS
-from . import margins
+from . import bound_kernel, margins
 from .accuracy_bounds import accuracy_row_bounds
 from .fit import fit_logistic
 from .gap_histogram import ReducedRows, row_bounds
@@ -226,7 +226,7 @@ def _record(reduced: ReducedRows, kind: str, value: float, sigma: float, side: s
 def config_for_vocab_file(path, targets: Sequence[tuple[str, float]], *, side: str = "point",
                           max_elements: int = DEFAULT_MAX_ELEMENTS,
                           progress: Callable[[float], None] | None = None,
-                          labels_path=None) -> tuple[list[TargetRecord], dict]:
+                          labels_path=None, early_digest=None) -> tuple[list[TargetRecord], dict]:
     """Stream a full-vocabulary file and calibrate its targets (the CLI's path for V >= 8,192).
 
     Parameters
@@ -244,6 +244,9 @@ def config_for_vocab_file(path, targets: Sequence[tuple[str, float]], *, side: s
     labels_path : str or path-like, optional
         A labels file (``.npy``, ``.npz``, ``.csv``, ``.txt``), one label per row; it replaces
         an ``.npz``'s own.
+    early_digest : EarlyDigest, optional
+        The file's SHA-256 begun before this call (:func:`.loading.early_digest.begin_digest`):
+        taken over, or closed.
 
     Returns
     -------
@@ -257,17 +260,24 @@ def config_for_vocab_file(path, targets: Sequence[tuple[str, float]], *, side: s
     ValueError
         See :func:`config_for_full_vocab`.
     """
-    source = open_rows(path)
-    check_kept_size(source, max_elements=max_elements)  # from the header, before anything is read
-    labels = stream_labels(source, labels_path, max_elements=max_elements)
-    wrong = [k for k, _ in targets if k != "agreement"]
-    if wrong and labels is None:  # before the file is read, not after
-        raise ValueError(f"a full-vocabulary dump read without labels: only --agreement targets apply, "
-                         f"got {wrong[0]} (give --labels, or a .npz with a `labels` array)")
-    # scipy.special (the bounds' normal CDF) takes ~0.5 CPU-s to import: it loads while the file streams.
-    threading.Thread(target=importlib.import_module, args=("scipy.special",), daemon=True).start()
+    try:
+        source = open_rows(path)
+        check_kept_size(source, max_elements=max_elements)  # from the header, before anything is read
+        labels = stream_labels(source, labels_path, max_elements=max_elements)
+        wrong = [k for k, _ in targets if k != "agreement"]
+        if wrong and labels is None:  # before the file is read, not after
+            raise ValueError(f"a full-vocabulary dump read without labels: only --agreement targets apply, "
+                             f"got {wrong[0]} (give --labels, or a .npz with a `labels` array)")
+    except BaseException:
+        if early_digest is not None:
+            early_digest.close()
+        raise
+    # What the solve needs loads while the file streams: without labels the compiled bounds (built on first
+    # use), else scipy.special (the bounds' normal CDF, ~0.5 CPU-s to import; the compiled bounds need none).
+    warm = (bound_kernel.available,) if labels is None else (importlib.import_module, "scipy.special")
+    threading.Thread(target=warm[0], args=warm[1:], daemon=True).start()
     reduced, source, digest = reduce_file_hashing(path, max_elements=max_elements, progress=progress, labels=labels,
-                                                  source=source)
+                                                  source=source, early_digest=early_digest)
     try:  # the file's digest finishes on its own thread while the targets are solved
         records, config = config_for_full_vocab(reduced, targets, name=source.name, side=side, source=str(path))
     except BaseException:

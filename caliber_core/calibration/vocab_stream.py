@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..loading.early_digest import EarlyDigest
 from ..loading.row_stream import BLOCK_BYTES, MappedMatrix, RowSource, can_map, open_rows
 from ..loading.safety import DEFAULT_MAX_ELEMENTS, display_name, fail
 from .gap_histogram import TOP_GAPS, ReducedRows
@@ -66,13 +67,15 @@ def reduce_file(path, *, m: int = TOP_GAPS, max_elements: int = DEFAULT_MAX_ELEM
 def reduce_file_hashing(path, *, m: int = TOP_GAPS, max_elements: int = DEFAULT_MAX_ELEMENTS,
                         progress: Callable[[float], None] | None = None,
                         labels: np.ndarray | None = None, source: RowSource | None = None,
-                        ) -> tuple[ReducedRows, RowSource, PendingDigest]:
+                        early_digest: EarlyDigest | None = None) -> tuple[ReducedRows, RowSource, PendingDigest]:
     """:func:`reduce_file`, returning as soon as the rows are reduced while the file's SHA-256 finishes.
 
     The digest of a memory-mapped file runs on its own thread, in the file's order, the
     reduction at most ``HASH_LAG_BYTES`` ahead of it (SHA-256 costs about twice the CPU of
     the compiled reduction): what the caller does next (the solve) runs beside its last
-    stretch. Parameters as :func:`reduce_file`.
+    stretch. Parameters as :func:`reduce_file`, and ``early_digest``: the file's digest begun
+    before it was parsed (:func:`.loading.early_digest.begin_digest`), taken over for a mapped
+    matrix (its map, hasher and thread) and closed otherwise.
 
     Returns
     -------
@@ -89,16 +92,23 @@ def reduce_file_hashing(path, *, m: int = TOP_GAPS, max_elements: int = DEFAULT_
     """
     from .gap_histogram import N_BINS
 
-    source = open_rows(path) if source is None else source
+    try:
+        source = open_rows(path) if source is None else source
+        m = check_kept_size(source, m=m, max_elements=max_elements)
+        if early_digest is not None and not can_map(source):
+            early_digest.close()  # converted blocks: the file is hashed apart (below)
+    except BaseException:
+        if early_digest is not None:
+            early_digest.close()
+        raise
     src = display_name(source.path)
-    m = check_kept_size(source, m=m, max_elements=max_elements)
     top_gaps = np.empty((source.n_rows, m))
     counts = np.empty((source.n_rows, N_BINS), dtype=np.int32)
     out = [top_gaps, counts]
     if labels is not None:
         out += [np.empty(source.n_rows), np.empty(source.n_rows, dtype=np.int32)]
     if can_map(source):
-        digest = _reduce_mapped(source, m, labels, out, src, progress)
+        digest = _reduce_mapped(source, m, labels, out, src, progress, early_digest)
     else:
         _reduce_read(source, m, labels, out, src, progress)
         # converted blocks are not the file's bytes: hashed from the file
@@ -143,7 +153,7 @@ REDUCERS = 2
 HASH_LAG_BYTES = 128 << 20
 
 
-def _reduce_mapped(source: RowSource, m: int, labels, out, src, progress) -> PendingDigest:
+def _reduce_mapped(source: RowSource, m: int, labels, out, src, progress, early=None) -> PendingDigest:
     """Reduce a float32 matrix read in place through a memory map, its SHA-256 trailing on a thread of its own.
 
     One thread hashes the file's bytes in order (hashlib lets go of the interpreter lock), others
@@ -152,13 +162,18 @@ def _reduce_mapped(source: RowSource, m: int, labels, out, src, progress) -> Pen
     and the digest's lag only. SHA-256 is the longest chain (twice the compiled reduction's CPU):
     held to it, the reduction and the imports beside it share the other core, and what comes next
     (the solve) overlaps only the digest's last stretch. Letting the digest trail further would
-    map every page it reaches again, about 0.3 CPU-s of page faults on 2 GB.
+    map every page it reaches again, about 0.3 CPU-s of page faults on 2 GB. An ``early`` digest
+    (:class:`.loading.early_digest.EarlyDigest`) has hashed the file's first bytes already, through the
+    map the rows are read from: its jobs stand for the blocks they cover.
     """
-    digest = hashlib.sha256()
     per_block = max(1, BLOCK_BYTES // (source.n_classes * 4))
     workers = max(1, min(REDUCERS, os.cpu_count() or 1))
-    mapped = MappedMatrix(source)
-    hasher = ThreadPoolExecutor(max_workers=1)
+    if early is not None:
+        submitted, early_jobs = early.take_over()
+        digest, hasher, mapped = early.digest, early.hasher, MappedMatrix(source, mapping=early.map)
+    else:
+        submitted, early_jobs = 0, []
+        digest, hasher, mapped = hashlib.sha256(), ThreadPoolExecutor(max_workers=1), MappedMatrix(source)
     users = {}  # block start -> users left (its reducer and the hasher): the second to finish lets its pages go
     lock = threading.Lock()
     closed = []
@@ -175,14 +190,22 @@ def _reduce_mapped(source: RowSource, m: int, labels, out, src, progress) -> Pen
             closed.append(True)
             mapped.__exit__(None, None, None)
 
+    def hash_span(lo: int, hi: int):
+        """The job after which the file's bytes [lo, hi) are hashed (what the early digest has not, submitted)."""
+        nonlocal submitted
+        if early_jobs and hi <= early_jobs[-1][1]:
+            return next(job for _, stop, job in early_jobs if stop >= hi)  # the hasher runs its jobs in order
+        job = hasher.submit(digest.update, mapped.bytes_between(max(lo, submitted), max(hi, submitted)))
+        submitted = max(hi, submitted)
+        return job
+
     def hash_rows(start: int, stop: int):
         users[start] = 2
-        lo, hi = source.offset + start * mapped.row_bytes, source.offset + stop * mapped.row_bytes
-        job = hasher.submit(digest.update, mapped.bytes_between(lo, hi))
-        job.add_done_callback(lambda _: done_with(start, stop))  # on the hasher's thread
+        job = hash_span(source.offset + start * mapped.row_bytes, source.offset + stop * mapped.row_bytes)
+        job.add_done_callback(lambda _: done_with(start, stop))  # on the hasher's thread (or here, if done)
         return start, job
 
-    hashing = [(0, hasher.submit(digest.update, mapped.bytes_between(0, source.offset)))]  # (first row, job)
+    hashing = [(0, hash_span(0, source.offset))]  # (first row, job)
     try:
         with ThreadPoolExecutor(max_workers=workers) as reducers:
             in_flight: list = []
@@ -202,7 +225,7 @@ def _reduce_mapped(source: RowSource, m: int, labels, out, src, progress) -> Pen
                 _finish(in_flight.pop(0), out, src, progress, source.n_rows, done_with)
             del block
         end = source.offset + source.n_rows * mapped.row_bytes
-        hashing.append((source.n_rows, hasher.submit(digest.update, mapped.bytes_between(end, mapped.size))))
+        hashing.append((source.n_rows, hash_span(end, mapped.size)))
     except BaseException:
         close()
         raise

@@ -114,8 +114,15 @@ def run(args) -> int:
     """
     if str(args.file).lower().endswith((".jsonl", ".json")):
         return _run_llm(args)
-    if is_full_vocabulary(args.file):
-        return _run_full_vocab(args)
+    from ..loading.early_digest import begin_digest
+
+    early = begin_digest(args.file)  # a large dump's SHA-256 starts now, beside the imports and the header
+    try:
+        if is_full_vocabulary(args.file):
+            return _run_full_vocab(args, early)
+    finally:
+        if early is not None:
+            early.close()  # not a dump, or it failed: nothing left running (a no-op once taken over)
     from ..calibration.pipeline import DEFAULT_TARGETS, calibrate_data, config_from_calibration
     from ..config import saturation_message
     from ..loading import require_labels
@@ -186,7 +193,8 @@ def _run_llm(args) -> int:
 def is_full_vocabulary(path) -> bool:
     """A .npy/.safetensors/.pt/.npz matrix of at least STREAM_MIN_CLASSES classes: streamed, never loaded."""
     from ..calibration.full_vocab import STREAM_MIN_CLASSES
-    from ..loading.row_stream import STREAM_EXTENSIONS, declared_shape
+    from ..loading.early_digest import STREAM_EXTENSIONS
+    from ..loading.row_stream import declared_shape
 
     if not str(path).lower().endswith(STREAM_EXTENSIONS):
         return False
@@ -194,7 +202,7 @@ def is_full_vocabulary(path) -> bool:
     return shape is not None and shape[1] >= STREAM_MIN_CLASSES
 
 
-def _run_full_vocab(args) -> int:
+def _run_full_vocab(args, early_digest=None) -> int:
     """A full-vocabulary dump, streamed (``calibration.full_vocab``)."""
     import importlib
     import threading
@@ -217,7 +225,7 @@ def _run_full_vocab(args) -> int:
     _, config = config_for_vocab_file(
         args.file, targets, side=args.side, progress=progress(not args.quiet, "streaming rows"),
         max_elements=DEFAULT_MAX_ELEMENTS if args.max_elements is None else args.max_elements,
-        labels_path=args.labels)
+        labels_path=args.labels, early_digest=early_digest)
     status = _write(config, args.out)
     if args.out:
         widths = ", ".join(f"{w:.2g}" for w in config["bounds"]["widths"])

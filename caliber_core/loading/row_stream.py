@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import npy
+from .early_digest import STREAM_EXTENSIONS
 from .safety import clean_name, display_name, fail
 
-STREAM_EXTENSIONS = (".npy", ".safetensors", ".pt", ".pth", ".npz")
 #: Bytes read per block (the buffer is reused; the float32 copy is the same size or twice it).
 BLOCK_BYTES = 32 * 1024 * 1024
 _NUMPY_DTYPES = {"float32": "<f4", "float16": "<f2", "float64": "<f8", "bfloat16": "<u2"}
@@ -144,22 +144,23 @@ class MappedMatrix:
 
     Mapped pages count in the process's resident memory while they stay mapped:
     :meth:`release` drops a span once it has been used (the page cache keeps
-    it), so the resident set holds only the blocks in flight. Use as a context
-    manager.
+    it), so the resident set holds only the blocks in flight. A context manager.
 
     Attributes
     ----------
     rows : ndarray of shape (n_rows, n_classes), float32, read-only
     """
 
-    def __init__(self, source: RowSource):
+    def __init__(self, source: RowSource, mapping=None):
         import mmap
 
         self.source = source
-        with open(source.path, "rb") as fh:
-            self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        if hasattr(mmap, "MADV_SEQUENTIAL"):
-            self._map.madvise(mmap.MADV_SEQUENTIAL)
+        if mapping is None:  # given: the file's map made before its header was read (an early digest's)
+            with open(source.path, "rb") as fh:
+                mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            if hasattr(mmap, "MADV_SEQUENTIAL"):
+                mapping.madvise(mmap.MADV_SEQUENTIAL)
+        self._map = mapping
         self.row_bytes = source.n_classes * 4
         self.rows = np.frombuffer(self._map, dtype="<f4", count=source.n_rows * source.n_classes,
                                   offset=source.offset).reshape(source.n_rows, source.n_classes)
