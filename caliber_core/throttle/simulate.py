@@ -2,7 +2,8 @@
 
 Four scenarios, each account sending its queries in requests of ``batch``
 rows spread evenly over ``duration`` simulated seconds, through a real
-:class:`~caliber_core.throttle.Throttle` on a temporary SQLite ledger:
+:class:`~caliber_core.throttle.Throttle` on a scratch ledger (the SQLite store's
+own statements on an in-memory database: the same decisions, no fsync):
 
 * ``benign``  a heavy legitimate user flagged by mistake before its first query;
 * ``thief``   one account running the whole campaign, flagged by the detector
@@ -40,13 +41,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 
 from dataclasses import replace
 
 from .audit import audit_report
 from .ledger import AccountState, account_fingerprint, expired
 from .policy_schema import GroupKind
+from .scratch_store import ScratchStore
 from .throttle import Throttle
 
 DEFAULT_SYBILS = 20
@@ -237,27 +238,25 @@ def simulate(policy, *, queries: int | None = None, detect_after: int | None = N
         policy = replace(policy, groups=(GroupKind("link", policy.escalate_after, policy.expire_after),))
     kind = policy.groups[0]
     clock = _Clock()
-    with tempfile.TemporaryDirectory(prefix="caliber-simulate-") as folder:
-        throttle = Throttle(policy, store=f"sqlite:///{os.path.join(folder, 'ledger.db')}", clock=clock,
-                            metrics=False)
-        try:
-            out = []
-            for name, n, by_mistake in accounts:
-                trajectory, first_at = _run_account(throttle, name, queries=n, batch=batch, duration=duration,
-                                          detect_after=detect_after, flag_first=by_mistake, clock=clock, start=0.0,
-                                          kind=kind.name)
-                clock.now = duration
-                report = audit_report(policy, account_fingerprint(name), throttle.state(name), now=clock.now)
-                out.append(_account_summary(policy, name, report, trajectory, repeats) | {"first_at_level": first_at})
-            if linked:
-                members = [f"linked-{i + 1:02d}" for i in range(sybils)]
-                trajectory, served, first_at = _run_linked(
-                    throttle, members, share=share, batch=batch, duration=duration, detect_after=detect_after,
-                    clock=clock, start=0.0, kind=kind.name)
-                clock.now = duration
-                out.append(_linked_summary(policy, throttle, kind, members, trajectory, served, first_at))
-        finally:
-            throttle.close()
+    throttle = Throttle(policy, store=ScratchStore(), clock=clock, metrics=False)
+    try:
+        out = []
+        for name, n, by_mistake in accounts:
+            trajectory, first_at = _run_account(throttle, name, queries=n, batch=batch, duration=duration,
+                                                detect_after=detect_after, flag_first=by_mistake, clock=clock,
+                                                start=0.0, kind=kind.name)
+            clock.now = duration
+            report = audit_report(policy, account_fingerprint(name), throttle.state(name), now=clock.now)
+            out.append(_account_summary(policy, name, report, trajectory, repeats) | {"first_at_level": first_at})
+        if linked:
+            members = [f"linked-{i + 1:02d}" for i in range(sybils)]
+            trajectory, served, first_at = _run_linked(
+                throttle, members, share=share, batch=batch, duration=duration, detect_after=detect_after,
+                clock=clock, start=0.0, kind=kind.name)
+            clock.now = duration
+            out.append(_linked_summary(policy, throttle, kind, members, trajectory, served, first_at))
+    finally:
+        throttle.close()
     levels = [{"level": lv.index, "target": lv.target, "sigma": lv.sigma,
                "surrogate_retention": None if extraction is None else surrogate_at(extraction, lv.sigma)}
               for lv in policy.levels]
