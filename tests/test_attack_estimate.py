@@ -89,3 +89,43 @@ def test_progress_must_be_callable():
     z, y = _problem(n=10, k=3)
     with pytest.raises(TypeError, match="progress must be callable"):
         estimate_averaging_attack(z, y, sigma=0.5, progress=3)
+
+
+def test_the_table_is_the_one_of_the_plain_block_by_block_replay_bit_for_bit():
+    """Per-input passes over larger blocks of byte ids and the in-place soft average give the exact counts
+    of one whole-array keyed answer per pass (str ids) and of ``z + noise_sum / m`` drawn M step by M step."""
+    from caliber_core.simulation.attack import repeat_key
+
+    rng = np.random.default_rng(11)
+    n, k, sigma, m_values, repeats, seed = 3000, 500, 1.1, (1, 2, 4, 8), 2, 5
+    z = (rng.normal(size=(n, k)) * 2).astype(np.float32)
+    y = np.argmax(z + rng.normal(scale=1.0, size=z.shape), axis=1)
+    key = b"simulation key, not a secret"
+    table = estimate_averaging_attack(z, y, sigma=sigma, m_values=m_values, repeats=repeats, seed=seed,
+                                      max_draws=2_000_000)
+    clean = np.argmax(z, axis=1)
+    passes = []
+    for r in range(repeats):
+        served = np.argmax(Perturber(sigma, key=repeat_key(key, r)).perturb(z, [str(i) for i in range(n)]), axis=1)
+        passes.append(((served == clean).sum(), (served == y).sum()))
+    assert table.attrs["per_input_passes"] == tuple(float(b) / n for _, b in passes)
+    per_input = _rows(table, "per-input", "soft-average")
+    assert (per_input["agreement"] == sum(a for a, _ in passes) / (n * repeats)).all()
+    # the soft average: the seeded trial rows, 524-row chunks (2**18 values), fresh draws per M step
+    soft_gen, _, order_gen = (np.random.default_rng(s) for s in np.random.SeedSequence([seed, 0xA77AC]).spawn(3))
+    soft_trials = min(n * repeats, 2_000_000 // (len(m_values) * k))
+    vote_trials = min(n * repeats, 2_000_000 // (m_values[-1] * k))
+    count = max(soft_trials, vote_trials)
+    rows = np.concatenate([order_gen.permutation(n) for _ in range(-(-count // n))])[:count][:soft_trials]
+    hits = np.zeros((len(m_values), 2), dtype=np.int64)
+    for start in range(0, rows.size, 2**18 // k):
+        chunk = rows[start:start + 2**18 // k]
+        noise_sum, previous = np.zeros((chunk.size, k)), 0
+        for j, m in enumerate(m_values):
+            noise_sum += soft_gen.standard_normal((chunk.size, k)) * (sigma * np.sqrt(m - previous))
+            previous = m
+            decision = np.argmax(z[chunk] + noise_sum / m, axis=1)
+            hits[j] += ((decision == clean[chunk]).sum(), (decision == y[chunk]).sum())
+    soft = _rows(table, "fresh", "soft-average")
+    np.testing.assert_array_equal(soft["agreement"].to_numpy(), hits[:, 0] / soft_trials)
+    np.testing.assert_array_equal(soft["accuracy"].to_numpy(), hits[:, 1] / soft_trials)
