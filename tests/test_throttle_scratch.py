@@ -24,7 +24,13 @@ def test_simulate_on_the_scratch_ledger_matches_the_sqlite_file_store(tmp_path, 
     on_file = simulate_module.simulate(policy, batch=70)
     assert (tmp_path / "ledger-0.db").exists()  # the comparison really ran on the file store
     assert scratch == on_file
-    assert {a["account"]: a["max_level"] for a in scratch["accounts"]}["thief"] > 0
+    by = {a["account"]: a for a in scratch["accounts"]}
+    assert by["thief"]["max_level"] > 0
+    if expire_after:  # the detector re-flags the campaign each time its flag lapses, and only then
+        for name in ("thief", "linked"):
+            events = by[name]["flag_events"]
+            assert events.count("expired") >= 2 and events.count("flagged") == events.count("expired") + 1, events
+            assert all(b == "flagged" for a, b in zip(events, events[1:]) if a == "expired"), events
 
 
 def test_the_scratch_ledger_gives_the_file_stores_decisions_and_states(tmp_path):

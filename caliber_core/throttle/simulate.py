@@ -121,9 +121,8 @@ def load_extraction_report(path) -> dict:
     return report
 
 
-def _in_force(throttle, name, now) -> bool:
-    state = throttle.state(name)
-    return state.flagged and not expired(state, now, throttle.policy.expire_after)
+def _in_force(state, now, expire_after) -> bool:
+    return state.flagged and not expired(state, now, expire_after)
 
 
 def _run_account(throttle, name, *, queries, batch, duration, detect_after, flag_first, clock, start, kind):
@@ -131,16 +130,20 @@ def _run_account(throttle, name, *, queries, batch, duration, detect_after, flag
     [(queries so far, level of last row)] and the queries it had sent before its first row at each level."""
     n_requests = max(1, math.ceil(queries / batch))
     sent, trajectory, first_at = 0, [(0, 0)], {}
+    # The account's flag as the ledger holds it, from the state each decision wrote rather than a read per
+    # request: a flag is always followed by a decision before the next check.
+    state, expire_after = AccountState(), throttle.policy.expire_after
     if flag_first:
         clock.now = start
         throttle.flag(name, level=1, reason="simulated: flagged by mistake")
     for i in range(n_requests):
         clock.now = start + duration * i / n_requests
         # The detector (re-)flags a campaign account whose flag is not in force; a mistake is made once.
-        if not flag_first and sent >= detect_after and not _in_force(throttle, name, clock.now):
+        if not flag_first and sent >= detect_after and not _in_force(state, clock.now, expire_after):
             throttle.flag(name, level=1, reason="simulated detector")
         rows = min(batch, queries - sent)
         decision = throttle.decide(name, rows, groups={kind: f"own-{name}"})
+        state = decision.state
         offset = sent
         for level, n in decision.segments:
             first_at.setdefault(level, offset)
@@ -148,11 +151,6 @@ def _run_account(throttle, name, *, queries, batch, duration, detect_after, flag
         sent += rows
         trajectory.append((sent, decision.segments[-1][0]))
     return trajectory, first_at
-
-
-def _group_in_force(throttle, kind, value, now) -> bool:
-    state = throttle.group_state(kind, value)
-    return state.flagged and not expired(state, now, throttle.policy.group_kind(kind).expire_after)
 
 
 def _run_linked(throttle, names, *, share, batch, duration, detect_after, clock, start, kind):
@@ -168,16 +166,18 @@ def _run_linked(throttle, names, *, share, batch, duration, detect_after, clock,
     sent = {name: 0 for name in names}
     served = {name: {} for name in names}
     first_at = {}
+    group, expire_after = AccountState(), throttle.policy.group_kind(kind).expire_after  # as in _run_account
     for k in range(n_requests):
         name = names[k % len(names)]
         if sent[name] >= share:
             continue
         clock.now = start + duration * k / n_requests
         # The detector watches the group as it watches an account: it (re-)flags it once the group's total passes.
-        if total >= detect_after and not _group_in_force(throttle, kind, value, clock.now):
+        if total >= detect_after and not _in_force(group, clock.now, expire_after):
             throttle.flag_group(kind, value, level=1, reason="simulated detector (linked accounts)")
         rows = min(batch, share - sent[name])
         decision = throttle.decide(name, rows, groups={kind: value})
+        group = decision.groups[0][1].state
         offset = total
         for level, n in decision.segments:
             first_at.setdefault(level, offset)
