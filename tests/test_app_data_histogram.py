@@ -43,3 +43,23 @@ def test_large_file_histogram_is_drawn_from_stated_rows():
     shown = _captions(at).replace("\\", "")
     assert "evenly spaced rows of the larger files" in shown
     assert f"wide ({tables.HIST_MAX_ROWS:,} of {n:,} rows)" in shown
+
+
+def test_the_histogram_figure_is_built_once_per_models_and_axis():
+    # Every Data page run draws it: the same models and axis reuse one figure, anything else builds its own.
+    from caliber_core.calibration.margins import scale_from_margins
+    from caliber_core.loading import LogitsData
+    from caliber_dashboard.common import cache, figures
+
+    rng = np.random.default_rng(3)
+    models = [LogitsData(logits=rng.normal(size=(300, 5)) * s, labels=None, name=f"m{i}", sha256=f"{i}" * 64,
+                         source="test") for i, s in enumerate((1.0, 2.0))]
+    shown = [("first", models[0]), ("second", models[1])]
+    fig = cache.margin_histogram(shown, normalized=False)
+    assert cache.margin_histogram(shown, normalized=False) is fig
+    scaled = cache.margin_histogram(shown, normalized=True)
+    assert scaled is not fig and cache.margin_histogram(shown[:1], normalized=False) is not fig
+    m = cache.margins(models[1])
+    expected = figures.margin_histogram({"first": cache.margins(models[0]), "second": m})
+    assert fig.to_json() == expected.to_json()
+    assert np.allclose(scaled.data[1].x, m / scale_from_margins(m))

@@ -50,10 +50,16 @@ def test_an_upload_starts_its_calibration_and_the_page_reads_it(monkeypatch):
     token = at.query_params["ws"]
     token = token[0] if isinstance(token, list) else token
     assert SQLiteStore(cfg.data_dir, limits=cfg.limits).load_result(token, kind, key) is not None
-    computed = []
+    end = time.monotonic() + 240  # the job goes on past the page's part: the first readout
+    while not all(job.done.is_set() for job in precalibrate._jobs.values()):
+        assert time.monotonic() < end, "the background job did not end"
+        time.sleep(0.1)
+    computed, inverted = [], []
     monkeypatch.setattr(cache.pipeline, "calibrate_data", lambda *a, **k: computed.append(1))
+    monkeypatch.setattr(cache, "sigma_for_target", lambda *a, **k: inverted.append(1))
     at.switch_page("pages/calibrate.py").run()
     assert not at.exception and not computed  # read, not computed again
+    assert not inverted  # the default target's sigma too: the job inverted it before the visit
     assert any(m.label == "inputs N" and m.value == "600" for m in at.metric)
 
 

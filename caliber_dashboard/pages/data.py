@@ -3,7 +3,6 @@
 import pandas as pd
 import streamlit as st
 
-from caliber_core.calibration import margins
 from caliber_core.loading import LABELS_EXTENSIONS, SUPPORTED_EXTENSIONS
 from caliber_core.config import config_to_json
 from caliber_dashboard import navigation
@@ -141,20 +140,13 @@ if models:
         shown = st.multiselect("Models shown", list(models), key="hist_models",
                                format_func=lambda s: models[s].name)
         st.session_state[HIST_SHOWN], st.session_state[HIST_SEEN] = list(shown), list(models)
-    normalized = scale_mode != "logit units"
-    hist_data = {}
     sampled = []
     for sha in shown:
         m = cache.margins(models[sha])
-        x = tables.histogram_rows(m)
-        if x.size < m.size:
-            sampled.append(f"{models[sha].name} ({x.size:,} of {m.size:,} rows)")
-        hist_data[state.model_label(models[sha])] = x / margins.scale_from_margins(m) if normalized else x
-    fig = figures.margin_histogram(
-        hist_data,
-        x_title="top-two margin m / S (dimensionless)" if normalized
-        else "top-two logit margin m (logit units)",
-    )
+        if (drawn := tables.histogram_rows(m).size) < m.size:
+            sampled.append(f"{models[sha].name} ({drawn:,} of {m.size:,} rows)")
+    fig = cache.margin_histogram([(state.model_label(models[sha]), models[sha]) for sha in shown],
+                                 normalized=scale_mode != "logit units")
     st.plotly_chart(fig, width="stretch", config=figures.chart_config("caliber_margins"),
                     key="margin_hist")
     st.caption("S is the median margin: v = σ²/S² puts every model's noise on one scale.")
