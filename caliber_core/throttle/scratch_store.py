@@ -15,7 +15,7 @@ import sqlite3
 
 from .ledger_store import StoreUnavailable
 from .sqlite_schema import SCHEMA
-from .sqlite_store import SqliteStore
+from .sqlite_store import SqliteStore, in_transaction
 
 
 class ScratchStore(SqliteStore):
@@ -43,17 +43,9 @@ class ScratchStore(SqliteStore):
         """``run(conn)`` in one transaction, rolled back if it raises (no other writer to queue behind)."""
         conn = self._connect()
         try:
-            conn.execute("BEGIN")
-            try:
-                result = run(conn)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+            return in_transaction(conn, run)
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"scratch store: {exc}") from None
-        return result
 
     def close(self) -> None:
         """Drop the ledger."""

@@ -48,6 +48,19 @@ class _Replaced(Exception):
     """The path names another file than the connection's: reopen and run the transaction again."""
 
 
+def in_transaction(conn: sqlite3.Connection, run, *, begin: str = "BEGIN"):
+    """``run(conn)`` between ``begin`` and COMMIT; rolled back, and the error raised again, if it raises."""
+    conn.execute(begin)
+    try:
+        result = run(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return result
+
+
 class SqliteStore(SqliteGroups):
     """The ledger in one SQLite file (see the module docstring for the guarantees).
 
@@ -288,18 +301,14 @@ class SqliteStore(SqliteGroups):
             # four writers). BEGIN IMMEDIATE stays the guarantee for any writer
             # that does not take the lock.
             fcntl.flock(self._lock_fd(), fcntl.LOCK_EX)
+
+            def checked(conn):
+                if self._identity() != self._local.ident:  # replaced while we waited for the lock
+                    raise _Replaced
+                return run(conn)
+
             try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    if self._identity() != self._local.ident:  # replaced while we waited for the lock
-                        conn.execute("ROLLBACK")
-                        raise _Replaced
-                    result = run(conn)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
+                result = in_transaction(conn, checked, begin="BEGIN IMMEDIATE")
             finally:
                 fcntl.flock(self._lock_fd(), fcntl.LOCK_UN)
         except _Replaced:

@@ -29,11 +29,10 @@ import streamlit as st
 from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
 
 from caliber_core.calibration.margins import MARGIN_STATISTICS
-from caliber_core.config import CALIBRATED_KINDS
 from caliber_core.loading import LogitsData
 
 from caliber_dashboard.calibrate import plots as calibrate_plots
-from caliber_dashboard.common.targets import percent_to_fraction, slider_range
+from caliber_dashboard.common.targets import kinds_for, percent_to_fraction, slider_range
 
 from . import background, cache, state
 
@@ -109,7 +108,7 @@ def _run(ctx, job: Job, data: LogitsData, statistic: str) -> None:
             job.ready.set()  # a visitor waiting on the Calibrate page goes on from here
             # The first readout (the default kind and target, on the point): its sigma is an exact
             # inversion (about 1 s at 10,000 x 1,000), which a first visit would otherwise compute.
-            kind = CALIBRATED_KINDS[0] if cal.has_labels else "agreement"
+            kind = kinds_for(cal.has_labels)[0]  # the kind the page opens on (ui.target_kind)
             start = slider_range(kind, clean_accuracy=cal.clean_accuracy, n_classes=cal.n_classes).default
             cache.fill_readout(data, cal, kind, percent_to_fraction(start))
             if data.has_labels and statistic == "median":  # the Policy page's default levels

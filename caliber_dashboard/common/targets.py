@@ -19,6 +19,11 @@ KIND_LABELS = {
 }
 
 
+def kinds_for(has_labels: bool, kinds: tuple[str, ...] = CALIBRATED_KINDS) -> tuple[str, ...]:
+    """The target kinds a model offers: without labels only agreement; the first is the default."""
+    return kinds if has_labels else tuple(k for k in kinds if k == "agreement")
+
+
 def percent_to_fraction(value: float) -> float:
     """80 -> 0.8, computed the way the CLI reads a percentage (value / 100)."""
     return float(value) / 100.0

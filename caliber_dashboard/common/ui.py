@@ -11,7 +11,7 @@ from caliber_core.loading import LogitsData
 from caliber_core.config import CALIBRATED_KINDS
 
 from caliber_dashboard.common import names, state
-from caliber_dashboard.common.targets import KIND_LABELS, percent_to_fraction, slider_range
+from caliber_dashboard.common.targets import KIND_LABELS, kinds_for, percent_to_fraction, slider_range
 
 _KIND_KEY = "_kind"
 
@@ -35,8 +35,7 @@ def model_selector(label: str, *, key: str, labelled_only: bool = False) -> Logi
 def target_kind(cal: Calibration, *, key_prefix: str,
                 kinds: tuple[str, ...] = CALIBRATED_KINDS) -> str:
     """The kind radio (none when only one kind fits the file); remembers the choice across pages."""
-    if not cal.has_labels:
-        kinds = tuple(k for k in kinds if k == "agreement")
+    kinds = kinds_for(cal.has_labels, kinds)
     if len(kinds) == 1:
         return kinds[0]
     remembered = st.session_state.get(state.TARGETS, {}).get(_KIND_KEY, kinds[0])
