@@ -198,7 +198,7 @@ def per_row(folder: Path, timer: Timer, *, vocab: int, rows: int, n_levels: int,
     if cuda:  # what CUDA tensors were served by before
         fns["replaced"] = lambda step: keyed_noise_torch.add_keyed_noise_op_by_op(logits, seeds, increments)
         if compiled_noise.kernel_name(device, n_levels, torch.float32) == "triton":
-            from caliber_core.serving import keyed_noise, triton_noise
+            from caliber_core.serving import triton_noise
 
             twin = inductor_twin(device)
             try:  # torch's own compile of it may fail on a torch version; the column then stays empty
@@ -209,8 +209,7 @@ def per_row(folder: Path, timer: Timer, *, vocab: int, rows: int, n_levels: int,
             packed = torch.from_numpy(np.stack([s.view(np.int64) for s in seeds] + [
                 np.full(rows, n_levels, dtype=np.int64)])).to(device)
             incs = torch.tensor(increments, dtype=torch.float64, device=device)
-            table = torch.from_numpy(keyed_noise.gather_table()).to(device)
-            fns["kernel"] = lambda step: triton_noise.noisy_logits(logits, packed, incs, table)
+            fns["kernel"] = lambda step: triton_noise.noisy_logits(logits, packed, incs)
     else:  # what serves CPU tensors: the fused C kernel
         fns["replaced"] = lambda step: keyed_noise_torch.add_keyed_noise(logits, seeds, increments)
     if n_levels == 3:

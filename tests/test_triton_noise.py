@@ -27,6 +27,8 @@ from tests.test_compiled_noise import BITS, TORCH_DTYPES, bits_of, random_case, 
 device = sys.argv[1]
 if device != "cpu":
     triton_noise.time_configs(device, n_rows=8, n_classes=4096, repeats=2)
+if len(sys.argv) > 4:
+    triton_noise.select_config(device, json.loads(sys.argv[4]))
 rng = np.random.default_rng(int(sys.argv[2]))
 table = torch.from_numpy(keyed_noise.gather_table()).to(device)
 for case in range(int(sys.argv[3])):
@@ -40,25 +42,26 @@ for case in range(int(sys.argv[3])):
 """
 
 
-def run_cases(device: str, seed: int, cases: int, interpret: bool) -> list:
+def run_cases(device: str, seed: int, cases: int, interpret: bool, config=None) -> list:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     if interpret:
         env["TRITON_INTERPRET"] = "1"  # read when the kernel is decorated, so in a process of its own
-    done = subprocess.run([sys.executable, "-c", _CASES, device, str(seed), str(cases)], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-c", _CASES, device, str(seed), str(cases)] + ([json.dumps(config)] if config else []), cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
 def test_the_kernel_under_triton_s_interpreter_is_numpys_reference():
-    results = run_cases("cpu", 41, 16, interpret=True)
+    results = run_cases("cpu", 41, 16, interpret=True, config=[512, 4])
     assert len(results) == 16
     assert [r for r in results if not r["equal"]] == []
     assert {r["dtype"] for r in results} == {"torch.float64", "torch.float32", "torch.float16", "torch.bfloat16"}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_the_kernel_on_cuda_is_numpys_reference():
-    results = run_cases("cuda", 42, 48, interpret=False)
+@pytest.mark.parametrize("config", [None, [512, 4], [2048, 8]])
+def test_the_kernel_on_cuda_is_numpys_reference(config):
+    results = run_cases("cuda", 42, 48, interpret=False, config=config)
     assert len(results) == 48
     assert [r for r in results if not r["equal"]] == []
