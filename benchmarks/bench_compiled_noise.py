@@ -294,7 +294,7 @@ def write_figure(result: dict, name: str) -> Path:
               caption="Compile at start (`compiled_noise.prepare`: batch 1 and 5, then a bit check against numpy's "
                       "reference); this process's first compile includes the compiler's own start.")
     if result.get("triton_configs"):
-        fig.table(["Triton launch configuration", "µs a call (batch 64, K = 32,768, three levels)"],
+        fig.table(["Triton launch configuration", "µs a call (batch 64, K = 131,072, three levels)"],
                   [[k, f"{v:,.1f}"] for k, v in result["triton_configs"].items()],
                   caption="Timed once at prepare; the fastest serves.")
     fig.table(["dtype", "cases bit-equal to numpy's reference"],

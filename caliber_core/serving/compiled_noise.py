@@ -24,9 +24,9 @@ against numpy's reference runs on every compiled variant before it serves.
 :func:`prepare` builds when a server is built (the Perturber, the
 throttle's levels, the vLLM processors), never on a request: one variant per
 (device, number of levels, dtype). On CUDA the hand-written Triton kernel of
-:mod:`.triton_noise` is tried first (4.8 us a row served at K = 128,000,
-batch 64, three levels on an H200, against 9.6 for Inductor's compile of
-:func:`noisy_logits` and 78 for the op-by-op path), then
+:mod:`.triton_noise` is tried first (3.3 us a row served at K = 128,000,
+batch 64, three levels on an H200, against 7.8 for Inductor's compile of
+:func:`noisy_logits` and 76 for the op-by-op path), then
 ``torch.compile(dynamic=True)`` of :func:`noisy_logits`, warmed at batch 1 and
 a larger batch (a dimension of size 1 is specialized by the compiler). A
 self-check against numpy's reference runs on every variant before it serves;

@@ -56,7 +56,7 @@ _FIRST_PIECE = 1022 << normal_table.SUB_BITS  # a / 2 >= 1/2: its first piece's 
 _N_PIECES = normal_table.N_EXPONENTS << normal_table.SUB_BITS
 _OUT_KIND = {torch.float64: 0, torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
 #: (elements a program serves, warps) candidates; the fastest on the device is chosen at prepare. On an H200
-#: they ran within 5% of each other (docs/figures/compiled-noise.md).
+#: they ran within 25% of each other at K = 128,000 (docs/figures/triton-gathers.md).
 CONFIGS = ((1024, 4), (512, 4), (2048, 8), (1024, 8))
 _chosen: dict = {}
 
@@ -203,11 +203,13 @@ def noisy_logits(logits: torch.Tensor, rows: torch.Tensor, increments: torch.Ten
     return _launch(logits, rows, increments, chosen_config(logits.device))
 
 
-def time_configs(device, *, n_rows: int = 64, n_classes: int = 32_768, repeats: int = 15) -> dict:
+def time_configs(device, *, n_rows: int = 64, n_classes: int = 131_072, repeats: int = 15) -> dict:
     """Time each candidate configuration on ``device`` (three levels, float32) and keep the fastest.
 
     Called when a variant is prepared (a fraction of a second on a GPU), so that
-    no request waits for it. The candidates take turns in each repeat, so that
+    no request waits for it. The shape is one where the device's work outweighs
+    the launch (at K = 32,768 the four took 60 +- 1 us a call on an H200: the
+    launch's time). The candidates take turns in each repeat, so that
     a drift of the device's clock or load reaches them alike (five repeats, one
     configuration after another, ranked them differently from run to run on an
     H200). Returns the median seconds per configuration.
