@@ -55,6 +55,26 @@ PROBE = """
 })();
 """
 
+# When the page's main thread last ended a task of 50 ms or more (plotly's first drawing of a page is
+# one of 1.5-2 s here); installed before the app's own code.
+LONG_TASKS = """
+(() => {
+  window.__longTaskEnd = 0;
+  new PerformanceObserver(list => {
+    for (const e of list.getEntries()) window.__longTaskEnd = Math.max(window.__longTaskEnd, e.startTime + e.duration);
+  }).observe({type: "longtask", buffered: true});
+})();
+"""
+
+BROWSER_IDLE_JS = "(quiet) => performance.now() - window.__longTaskEnd > quiet"
+
+
+def wait_browser_idle(page, *, quiet_ms: float = 500.0, timeout_s: float = 60.0) -> None:
+    """Wait until the page's main thread has run no long task for ``quiet_ms`` (its context has
+    :data:`LONG_TASKS` installed): the page a person sees is drawn before the first action is timed."""
+    page.wait_for_function(BROWSER_IDLE_JS, arg=quiet_ms, timeout=timeout_s * 1000, polling=50)
+
+
 READOUT_JS = """
 [...document.querySelectorAll("[data-testid='stMetricValue']")].map(e => e.innerText).join("|")
 """
