@@ -210,7 +210,7 @@ def actions_at_scale(browser, app_url: str, folder: Path, *, n: int, k: int) -> 
     try:
         page.goto(app_url)
         settle_run(page, ready="h1:has-text('Data')", timeout=600_000)
-        wait_idle(app_url)  # the server's warm-up (first visits time it) is over before the first upload
+        wait_idle(app_url, windows=4)  # the server's warm-up (first visits time it) is over before the first upload
         wait_browser_idle(page)  # and the page drawn: its first plotly drawing is no part of the upload
         out.append(("upload the labels file (.npy)", _timed(
             page, lambda: file_input(page, "Labels file").set_input_files(str(labels_path)), ready="text=labels")))
