@@ -383,9 +383,9 @@ def fill_readout(data: LogitsData, cal: Calibration, kind: str, value: float, *,
 def margin_histogram(shown: Sequence[tuple[str, LogitsData]], *, normalized: bool) -> go.Figure:
     """The Data page's margin histograms of ``shown`` ((label, model) pairs), built once per models and axis.
 
-    Plotly builds the small multiples slowly (0.1-0.4 s for eight models, most of a
-    Data page run), and every upload or visit redraws the page. Shared by every
-    session: never modify it.
+    Plotly builds a figure of eight models slowly (0.1-0.4 s, much of a Data page
+    run), and every upload or visit redraws the page. Shared by every session:
+    never modify it.
     """
     key = (tuple((label, data_digest(data)) for label, data in shown), bool(normalized))
 
