@@ -245,11 +245,13 @@ def has_calibration(data: LogitsData, *, statistic: str = "median", seed: int = 
 
 def fill_calibration(data: LogitsData, *, statistic: str = "median", seed: int = 0,
                      realizations: int | None = None,
-                     progress: Callable[[float], None] | None = None) -> Calibration:
+                     progress: Callable[[float], None] | None = None,
+                     save_later: list | None = None) -> Calibration:
     """:func:`calibration` without drawing, reporting to ``progress``: for a background thread.
 
     Fills the same slot (the workspace's stored copy, else computed and stored),
-    so the page that asks later reads the result.
+    so the page that asks later reads the result. With ``save_later`` the storing
+    is left to the caller (``calibration_store.stored_or_computed``).
     """
     from caliber_dashboard.common import calibration_store
 
@@ -259,7 +261,7 @@ def fill_calibration(data: LogitsData, *, statistic: str = "median", seed: int =
     with slot.lock:
         if slot.value is _EMPTY:
             slot.value = calibration_store.stored_or_computed(
-                data, statistic=statistic, seed=seed, realizations=realizations,
+                data, statistic=statistic, seed=seed, realizations=realizations, save_later=save_later,
                 compute=lambda: pipeline.calibrate_data(data, statistic=statistic, seed=seed,
                                                         realizations=realizations, progress=progress))
         return slot.value
