@@ -41,8 +41,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dashboard_harness import (  # noqa: E402
-    CHROMIUM, CHROMIUM_ARGS, CORRIDOR_JS, MINIMAL_PAGE, ROOT, VISIT_DONE_JS, Visitor, cpu_seconds,
-    serve, wait_idle)
+    CHROMIUM, CHROMIUM_ARGS, CORRIDOR_JS, LONG_TASKS, MINIMAL_PAGE, ROOT, VISIT_DONE_JS, Visitor, cpu_seconds,
+    serve, wait_browser_idle, wait_idle)
 
 # ----------------------------------------------------------------------------- parts
 
@@ -184,7 +184,7 @@ def _timed(page, action, *, ready: str, timeout_s: float = 600.0) -> float:
 def actions_at_scale(browser, app_url: str, folder: Path, *, n: int, k: int) -> list[tuple[str, float]]:
     """Each action a provider takes on an N x K upload with separate labels, timed in Chromium.
 
-    Once the server's warm-up is over, upload labels (.npy), then the logits (.npy); open Calibrate (its calibration:
+    Once the server's warm-up is over and the page drawn, upload labels (.npy), then the logits (.npy); open Calibrate (its calibration:
     the first visit computes it), a slider step, Verify, side "at least"; open
     Fleet, Attack cost (largest M 64, its simulation included), Export, Policy,
     Extraction and Data again. The time of an action runs from the click to the
@@ -198,6 +198,7 @@ def actions_at_scale(browser, app_url: str, folder: Path, *, n: int, k: int) -> 
     np.save(labels_path, labels)
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     context.set_default_timeout(600_000)
+    context.add_init_script(LONG_TASKS)
     page = context.new_page()
     watch_socket(page)
     out = []
@@ -209,7 +210,8 @@ def actions_at_scale(browser, app_url: str, folder: Path, *, n: int, k: int) -> 
     try:
         page.goto(app_url)
         settle_run(page, ready="h1:has-text('Data')", timeout=600_000)
-        wait_idle(app_url)  # the server's warm-up (first visits time it) is over before the first upload
+        wait_idle(app_url, windows=4)  # the server's warm-up (first visits time it) is over before the first upload
+        wait_browser_idle(page)  # and the page drawn: its first plotly drawing is no part of the upload
         out.append(("upload the labels file (.npy)", _timed(
             page, lambda: file_input(page, "Labels file").set_input_files(str(labels_path)), ready="text=labels")))
         out.append((f"upload the logits file ({n:,} x {k:,} .npy), labels attached", _timed(

@@ -55,6 +55,26 @@ PROBE = """
 })();
 """
 
+# When the page's main thread last ended a task of 50 ms or more (plotly's first drawing of a page is
+# one of 1.5-2 s here); installed before the app's own code.
+LONG_TASKS = """
+(() => {
+  window.__longTaskEnd = 0;
+  new PerformanceObserver(list => {
+    for (const e of list.getEntries()) window.__longTaskEnd = Math.max(window.__longTaskEnd, e.startTime + e.duration);
+  }).observe({type: "longtask", buffered: true});
+})();
+"""
+
+BROWSER_IDLE_JS = "(quiet) => performance.now() - window.__longTaskEnd > quiet"
+
+
+def wait_browser_idle(page, *, quiet_ms: float = 500.0, timeout_s: float = 60.0) -> None:
+    """Wait until the page's main thread has run no long task for ``quiet_ms`` (its context has
+    :data:`LONG_TASKS` installed): the page a person sees is drawn before the first action is timed."""
+    page.wait_for_function(BROWSER_IDLE_JS, arg=quiet_ms, timeout=timeout_s * 1000, polling=50)
+
+
 READOUT_JS = """
 [...document.querySelectorAll("[data-testid='stMetricValue']")].map(e => e.innerText).join("|")
 """
@@ -104,14 +124,16 @@ def cpu_seconds(url: str) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def wait_idle(url: str, *, limit_s: float = 30.0, window_s: float = 0.5) -> float:
-    """Wait until the server at ``url`` uses under 5% of a CPU (its warm-up is over); seconds waited."""
+def wait_idle(url: str, *, limit_s: float = 30.0, window_s: float = 0.5, windows: int = 1) -> float:
+    """Wait until the server at ``url`` uses under 5% of a CPU for ``windows`` windows in a row (its
+    warm-up is over); seconds waited. Several windows: a warm-up importing modules from a busy disk
+    can use little CPU for half a second and then hold the interpreter for seconds."""
     start = time.monotonic()
-    while time.monotonic() - start < limit_s:
+    quiet = 0
+    while time.monotonic() - start < limit_s and quiet < windows:
         before = cpu_seconds(url)
         time.sleep(window_s)
-        if cpu_seconds(url) - before < 0.05 * window_s:
-            break
+        quiet = quiet + 1 if cpu_seconds(url) - before < 0.05 * window_s else 0
     return time.monotonic() - start
 
 

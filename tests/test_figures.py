@@ -312,13 +312,23 @@ def test_with_mean_row():
     assert df["e"].iloc[-1] == 3.0 and math.isnan(df["scale"].iloc[-1])
 
 
-def test_margin_histogram_small_multiples_past_three_models():
+def test_margin_histogram_one_row_each_past_three_models():
     rng = np.random.default_rng(2)
-    margins = {f"model {i}": rng.gamma(2.0, size=200) for i in range(7)}
-    fig = figures.margin_histogram(margins)
-    assert [t.type for t in fig.data] == ["histogram"] * 7
-    assert len({t.xaxis for t in fig.data}) == 7  # one axis each: nothing overlaid
-    assert [a.text for a in fig.layout.annotations] == list(margins)
+    margins = {f"model {i}": rng.gamma(2.0, size=200 + i) for i in range(7)}
+    fig = figures.margin_histogram(margins, nbins=30)
+    assert [t.type for t in fig.data] == ["scatter"] * 7
+    assert {t.xaxis for t in fig.data} == {None} and {t.yaxis for t in fig.data} == {None}  # one axis pair
+    assert list(fig.layout.yaxis.ticktext) == list(margins)  # first model on the top row
+    assert list(fig.layout.yaxis.tickvals) == [6.0, 5.0, 4.0, 3.0, 2.0, 1.0, 0.0]
+    for row, (trace, m) in enumerate(zip(fig.data, margins.values())):
+        counts, edges = np.histogram(m, bins=30)
+        bins = np.asarray(trace.customdata)[:-2:2]  # (bin centre, % of inputs) once per bin
+        np.testing.assert_allclose(bins[:, 0], (edges[:-1] + edges[1:]) / 2)
+        np.testing.assert_allclose(bins[:, 1], 100 * counts / m.size)
+        y = np.asarray(trace.y)
+        base = 6 - row
+        assert y.min() == base and y.max() == pytest.approx(base + figures.RIDGE_HEIGHT)  # scaled to its tallest bin
+        assert trace.x[0] == edges[0] and trace.x[-2] == edges[-1] and trace.fill == "toself"
 
 
 def test_log_axis_labels_every_decade_over_a_long_span():

@@ -44,16 +44,16 @@ def test_an_upload_starts_its_calibration_and_the_page_reads_it(monkeypatch):
     data = at.session_state[state.MODELS][at.session_state[state.SELECTED]]
     _wait(data)
     assert cache.has_calibration(data)  # filled before anyone opened Calibrate
+    end = time.monotonic() + 240  # the job goes on past the page's part: the first readout, then storing
+    while not all(job.done.is_set() for job in precalibrate._jobs.values()):
+        assert time.monotonic() < end, "the background job did not end"
+        time.sleep(0.1)
     # ... in the workspace too, under the key the page looks for (a restart reads it back).
     kind, key = calibration_store.store_key(data, statistic="median", seed=0, realizations=None)
     cfg = from_environment()
     token = at.query_params["ws"]
     token = token[0] if isinstance(token, list) else token
     assert SQLiteStore(cfg.data_dir, limits=cfg.limits).load_result(token, kind, key) is not None
-    end = time.monotonic() + 240  # the job goes on past the page's part: the first readout
-    while not all(job.done.is_set() for job in precalibrate._jobs.values()):
-        assert time.monotonic() < end, "the background job did not end"
-        time.sleep(0.1)
     computed, inverted = [], []
     monkeypatch.setattr(cache.pipeline, "calibrate_data", lambda *a, **k: computed.append(1))
     monkeypatch.setattr(cache, "sigma_for_target", lambda *a, **k: inverted.append(1))
@@ -99,3 +99,32 @@ def test_nothing_starts_outside_a_server():
     at.file_uploader(key="upload_logits").set_value(("plain.npz", _npz(3), "application/octet-stream")).run()
     data = at.session_state[state.MODELS][at.session_state[state.SELECTED]]
     assert precalibrate.running(data) is None and not cache.has_calibration(data)
+
+
+def test_the_page_part_is_ready_before_the_workspace_copy_is_written(monkeypatch):
+    # Storing the result (encoding, a disk sync) waits until the first visit has what it reads.
+    monkeypatch.setattr(background, "serving", lambda: True)
+    monkeypatch.setattr(warmup, "start", lambda **_: False)
+    hold = __import__("threading").Event()
+    real = calibration_store.save
+    ready_when_saved = []
+
+    def slow_save(data, cal, **options):
+        job = precalibrate._jobs[precalibrate._key(data, options["statistic"])]  # this upload's job
+        ready_when_saved.append(job.ready.is_set())
+        hold.wait(60)
+        return real(data, cal, **options)
+
+    monkeypatch.setattr(calibration_store, "save", slow_save)
+    at = AppTest.from_file(APP, default_timeout=240)
+    at.run()
+    at.file_uploader(key="upload_logits").set_value(("later.npz", _npz(4), "application/octet-stream")).run()
+    data = at.session_state[state.MODELS][at.session_state[state.SELECTED]]
+    _wait(data)  # the page's part is ready while the copy is held back
+    assert cache.has_calibration(data) and ready_when_saved in ([], [True])
+    hold.set()
+    end = time.monotonic() + 240
+    while not all(job.done.is_set() for job in precalibrate._jobs.values()):
+        assert time.monotonic() < end, "the background job did not end"
+        time.sleep(0.1)
+    assert ready_when_saved == [True]

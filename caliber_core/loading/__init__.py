@@ -76,6 +76,7 @@ _NAMES = {
     "load_logits": "load",
     "load_logits_bytes": "load",
     "require_labels": "load",
+    "with_labels_bytes": "load",
 }
 __all__ = sorted(_NAMES)
 __getattr__, __dir__ = lazy_names(__name__, _NAMES)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -186,6 +186,51 @@ def load_logits_bytes(
         return _validated(content, filename, src, ext, max_elements=max_elements, sha256=sha256,
                           labels=None if labels_content is None else (labels_content, labels_src, labels_ext,
                                                                         labels_filename))
+
+
+def with_labels_bytes(data: LogitsData, labels_content: bytes, labels_filename: str, *,
+                      max_elements: int = DEFAULT_MAX_ELEMENTS) -> LogitsData:
+    """``data`` with a separate labels file attached, as :func:`load_logits_bytes` would give with both files.
+
+    The logits are not read again: an upload already validated without labels
+    gets its labels file in one more (small) read, where loading both files anew
+    would parse, validate and take the margins of the logits a second time.
+
+    Parameters
+    ----------
+    data : LogitsData
+        Logits validated by this module (any labels they carry are replaced, with a warning).
+    labels_content : bytes
+        The labels file's bytes (``LABELS_EXTENSIONS``).
+    labels_filename : str
+        Its name; the extension picks the format and messages name it.
+    max_elements : int, default DEFAULT_MAX_ELEMENTS
+
+    Returns
+    -------
+    LogitsData
+        The same logits, margins, digest, name and warnings; the labels and their source as
+        :func:`load_logits_bytes` gives them (and a first warning when they replace the file's own).
+
+    Raises
+    ------
+    LogitsFileError
+        An unsupported extension, an empty file, or labels that do not fit the logits.
+    """
+    check_max_elements(max_elements)
+    labels_content = _as_bytes(labels_content, "labels_content")
+    src, labels_src = display_name(data.source), display_name(labels_filename)
+    labels_ext = _extension(labels_filename, LABELS_EXTENSIONS, labels_src, what="labels")
+    if len(labels_content) == 0:
+        raise fail(labels_src, "the file is empty (0 bytes)")
+    warnings = list(data.warnings)
+    if data.labels is not None:
+        warnings.insert(0, f"labels from {labels_src} replace the labels stored in {src}")
+    with library_errors(src, "not a valid logits file"):  # the boundary load_logits_bytes puts around both
+        labels = read_labels_file(labels_content, labels_ext, labels_src, max_elements=max_elements)
+        labels = validate_labels(labels, labels_src, n_samples=data.n_samples, n_classes=data.n_classes,
+                                 logits_src=src)
+    return replace(data, labels=labels, labels_source=str(labels_filename), warnings=tuple(warnings))
 
 
 def _validated(content: bytes, filename, src: str, ext: str, *, max_elements: int, sha256: str | None,

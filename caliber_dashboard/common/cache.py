@@ -245,11 +245,13 @@ def has_calibration(data: LogitsData, *, statistic: str = "median", seed: int = 
 
 def fill_calibration(data: LogitsData, *, statistic: str = "median", seed: int = 0,
                      realizations: int | None = None,
-                     progress: Callable[[float], None] | None = None) -> Calibration:
+                     progress: Callable[[float], None] | None = None,
+                     save_later: list | None = None) -> Calibration:
     """:func:`calibration` without drawing, reporting to ``progress``: for a background thread.
 
     Fills the same slot (the workspace's stored copy, else computed and stored),
-    so the page that asks later reads the result.
+    so the page that asks later reads the result. With ``save_later`` the storing
+    is left to the caller (``calibration_store.stored_or_computed``).
     """
     from caliber_dashboard.common import calibration_store
 
@@ -259,7 +261,7 @@ def fill_calibration(data: LogitsData, *, statistic: str = "median", seed: int =
     with slot.lock:
         if slot.value is _EMPTY:
             slot.value = calibration_store.stored_or_computed(
-                data, statistic=statistic, seed=seed, realizations=realizations,
+                data, statistic=statistic, seed=seed, realizations=realizations, save_later=save_later,
                 compute=lambda: pipeline.calibrate_data(data, statistic=statistic, seed=seed,
                                                         realizations=realizations, progress=progress))
         return slot.value
@@ -383,9 +385,9 @@ def fill_readout(data: LogitsData, cal: Calibration, kind: str, value: float, *,
 def margin_histogram(shown: Sequence[tuple[str, LogitsData]], *, normalized: bool) -> go.Figure:
     """The Data page's margin histograms of ``shown`` ((label, model) pairs), built once per models and axis.
 
-    Plotly builds the small multiples slowly (0.1-0.4 s for eight models, most of a
-    Data page run), and every upload or visit redraws the page. Shared by every
-    session: never modify it.
+    Plotly builds a figure of eight models slowly (0.1-0.4 s, much of a Data page
+    run), and every upload or visit redraws the page. Shared by every session:
+    never modify it.
     """
     key = (tuple((label, data_digest(data)) for label, data in shown), bool(normalized))
 

@@ -220,8 +220,10 @@ def move_target(fig: go.Figure, target: tuple[float, float] | None, *,
 # --------------------------------------------------------------------- data page
 
 
-#: Histograms overlaid on one axis up to this many models; more are drawn as small multiples.
+#: Histograms overlaid on one axis up to this many models; more are drawn as one row each (a ridgeline).
 MAX_OVERLAID = 3
+#: Height of a ridgeline row's tallest bin, in rows: neighbouring rows do not touch.
+RIDGE_HEIGHT = 0.85
 
 
 def margin_histogram(
@@ -233,41 +235,58 @@ def margin_histogram(
 ) -> go.Figure:
     """Histograms of the per-input top-two margins, one per model (% of its inputs).
 
-    Up to :data:`MAX_OVERLAID` models overlaid on one axis; more as small multiples
-    (three a row, one shared x axis), since 8 overlaid histograms cannot be told apart.
+    Up to :data:`MAX_OVERLAID` models overlaid on one axis; more one row each on
+    one shared x axis (a ridgeline, :func:`margin_ridges`), since 8 overlaid
+    histograms cannot be told apart.
     """
     margins = {plotly_text(name): m for name, m in margins.items()}  # names are text, never markup
-    n = len(margins)
-    if n <= MAX_OVERLAID:
-        fig = go.Figure()
-        for i, (name, m) in enumerate(margins.items()):
-            fig.add_trace(go.Histogram(
-                x=_arr(m), name=name, nbinsx=nbins, histnorm="percent", opacity=0.55,
-                marker_color=PALETTE[i % len(PALETTE)],
-                hovertemplate="m=%{x}<br>%{y:.1f}% of inputs<extra>%{fullData.name}</extra>",
-            ))
-        fig.update_layout(barmode="overlay")
-        return _layout(fig, title=title, x_title=x_title, y_title="share of the model's inputs (%)")
-    from plotly.subplots import make_subplots
-
-    cols = 3
-    rows = -(-n // cols)
-    names = list(margins)
-    fig = make_subplots(rows=rows, cols=cols, shared_xaxes="all", subplot_titles=names,
-                        vertical_spacing=min(0.12, 0.5 / rows), horizontal_spacing=0.06)
-    for i, name in enumerate(names):
+    if len(margins) > MAX_OVERLAID:
+        return margin_ridges(margins, x_title=x_title, nbins=nbins, title=title)
+    fig = go.Figure()
+    for i, (name, m) in enumerate(margins.items()):
         fig.add_trace(go.Histogram(
-            x=_arr(margins[name]), name=name, nbinsx=nbins, histnorm="percent",
-            marker_color=PALETTE[i % len(PALETTE)], showlegend=False,
+            x=_arr(m), name=name, nbinsx=nbins, histnorm="percent", opacity=0.55,
+            marker_color=PALETTE[i % len(PALETTE)],
             hovertemplate="m=%{x}<br>%{y:.1f}% of inputs<extra>%{fullData.name}</extra>",
-        ), row=i // cols + 1, col=i % cols + 1)
-    fig.layout.template = {"layout": LIGHT_LAYOUT}
-    fig.update_annotations(font_size=12)
-    fig.update_layout(height=max(300, 190 * rows + 80), margin=dict(l=60, r=20, t=60 if title else 40, b=60),
-                      title=dict(text=title) if title else None)
-    for c in range(1, cols + 1):
-        fig.update_xaxes(title_text=x_title if c == 2 else None, row=rows, col=c)
-    fig.update_yaxes(title_text="% of inputs", col=1)
+        ))
+    fig.update_layout(barmode="overlay")
+    return _layout(fig, title=title, x_title=x_title, y_title="share of the model's inputs (%)")
+
+
+def margin_ridges(margins: Mapping[str, Sequence[float]], *, x_title: str, nbins: int = 40,
+                  title: str | None = None) -> go.Figure:
+    """Each model's margin histogram on a row of its own, over one shared x axis (names already plain text).
+
+    The bins are counted here (``nbins`` equal bins over each model's range, as
+    a plotly histogram would) and each row is one filled outline scaled to its
+    own tallest bin; hovering a bin gives its share of the model's inputs. One
+    axis pair for every model: small multiples (an axis pair a model) took the
+    browser most of a second to draw for the demo set and an upload.
+    """
+    fig = go.Figure()
+    names = list(margins)
+    for i, name in enumerate(names):
+        m = _arr(margins[name])
+        m = m[np.isfinite(m)]
+        counts, edges = np.histogram(m, bins=nbins) if m.size else (np.zeros(1), np.array([0.0, 1.0]))
+        share = 100.0 * counts / max(1, m.size)
+        base = float(len(names) - 1 - i)  # the first model on top, as in the table
+        height = RIDGE_HEIGHT * share / share.max() if share.max() > 0 else share
+        # One closed outline a model: up and across each bin, back along the row's baseline.
+        x = np.concatenate([np.repeat(edges, 2)[1:-1], [edges[-1], edges[0]]])
+        y = np.concatenate([base + np.repeat(height, 2), [base, base]])
+        centre = np.concatenate([np.repeat((edges[:-1] + edges[1:]) / 2, 2), [np.nan, np.nan]])
+        fig.add_trace(go.Scatter(
+            x=x, y=y, name=name, mode="lines", fill="toself", line=dict(width=1, color=PALETTE[i % len(PALETTE)]),
+            opacity=0.8, showlegend=False, hoveron="points",
+            customdata=np.column_stack([centre, np.concatenate([np.repeat(share, 2), [np.nan, np.nan]])]),
+            hovertemplate="m=%{customdata[0]:.4g}<br>%{customdata[1]:.1f}% of inputs<extra>%{fullData.name}</extra>",
+        ))
+    fig = _layout(fig, title=title, x_title=x_title, y_title="",
+                  height=max(300, 42 * len(names) + 140))
+    fig.update_yaxes(tickvals=[float(len(names) - 1 - i) for i in range(len(names))], ticktext=names,
+                     showgrid=False, zeroline=False, range=[-0.15, len(names) - 1 + RIDGE_HEIGHT + 0.15])
+    fig.update_layout(margin=dict(l=160))
     return fig
 
 

@@ -95,9 +95,10 @@ def _run(ctx, job: Job, data: LogitsData, statistic: str) -> None:
     def report(fraction: float) -> None:  # the sweep is most of the work: 0..0.85
         job.fraction = min(0.85, max(job.fraction, 0.85 * float(fraction)))
 
+    save_later: list = []  # the workspace's copy: written once the page's first visit has what it reads
     try:
         with cache.quietly():
-            cal = cache.fill_calibration(data, statistic=statistic, progress=report)
+            cal = cache.fill_calibration(data, statistic=statistic, progress=report, save_later=save_later)
             # What the page's first visit draws next: the curves, the bootstrap, the default view.
             cache.curves(data, cal)
             job.fraction = 0.92
@@ -121,6 +122,11 @@ def _run(ctx, job: Job, data: LogitsData, statistic: str) -> None:
     finally:
         job.fraction = 1.0
         job.ready.set()
+        try:
+            for save in save_later:  # the workspace's copy (a failure to keep it warns on the page itself)
+                save()
+        except Exception:  # noqa: BLE001  (not kept: a server restart computes it again)
+            _LOG.info("background calibration: keeping it in the workspace failed", exc_info=True)
         job.done.set()
 
 

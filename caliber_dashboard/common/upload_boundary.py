@@ -9,8 +9,8 @@
 * :func:`visitor_max_elements` -- the most values one session's models hold together
   (``CALIBER_VISITOR_MAX_ELEMENTS``, default 40,000,000: 320 MB as float64); an upload
   or a restored file past it is refused by :func:`check_visitor_budget`.
-* :func:`load_logits` / :func:`read_labels` -- the core's loaders on uploaded
-  bytes, under that limit.
+* :func:`load_logits` / :func:`with_labels` / :func:`read_labels` -- the core's loaders on
+  uploaded bytes, under that limit.
 * :func:`message` -- the one line a page shows for any error raised while a
   file is read: the core's message as the command line prints it, and for
   anything unexpected the file's name and the error's type only (no traceback,
@@ -22,7 +22,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from caliber_core.loading import DEFAULT_MAX_ELEMENTS, LogitsData, LogitsFileError, load_logits_bytes
+from caliber_core.loading import (DEFAULT_MAX_ELEMENTS, LogitsData, LogitsFileError, load_logits_bytes,
+                                  with_labels_bytes)
 from caliber_core.loading.safety import RAISE_LIMIT
 
 MAX_ELEMENTS_ENV = "CALIBER_UPLOAD_MAX_ELEMENTS"
@@ -93,6 +94,17 @@ def load_logits(content: bytes, filename: str, **kwargs) -> LogitsData:
         One line: the file breaks a rule (its element count included).
     """
     return load_logits_bytes(content, filename, max_elements=max_elements(), **kwargs)
+
+
+def with_labels(data: LogitsData, content: bytes, filename: str) -> LogitsData:
+    """:func:`caliber_core.loading.with_labels_bytes` under :func:`max_elements`: ``data`` with a labels file.
+
+    Raises
+    ------
+    LogitsFileError
+        One line: the labels file breaks a rule or does not fit the logits.
+    """
+    return with_labels_bytes(data, content, filename, max_elements=max_elements())
 
 
 def read_labels(content: bytes, filename: str):

@@ -164,10 +164,9 @@ def _load_one(upload, labels_upload, *, n_labels: int | None = None) -> dict | N
         fits = labels_upload is not None and not data.has_labels and n_labels == data.n_samples
         if not fits and labels_upload is not None and upload.file_id in _status():
             return None
-        if fits:
+        if fits:  # the logits as read above, not parsed and validated a second time
             labels = labels_upload
-            data = boundary.load_logits(content, upload.name, labels_content=labels_upload.getvalue(),
-                                        labels_filename=labels_upload.name, sha256=data.sha256)
+            data = boundary.with_labels(data, labels_upload.getvalue(), labels_upload.name)
         if state.is_new(data):
             boundary.check_visitor_budget(state.held_elements(besides=data.sha256), data, upload.name)
             _store(upload.name, content, labels, data)

@@ -149,7 +149,9 @@ if models:
                                  normalized=scale_mode != "logit units")
     st.plotly_chart(fig, width="stretch", config=figures.chart_config("caliber_margins"),
                     key="margin_hist")
-    st.caption("S is the median margin: v = σ²/S² puts every model's noise on one scale.")
+    st.caption("S is the median margin: v = σ²/S² puts every model's noise on one scale."
+               + (" One row a model, each scaled to its tallest bin: hover a bin for its share of the "
+                  "model's inputs." if len(shown) > figures.MAX_OVERLAID else ""))
     if sampled:
         st.caption("Histogram drawn from evenly spaced rows of the larger files (every row "
                    "enters S and the table): " + ui.plain(", ".join(sampled)) + ".")

@@ -118,6 +118,10 @@ def settle_run(page, action=None, *, ready: str | None = None, timeout: float = 
 
 def watch_socket(page) -> None:
     """Keep the page's app websocket (call before the first ``goto``): :func:`settle_run` then waits on it."""
+    # The frames' parser now, not on the first frame: importing it imports streamlit (0.6-1.5 s here),
+    # which would land inside the first action's wait and hold back every event the wait reads.
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg  # noqa: F401
+
     page.on("websocket", lambda ws: _SOCKETS.__setitem__(page, ws))
 
 
