@@ -43,10 +43,10 @@ import numpy as np
 
 from . import normal_table
 # Steps 1 and 2 (ids to row seeds) live in keyed_seeds; their names are this module's too.
-from .keyed_seeds import DOMAIN, RowSeeder, encode_ids, joined_digests, row_digests, row_seeds
+from .keyed_seeds import DOMAIN, RowSeeder, checked_digests, encode_ids, joined_digests, row_digests, row_seeds
 
 __all__ = ["DOMAIN", "MAX_ABS_NORMAL", "level_increments", "nested_noise", "encode_ids", "row_digests",
-           "joined_digests", "row_seeds", "RowSeeder", "normals_from_seeds",
+           "joined_digests", "row_seeds", "RowSeeder", "checked_digests", "normals_from_seeds",
            "normals_from_words", "add_keyed_noise", "blocks", "table", "gather_table",
            "unit_normals"]
 

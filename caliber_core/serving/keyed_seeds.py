@@ -15,7 +15,7 @@ import numpy as np
 
 from ..validation import check_key
 
-__all__ = ["DOMAIN", "RowSeeder", "encode_ids", "joined_digests", "row_digests", "row_seeds"]
+__all__ = ["DOMAIN", "RowSeeder", "checked_digests", "encode_ids", "joined_digests", "row_digests", "row_seeds"]
 
 #: Domain separation and version of the whole derivation (v1 was the SFC64 stream of earlier releases).
 DOMAIN = b"caliber.keyed-noise/v2\x00"
@@ -68,6 +68,25 @@ def joined_digests(ids) -> bytes:
     """
     sha256 = hashlib.sha256
     return b"".join([sha256(one).digest() for one in encode_ids(ids)])
+
+
+def checked_digests(digests, n_rows: int) -> np.ndarray:
+    """Precomputed :func:`row_digests`, checked: shape (n_rows, 32) uint8.
+
+    Returns
+    -------
+    ndarray of shape (n_rows, 32), uint8
+
+    Raises
+    ------
+    ValueError
+        Not 32 bytes a row, or not ``n_rows`` rows.
+    """
+    digests = np.asarray(digests)
+    if digests.dtype != np.uint8 or digests.ndim != 2 or digests.shape != (n_rows, 32):
+        raise ValueError(f"row digests must be {n_rows} rows of 32 bytes (uint8), got shape {digests.shape} "
+                         f"{digests.dtype}")
+    return digests
 
 
 def _check_args(binding, level, digests, n_classes) -> np.ndarray:

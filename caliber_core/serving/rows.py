@@ -12,7 +12,7 @@ import numpy as np
 
 from ..validation import is_torch
 from . import fused_noise
-from .keyed_noise import encode_ids
+from .keyed_noise import checked_digests, encode_ids
 
 
 def encode_row_ids(ids, n_rows: int, *, single_row: bool) -> list[bytes]:
@@ -201,7 +201,8 @@ def largest_value(dtype) -> float:
     return float(torch.finfo(dtype).max)
 
 
-def check_request(logits, ids, *, n_classes: int | None, seeding: str, noise_bound: float, source: str):
+def check_request(logits, ids, *, n_classes: int | None, seeding: str, noise_bound: float, source: str,
+                  digests=None):
     """Every check of a request, before any draw.
 
     Parameters
@@ -218,6 +219,8 @@ def check_request(logits, ids, *, n_classes: int | None, seeding: str, noise_bou
         The largest noise the served levels can add, so that no finite logit turns infinite.
     source : str
         What sets that bound, named in the message.
+    digests : array_like of shape (N, 32), uint8, optional
+        The ids' digests in their place (``keyed_noise.row_digests``): checked here, one row each.
 
     Returns
     -------
@@ -233,13 +236,17 @@ def check_request(logits, ids, *, n_classes: int | None, seeding: str, noise_bou
         A non-floating dtype or malformed ids.
     ValueError
         K differs from the config's, per-input seeding without ids, not one
-        id per row, a noise bound beyond half the dtype's range, or NaN or a
+        id (or digest) per row, both ids and digests, a noise bound beyond half the dtype's range, or NaN or a
         value too large to stay finite once noised.
     """
     n_rows, k, single_row = row_shape(logits)
     if n_classes is not None and k != n_classes:
         raise ValueError(f"logits have n_classes={k}, but the config was calibrated for n_classes={n_classes}")
-    if ids is None and seeding == "per-input":
+    if digests is not None:
+        if ids is not None:
+            raise ValueError("pass ids or their digests, not both")
+        checked_digests(digests, n_rows)
+    elif ids is None and seeding == "per-input":
         raise ValueError("per-input seeding needs ids (one str/bytes per row), got ids=None")
     encoded = None if ids is None else encode_row_ids(ids, n_rows, single_row=single_row)
     torch_in = is_torch(logits)

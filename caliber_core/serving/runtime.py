@@ -279,23 +279,20 @@ class Perturber:
         """What the keyed draws are bound to: the config digest's bytes, or the bare-sigma label and sigma."""
         return self._binding
 
-    def __repr__(self) -> str:
-        # Never show the key.
-        where = "" if self._digest is None else f", level={self._level} of {len(self._levels)}, " \
-            f"config={self._digest[:12]}"
+    def __repr__(self) -> str:  # never shows the key
+        where = "" if self._digest is None else \
+            f", level={self._level} of {len(self._levels)}, config={self._digest[:12]}"
         return f"Perturber(sigma={self._sigma!r}, seeding={self._seeding!r}{where})"
 
     def __getstate__(self):
         # A pickled generator would replay one "fresh" noise in every process: each copy seeds its own.
-        state = self.__dict__.copy()
-        state["_generator"] = None
-        return state
+        return {**self.__dict__, "_generator": None}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._generator = np.random.Generator(np.random.SFC64())
 
-    def perturb(self, logits, ids=None):
+    def perturb(self, logits, ids=None, *, digests=None):
         """Return ``logits + noise`` with the input's type, shape and dtype.
 
         Parameters
@@ -304,8 +301,10 @@ class Perturber:
             Floating dtype (float16, bfloat16 (torch), float32, float64).
             +-inf entries (masked classes) stay +-inf; NaN is rejected.
         ids : sequence of str or bytes, length n_samples; or one str/bytes for a single row
-            Required for per-input seeding. For fresh seeding it may be omitted;
-            if given its length is still checked.
+            Required for per-input seeding unless ``digests`` are given. For fresh
+            seeding it may be omitted; if given its length is still checked.
+        digests : array_like of shape (n_samples, 32), uint8, optional
+            ``keyed_noise.row_digests(ids)`` in place of ids: the same answer, the ids not hashed again.
 
         Returns
         -------
@@ -320,16 +319,17 @@ class Perturber:
         ValueError
             Wrong shape, fewer than 2 classes, K other than the config's, NaN,
             a value whose noisy version would overflow the dtype, missing ids or
-            wrong count. Every check runs before any draw.
+            wrong count, both ids and digests. Every check runs before any draw.
         """
         n_rows, n_classes, single_row, encoded, torch_in = check_request(
             logits, ids, n_classes=self._n_classes, seeding=self._seeding, noise_bound=self._noise_bound,
-            source=f"sigma={self._sigma!r}")
+            source=f"sigma={self._sigma!r}", digests=digests)
         if self._sigma == 0.0:
             return logits.detach().clone() if torch_in else np.array(logits, copy=True)
         if self._seeding == "fresh":
             return self._perturb_fresh(logits, n_rows, n_classes, torch_in)
-        digests = None if encoded is None else keyed_noise.row_digests(encoded)  # consistent needs no ids
+        if digests is None:  # None for consistent seeding without ids: it needs none
+            digests = None if encoded is None else keyed_noise.row_digests(encoded)
         if self._seeding != "per-input":  # any other keyed seeding: the level-by-level path
             return self._add_level_noise(logits, digests, n_rows, n_classes, torch_in)
         levels = [(level, inc) for level, inc in enumerate(self._increments, start=1) if inc != 0.0]
@@ -431,8 +431,7 @@ class Perturber:
         if torch_in:
             import torch
 
-            # Drawn by torch on the tensor's device, seeded from the Perturber's generator
-            # (so a seeded generator still gives reproducible runs).
+            # On the tensor's device, seeded from the Perturber's generator (a seeded one gives reproducible runs).
             values = logits.detach()
             device_generator = torch.Generator(device=values.device)
             device_generator.manual_seed(int(self._generator.integers(0, 2**63)))

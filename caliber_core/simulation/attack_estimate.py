@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pandas as pd
 
+from ..serving.keyed_noise import row_digests
 from ..serving.runtime import Perturber
 from ..validation import as_labels, as_logits, check_key, check_sigma
 from .attack import binomial_se, check_count, repeat_key
@@ -205,19 +206,19 @@ def _per_input_part(z, clean, y, sigma, key, pass_numbers, block, advance):
     one row per pass."""
     n, k = z.shape
     passes = []
-    # The row ids as bytes, once for every pass: the UTF-8 of str(i), the very id each pass names (a str id is
-    # hashed as its UTF-8 bytes), without re-encoding it per pass.
-    all_ids = [str(i).encode("ascii") for i in range(n)]
+    # The digests of the row ids str(i), once for every pass (hashing ids holds the interpreter lock, which the
+    # other thread's draws wait on): each pass's keyed call reads them in place of the ids, the same answer.
+    all_digests = row_digests([str(i).encode("ascii") for i in range(n)])
     for r in pass_numbers:
         perturber = Perturber(sigma, key=repeat_key(key, r))
         pass_hits = np.zeros(2, dtype=np.int64)
         for start in range(0, n, block):
             rows = slice(start, min(start + block, n))
-            ids = all_ids[rows]
-            response = perturber.perturb(z[rows], ids)
+            digests = all_digests[rows]
+            response = perturber.perturb(z[rows], digests=digests)
             if start == 0:
                 check = min(_IDENTITY_ROWS, rows.stop)
-                again = perturber.perturb(z[:check], ids[:check])
+                again = perturber.perturb(z[:check], digests=digests[:check])
                 if not np.array_equal(again, response[:check]):
                     raise RuntimeError("per-input seeding returned a different answer to a repeated query")
             decision = np.argmax(response, axis=1)
