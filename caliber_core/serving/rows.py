@@ -236,8 +236,8 @@ def check_request(logits, ids, *, n_classes: int | None, seeding: str, noise_bou
         A non-floating dtype or malformed ids.
     ValueError
         K differs from the config's, per-input seeding without ids, not one
-        id (or digest) per row, both ids and digests, a noise bound beyond half the dtype's range, or NaN or a
-        value too large to stay finite once noised.
+        id (or digest) per row, both ids and digests, a noise bound beyond
+        half the dtype's range, or NaN or a value too large to stay finite once noised.
     """
     n_rows, k, single_row = row_shape(logits)
     if n_classes is not None and k != n_classes:
