@@ -182,8 +182,9 @@ class Perturber:
             fused_noise.prepare()  # built or loaded now, never on a request (warns once if it cannot be)
             if "torch" in sys.modules:  # a server of tensors: on a CUDA machine, compiled now (warns if it cannot be)
                 from . import compiled_noise
-                if compiled_noise.prepare(n_levels=sum(1 for inc in self._increments if inc != 0.0) or 1):  # a request now:
-                    self.perturb(sys.modules["torch"].zeros((2, self._n_classes or 8), device="cuda"), [b"0", b"1"])  # kernels load on 1st use
+                if compiled_noise.prepare(n_levels=sum(inc != 0.0 for inc in self._increments) or 1):
+                    # one request now: CUDA loads a kernel on its first use, which is then not a client's
+                    self.perturb(sys.modules["torch"].zeros((2, self._n_classes or 8), device="cuda"), [b"0", b"1"])
 
     @classmethod
     def from_config(cls, config, *, target: int = 0, seeding: str = "per-input", key: bytes | None = None,
