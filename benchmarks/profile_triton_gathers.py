@@ -42,13 +42,15 @@ try:  # the probe is a Triton kernel: defined where Triton is installed
     import triton
     import triton.language as tl
 
-    from caliber_core.serving.triton_noise import _word  # the served kernel's own word function
+    # The served kernel's own word function and index arithmetic, so the probes differ only in the gathers.
+    from caliber_core.serving.triton_noise import (_FIRST_PIECE, _MASK_T_HIGH, _N_PIECES, _T_HIGH, _piece_and_t,
+                                                    _word)
 except ImportError:  # main() says why nothing is measured
     triton = None
 else:
     @triton.jit
     def _probe(logits, out, rows, table, n_rows, n_classes, n_blocks, BLOCK: tl.constexpr, MODE: tl.constexpr,
-               N: tl.constexpr, FIRST: tl.constexpr):
+               N: tl.constexpr, T_HIGH: tl.constexpr, FIRST: tl.constexpr, MASK_T_HIGH: tl.constexpr):
         program = tl.program_id(0)
         row = program // n_blocks
         cols = (program % n_blocks) * BLOCK + tl.arange(0, BLOCK)
@@ -60,12 +62,7 @@ else:
         for level in tl.static_range(3):
             seed = tl.load(rows + level * n_rows + row).to(tl.uint64, bitcast=True)
             z = _word(seed + counters)
-            half_a = ((z & 0xFFFFFFFFFFFFF) | 0x4330000000000000).to(tl.float64, bitcast=True) - 4503599627370495.5
-            bits = half_a.to(tl.uint64, bitcast=True)
-            high = (bits >> 32).to(tl.uint32)
-            piece = ((high >> 14) - FIRST).to(tl.int32)
-            t = ((bits & 0xFFFFFFFF) | ((((high & 16383) | 0x40500000).to(tl.uint64)) << 32)).to(
-                tl.float64, bitcast=True) - 64.0
+            piece, t = _piece_and_t(z, T_HIGH, FIRST, MASK_T_HIGH)
             if MODE == 0:  # the top exponent's 64 pieces, the likeliest
                 p = table + (piece & 63) + (N - 64)
                 c4, c3, c2 = tl.load(p + 4 * N), tl.load(p + 3 * N), tl.load(p + 2 * N)
@@ -85,7 +82,7 @@ else:
 def measure(repeats: int) -> dict:
     import torch
 
-    from caliber_core.serving import normal_table, triton_noise
+    from caliber_core.serving import triton_noise
 
     device = "cuda"
     generator = torch.Generator().manual_seed(0)
@@ -94,7 +91,6 @@ def measure(repeats: int) -> dict:
     rows[3] = 3
     increments = torch.tensor([0.5, 0.8, 1.7], dtype=torch.float64, device=device)
     table = torch.from_numpy(triton_noise.positive_table()).to(device)
-    n_pieces = normal_table.N_EXPONENTS << normal_table.SUB_BITS
     out = torch.empty_like(logits)
 
     def median_us(fn) -> float:
@@ -111,8 +107,8 @@ def measure(repeats: int) -> dict:
     def probe_call(mode, block, warps):
         n_blocks = triton.cdiv(VOCAB, block)
         return lambda: _probe[(ROWS * n_blocks,)](logits, out, rows, table, ROWS, VOCAB, n_blocks, BLOCK=block,
-                                                  MODE=mode, N=n_pieces, FIRST=1022 << normal_table.SUB_BITS,
-                                                  num_warps=warps, enable_fp_fusion=False)
+                                                  MODE=mode, N=_N_PIECES, T_HIGH=_T_HIGH, FIRST=_FIRST_PIECE,
+                                                  MASK_T_HIGH=_MASK_T_HIGH, num_warps=warps, enable_fp_fusion=False)
 
     result = {"randn": median_us(lambda: logits + torch.randn(ROWS, VOCAB, device=device)), "kernel": {},
               "probes": {}}

@@ -383,7 +383,8 @@ def call(function, logits: torch.Tensor, level_seeds, increments, served=None) -
     n_rows, n_levels = logits.shape[0], len(increments)
     # On CUDA the seeds are packed into page-locked memory and uploaded without a host-side wait (the kernel
     # queued behind the copy on the same stream reads it complete; torch's host allocator recycles the block
-    # only once the copy is done). A pageable copy waited for the device: some 40 us a call on an H200.
+    # only once the copy is done), so a server whose stream is busy does not stall on it. On an idle H200 it
+    # measured the same as a pageable copy (114-120 against 103 us a call at batch 1, 183 against 192 at 64).
     staged = torch.empty((n_levels + 1, n_rows), dtype=torch.int64, pin_memory=device.type == "cuda")
     rows = staged.numpy()
     for level, seeds in enumerate(level_seeds):

@@ -72,13 +72,8 @@ def _word(z):
 
 
 @triton.jit
-def _normal(z, table, N: tl.constexpr, T_HIGH: tl.constexpr, FIRST: tl.constexpr, MASK_T_HIGH: tl.constexpr):
-    """Step 4 of the derivation on uint64 words: one standard normal (float64) a word.
-
-    Horner's rule on the positive half's coefficients, then the word's sign bit
-    set on the result: negating every coefficient negates each rounded step
-    exactly, so this is the reference's gather from the negated half.
-    """
+def _piece_and_t(z, T_HIGH: tl.constexpr, FIRST: tl.constexpr, MASK_T_HIGH: tl.constexpr):
+    """A uint64 word's piece of the positive half (int32) and its local coordinate t (float64, exact)."""
     # a / 2 = low 52 bits + 1/2, exactly: the bits under 2^52's exponent, less 2^52 - 1/2.
     half_a = ((z & 0xFFFFFFFFFFFFF) | 0x4330000000000000).to(tl.float64, bitcast=True) - 4503599627370495.5
     bits = half_a.to(tl.uint64, bitcast=True)
@@ -86,7 +81,18 @@ def _normal(z, table, N: tl.constexpr, T_HIGH: tl.constexpr, FIRST: tl.constexpr
     piece = ((high >> T_HIGH) - FIRST).to(tl.int32)
     # The low T_BITS of a / 2 under 64.0's exponent read 64 + t exactly.
     t_bits = (bits & 0xFFFFFFFF) | ((((high & MASK_T_HIGH) | 0x40500000).to(tl.uint64)) << 32)
-    t = t_bits.to(tl.float64, bitcast=True) - 64.0
+    return piece, t_bits.to(tl.float64, bitcast=True) - 64.0
+
+
+@triton.jit
+def _normal(z, table, N: tl.constexpr, T_HIGH: tl.constexpr, FIRST: tl.constexpr, MASK_T_HIGH: tl.constexpr):
+    """Step 4 of the derivation on uint64 words: one standard normal (float64) a word.
+
+    Horner's rule on the positive half's coefficients, then the word's sign bit
+    set on the result: negating every coefficient negates each rounded step
+    exactly, so this is the reference's gather from the negated half.
+    """
+    piece, t = _piece_and_t(z, T_HIGH, FIRST, MASK_T_HIGH)
     at = table + piece  # the powers N apart: immediate offsets from one address
     out = tl.load(at + 4 * N) * t + tl.load(at + 3 * N)  # two roundings: the launch turns fused multiply-adds off
     out = out * t + tl.load(at + 2 * N)
