@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import threading
 import time
 from pathlib import Path
 
@@ -35,6 +36,7 @@ def _wait(data, timeout=240.0) -> None:
 
 def test_an_upload_starts_its_calibration_and_the_page_reads_it(monkeypatch):
     monkeypatch.setattr(background, "serving", lambda: True)  # as inside `streamlit run`
+    monkeypatch.setattr(precalibrate, "LATER_WAIT_S", 0.0)  # the last stage waits for no visit here
     # ... but not the server's warm-up: its thread is once per process and would outlive this test.
     monkeypatch.setattr(warmup, "start", lambda **_: False)
     at = AppTest.from_file(APP, default_timeout=240)
@@ -116,6 +118,7 @@ def test_the_page_part_is_ready_before_the_workspace_copy_is_written(monkeypatch
         return real(data, cal, **options)
 
     monkeypatch.setattr(calibration_store, "save", slow_save)
+    monkeypatch.setattr(precalibrate, "LATER_WAIT_S", 0.0)
     at = AppTest.from_file(APP, default_timeout=240)
     at.run()
     at.file_uploader(key="upload_logits").set_value(("later.npz", _npz(4), "application/octet-stream")).run()
@@ -128,3 +131,64 @@ def test_the_page_part_is_ready_before_the_workspace_copy_is_written(monkeypatch
         assert time.monotonic() < end, "the background job did not end"
         time.sleep(0.1)
     assert ready_when_saved == [True]
+
+
+def test_the_page_draws_its_readout_while_the_curves_are_computed(monkeypatch):
+    # The job's first stage ends with the first readout: the page draws its header and readout
+    # from there while the job computes the curves its plot reads.
+    monkeypatch.setattr(background, "serving", lambda: True)
+    monkeypatch.setattr(warmup, "start", lambda **_: False)
+    monkeypatch.setattr(precalibrate, "LATER_WAIT_S", 0.0)
+    release = threading.Event()
+    real = cache.model_curves
+
+    def slow_curves(*args, **kwargs):
+        release.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "model_curves", slow_curves)
+    seen = []
+    original = precalibrate.wait_with_progress
+
+    def watching(data, **kwargs):
+        original(data, **kwargs)
+        job = precalibrate._jobs[precalibrate._key(data, kwargs.get("statistic", "median"))]
+        seen.append((job.readout.is_set(), job.ready.is_set()))
+        release.set()  # the curves go on; the plot waits for them
+
+    monkeypatch.setattr(precalibrate, "wait_with_progress", watching)
+    at = AppTest.from_file(APP, default_timeout=240)
+    at.run()
+    at.file_uploader(key="upload_logits").set_value(("overlap.npz", _npz(5), "application/octet-stream")).run()
+    at.switch_page("pages/calibrate.py").run()
+    assert not at.exception
+    assert seen == [(True, False)]  # past the wait with the readout, the curves still computing
+    assert any(m.label == "σ* (logit units)" for m in at.metric)
+    assert any("Curves and corridor" in c.value for c in at.caption)  # the plot's note, once they came
+
+
+def test_the_policy_config_waits_for_the_first_calibrate_visit(monkeypatch):
+    # Computed at once it would share the CPUs with that visit's run and the browser's drawing.
+    monkeypatch.setattr(background, "serving", lambda: True)
+    monkeypatch.setattr(warmup, "start", lambda **_: False)
+    monkeypatch.setattr(precalibrate, "LATER_WAIT_S", 120.0)
+    monkeypatch.setattr(precalibrate, "BROWSER_DRAW_S", 0.0)
+    configs = []
+    real = cache.config
+
+    def counting(data, *args, **kwargs):
+        configs.append(data.name)  # an earlier test's job may still end here: counted by name
+        return real(data, *args, **kwargs)
+
+    monkeypatch.setattr(cache, "config", counting)
+    at = AppTest.from_file(APP, default_timeout=240)
+    at.run()
+    at.file_uploader(key="upload_logits").set_value(("visit.npz", _npz(6), "application/octet-stream")).run()
+    data = at.session_state[state.MODELS][at.session_state[state.SELECTED]]
+    job = precalibrate._jobs[precalibrate._key(data, "median")]
+    assert job.ready.wait(240)
+    time.sleep(1.0)  # a config of 600 x 12 takes milliseconds: started now, it would be done
+    assert "visit" not in configs and not job.done.is_set()
+    at.switch_page("pages/calibrate.py").run()
+    assert not at.exception
+    assert job.done.wait(240) and configs.count("visit") == 1

@@ -21,6 +21,9 @@ def test_no_warm_up_without_a_server():
 
 
 def test_warm_demo_fills_the_first_visits_caches(monkeypatch):
+    from caliber_dashboard.extraction import view as extraction_view
+
+    extraction_view.demo_archives.clear()  # an earlier test may have read them
     warmup.warm_demo()
     demo = [d for d in state.demo_models() if d.has_labels]
     assert len(demo) >= 2
@@ -40,6 +43,9 @@ def test_warm_demo_fills_the_first_visits_caches(monkeypatch):
     # Filled, so a second ask returns the very same objects.
     assert cache.served(first, cal, kind, value)[0] is record
     assert cache.figure(first, cal, "normalized") is cache.figure(first, cal, "normalized")
+    # The readout's thief line looks every model up among the demo archives: read already.
+    monkeypatch.setattr("caliber_dashboard.extraction.view.load_archive", no_second_calibration)
+    assert extraction_view.demo_archives()  # from the cache: reading a file again would raise
 
 
 def test_streamlit_run_serves_app_py_with_the_start_up_warm_up():

@@ -5,11 +5,19 @@ file here). It used to start when a visitor first opened the Calibrate page,
 who then waited for it. Now :func:`start` is called whenever a model joins a
 session (an upload, a file opened from the data root, a restored workspace):
 one background worker fills the same process-wide slots the page reads
-(:func:`.cache.fill_calibration` with the model's margin statistic, then the
-curves, the bootstrap, the default view's figure and the Policy page's default
-config), while the visitor is still looking at the Data page. A visitor who reaches the
+(:func:`.cache.fill_calibration` with the model's margin statistic, the
+bootstrap and the first readout, then the curves and the default view's figure),
+while the visitor is still looking at the Data page. A visitor who reaches the
 Calibrate page first sees the job's own progress bar
-(:func:`wait_with_progress`) instead of a second computation.
+(:func:`wait_with_progress`) instead of a second computation, until the readout's
+part is there: the page draws its header and readout while the job finishes
+the curves its plot needs, and the browser's drawing overlaps that computation.
+
+What no page waits for comes last, on a second thread: the workspace's copy,
+then the Policy page's default config. The config waits until the first
+Calibrate visit has been sent (:func:`page_drawn`) and drawn, or at most
+:data:`LATER_WAIT_S`: started at once, it shared the two cores here with that
+visit's script run and the browser's drawing of it.
 
 Each job runs with the submitting session's script context attached, so the
 workspace's stored copy is read (or the result stored) exactly as when the
@@ -38,18 +46,30 @@ from . import background, cache, state
 
 _LOG = logging.getLogger(__name__)
 _worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-precalibrate")
+_later = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-precalibrate-later")
 _lock = threading.Lock()
 _MAX_JOBS = 64
+#: How long the Policy page's config waits for the first Calibrate visit to be drawn (s).
+LATER_WAIT_S = 8.0
+#: Then how long the browser gets to draw what that visit's run sent (0.5-1 s here).
+BROWSER_DRAW_S = 1.0
 
 
 @dataclass
 class Job:
-    """One background calibration: its progress (0..1), whether the Calibrate page's part is ready,
-    and whether the whole job (the Policy page's default config too) has ended."""
+    """One background calibration: its progress (0..1) and its stages.
+
+    ``readout``: the calibration, its bootstrap and the first readout are cached (the
+    Calibrate page draws its header and readout); ``ready``: the curves and the default
+    view's figure too; ``drawn``: the page's first visit has been sent; ``done``: the
+    whole job (the workspace's copy, the Policy page's default config) has ended.
+    """
 
     name: str
     fraction: float = 0.0
+    readout: threading.Event = field(default_factory=threading.Event)
     ready: threading.Event = field(default_factory=threading.Event)
+    drawn: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
     started: float = field(default_factory=time.monotonic)
 
@@ -92,56 +112,86 @@ def start(data: LogitsData, *, statistic: str = "median") -> Job | None:
 def _run(ctx, job: Job, data: LogitsData, statistic: str) -> None:
     add_script_run_ctx(threading.current_thread(), ctx)
 
-    def report(fraction: float) -> None:  # the sweep is most of the work: 0..0.85
-        job.fraction = min(0.85, max(job.fraction, 0.85 * float(fraction)))
+    def report(fraction: float) -> None:  # the sweep is most of the work: 0..0.8
+        job.fraction = min(0.8, max(job.fraction, 0.8 * float(fraction)))
 
     save_later: list = []  # the workspace's copy: written once the page's first visit has what it reads
+    cal = None
     try:
         with cache.quietly():
             cal = cache.fill_calibration(data, statistic=statistic, progress=report, save_later=save_later)
-            # What the page's first visit draws next: the curves, the bootstrap, the default view.
-            cache.curves(data, cal)
-            job.fraction = 0.92
+            # What the page's header and first readout read: the bootstrap, then the default kind
+            # and target on the point (the kind the page opens on is ui.target_kind's).
             cache.estimator(data, cal)
-            job.fraction = 0.96
-            cache.figure(data, cal, calibrate_plots.VIEWS[0])
-            job.fraction = 1.0
-            job.ready.set()  # a visitor waiting on the Calibrate page goes on from here
-            # The first readout (the default kind and target, on the point): its sigma is an exact
-            # inversion (about 1 s at 10,000 x 1,000), which a first visit would otherwise compute.
-            kind = kinds_for(cal.has_labels)[0]  # the kind the page opens on (ui.target_kind)
+            job.fraction = 0.88
+            kind = kinds_for(cal.has_labels)[0]
             start = slider_range(kind, clean_accuracy=cal.clean_accuracy, n_classes=cal.n_classes).default
             cache.fill_readout(data, cal, kind, percent_to_fraction(start))
-            if data.has_labels and statistic == "median":  # the Policy page's default levels
-                from caliber_dashboard.common.targets import target_list
-                from caliber_dashboard.policy.view import DEFAULT_CHOICES
-
-                cache.config(data, target_list(DEFAULT_CHOICES["retention"], "", ""))
+            job.fraction = 0.9
+            job.readout.set()  # a visitor waiting on the Calibrate page draws from here
+            # What its plot reads: the curves and the default view.
+            cache.curves(data, cal)
+            cache.figure(data, cal, calibrate_plots.VIEWS[0])
     except Exception:  # noqa: BLE001  (the page computes again and shows the error where it belongs)
+        cal = None
         _LOG.info("background calibration of a model failed; the Calibrate page will report it", exc_info=True)
     finally:
         job.fraction = 1.0
+        job.readout.set()
         job.ready.set()
         try:
-            for save in save_later:  # the workspace's copy (a failure to keep it warns on the page itself)
-                save()
-        except Exception:  # noqa: BLE001  (not kept: a server restart computes it again)
-            _LOG.info("background calibration: keeping it in the workspace failed", exc_info=True)
+            _later.submit(_after_ready, ctx, job, data, cal, save_later)
+        except RuntimeError:  # the interpreter is shutting down: nothing more to keep
+            job.done.set()
+
+
+def _after_ready(ctx, job: Job, data: LogitsData, cal, save_later: list) -> None:
+    """The workspace's copy, then (once the first visit is drawn) the Policy page's default config."""
+    add_script_run_ctx(threading.current_thread(), ctx)
+    try:
+        for save in save_later:  # a failure to keep it warns on the page itself
+            save()
+    except Exception:  # noqa: BLE001  (not kept: a server restart computes it again)
+        _LOG.info("background calibration: keeping it in the workspace failed", exc_info=True)
+    try:
+        if cal is not None and data.has_labels and cal.statistic == "median":  # the Policy page's default levels
+            from caliber_dashboard.common.targets import target_list
+            from caliber_dashboard.policy.view import DEFAULT_CHOICES
+
+            if job.drawn.wait(LATER_WAIT_S):
+                time.sleep(BROWSER_DRAW_S)
+            with cache.quietly():  # a Policy visit in the meantime computed it, or waits for it here
+                cache.config(data, target_list(DEFAULT_CHOICES["retention"], "", ""))
+    except Exception:  # noqa: BLE001  (the Policy page computes it again and reports the error)
+        _LOG.info("background calibration: the Policy page's default config failed", exc_info=True)
+    finally:
         job.done.set()
 
 
-def running(data: LogitsData, *, statistic: str = "median") -> Job | None:
-    """The background job for this model and statistic while the Calibrate page's part is not ready."""
+def _job(data: LogitsData, statistic: str) -> Job | None:
     with _lock:
-        job = _jobs.get(_key(data, statistic))
-    return job if job is not None and not job.ready.is_set() else None
+        return _jobs.get(_key(data, statistic))
+
+
+def running(data: LogitsData, *, statistic: str = "median") -> Job | None:
+    """The background job for this model and statistic while the readout's part is not ready."""
+    job = _job(data, statistic)
+    return job if job is not None and not job.readout.is_set() else None
+
+
+def page_drawn(data: LogitsData, *, statistic: str = "median") -> None:
+    """Say that a Calibrate run for this model has been sent: the job's last stage may start."""
+    job = _job(data, statistic)
+    if job is not None:
+        job.drawn.set()
 
 
 def wait_with_progress(data: LogitsData, *, statistic: str = "median", poll_s: float = 0.2) -> None:
-    """If a background job is calibrating this model, show its progress until it ends.
+    """If a background job is calibrating this model, show its progress until the readout's part is ready.
 
     The page then reads the result from the cache (or, if the job failed,
-    computes it itself and shows the error).
+    computes it itself and shows the error); the curves may still be on their
+    way, and the plot waits for them.
     """
     job = running(data, statistic=statistic)
     if job is None:
@@ -149,7 +199,7 @@ def wait_with_progress(data: LogitsData, *, statistic: str = "median", poll_s: f
     text = f"Calibrating {data.name}: noise sweep over {data.n_samples:,} inputs (started when it was loaded)…"
     bar = st.progress(job.fraction, text=text)
     try:
-        while not job.ready.wait(poll_s):
+        while not job.readout.wait(poll_s):
             bar.progress(job.fraction, text=text)
     finally:
         bar.empty()

@@ -65,7 +65,6 @@ try:
 except ValueError as exc:
     st.error(ui.plain(f"{data.name}: {exc}"))
     st.stop()
-curves = cache.curves(data, cal)  # exact, or from the sweep's draws on a large file: said below
 estimator = cache.estimator(data, cal)
 clean = estimator.at(0.0)
 
@@ -87,10 +86,9 @@ if cal.intervals.realizations:
 else:
     m[5].metric("noise draws / input", "exact (K = 2)",
                 help="No draws: with two classes each input's survival is Φ(gap / (σ√2)), so the curves are exact.")
-st.caption("σ* inverts the " + ("exact expected-accuracy curve (quadrature, Proposition 1). "
+st.caption("σ* inverts the " + ("exact expected-accuracy curve (quadrature, Proposition 1)."
                                 if cal.curve_method == "exact" else
-                                "Monte-Carlo sweep curve (the file is too large for quadrature). ")
-           + calibrate_plots.curves_note(curves, cal.n_samples, cal.n_classes))
+                                "Monte-Carlo sweep curve (the file is too large for quadrature)."))
 if not cal.has_labels:
     st.info("This file has no labels: the fit is to normalized agreement and only agreement "
             "targets are possible.")
@@ -253,6 +251,8 @@ with right:
 with left:
     target_panel(ui.target_kind(cal, key_prefix="calibrate"), side, view, with_bands)
     target_actions()
+    # Read after the readout is drawn: on a first visit the background job may still be computing them.
+    st.caption(calibrate_plots.curves_note(cache.curves(data, cal), cal.n_samples, cal.n_classes))
 
 st.subheader("Fit quality")
 # Two rows of three: a coefficient such as c = 9.094e-05 needs the width.
@@ -266,3 +266,5 @@ f[5].metric("c", fmt(cal.fit.c, ".4g"))
 st.caption("The residuals are the third view of the plot above.")
 ui.csv_download(tables.sweep_table(cal), label="Sweep data (CSV)",
                 file_name=f"{data.name}.sweep.csv", key="sweep_csv")
+
+precalibrate.page_drawn(data, statistic=statistic)  # the job's last stage waits for this visit
