@@ -94,3 +94,14 @@ def test_the_same_numbers_on_any_number_of_threads(monkeypatch):
         assert seen[-1] == 1.0 and np.all(np.diff(seen) > 0)
     for name in ("agree_hi", "acc_lo", "acc_hi", "pool_rows"):
         np.testing.assert_array_equal(getattr(runs[0], name), getattr(runs[1], name), err_msg=name)
+
+
+def test_block_error_of_an_indicator_is_the_float64_computation_bit_for_bit():
+    # Counted in integers for speed; a stored calibration's errors must not move by a bit.
+    rng = np.random.default_rng(11)
+    for trial in range(60):
+        n, half = int(rng.integers(1, 2500)), int(rng.integers(1, 40))
+        inside = rng.random((n, 2 * half)) < rng.uniform(0, 1)
+        pool = None if trial % 2 else rng.integers(0, 3 * n + 1, size=(n, half)).astype(np.int32)
+        # The same indicator as float64 0/1 takes the float64 route.
+        assert block_stderr(inside, pool) == block_stderr(inside.astype(np.float64), pool)
