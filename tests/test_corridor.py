@@ -136,6 +136,19 @@ def test_auto_picks_exact_when_cheap_and_monte_carlo_when_not(demo):
     assert corridor.curves_of(demo.engine, grid).method == "exact"
 
 
+def test_a_plotted_grid_is_exact_only_while_the_whole_grid_is_cheap():
+    # The bundled 500 x 10 models keep exact curves on the dashboard's 60 points ...
+    assert corridor.grid_method(500, 10, 60) == "exact"
+    # ... a 2,000 x 100 file is exact for one sigma (its sigma*) but not for 60 of them.
+    assert choose_method(2000, 100) == "exact"
+    assert corridor.grid_method(2000, 100, 60) == "monte-carlo"
+    assert corridor.grid_method(2000, 100, 1) == "exact"
+    assert corridor.grid_method(10**6, 2, 60) == "exact"  # closed form at K = 2
+    budget = corridor.EXACT_BUDGET
+    n = int(budget // (60 * exact_cost(1, 10)))  # the largest 10-class file still exact on 60 points
+    assert corridor.grid_method(n, 10, 60) == "exact" and corridor.grid_method(n + 1, 10, 60) == "monte-carlo"
+
+
 def test_unlabelled_curves_have_agreement_only(demo):
     c = corridor.model_curves(demo.logits, None, _grid(demo, 6), method="exact")
     assert c.accuracy is None and c.lower is None and c.upper is None

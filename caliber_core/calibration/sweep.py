@@ -160,16 +160,10 @@ def block_stderr(inside: np.ndarray, pool_rows: np.ndarray | None = None) -> flo
     per_row = None if pool_rows is None else np.zeros(int(pool_rows.max()) + 1 if pool_rows.size else 0)
     for start in range(0, n, rows):
         block = inside[start:start + rows]
-        if block.dtype == np.bool_:
-            # Pair counts (0, 1 or 2) and their row sums in integers, then float64 once: the very
-            # values of float64 sums of 0/1 (exact either way), in a third of the time.
-            counts = block.view(np.uint8)
-            pair_counts = counts[:, :half] + counts[:, half:]
-            mean = pair_counts.sum(axis=1, dtype=np.int64, keepdims=True) / half
-            resid = pair_counts.astype(np.float64) - mean
-        else:
-            pair = block[:, :half].astype(np.float64) + block[:, half:]
-            resid = pair - pair.mean(axis=1, keepdims=True)
+        # Pair counts and row sums in integers (exact, as float64 sums of 0/1 are): a third of the time.
+        counts = block.view(np.uint8) if block.dtype == np.bool_ else block.astype(np.uint8)
+        pair = counts[:, :half] + counts[:, half:]
+        resid = pair.astype(np.float64) - pair.sum(axis=1, dtype=np.int64, keepdims=True) / half
         if pool_rows is None:
             total += float(np.sum(resid**2))
         else:
