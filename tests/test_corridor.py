@@ -13,7 +13,7 @@ from scipy.special import ndtr
 from caliber_core.calibration import corridor
 from caliber_core.calibration.calibrate import calibrate_model, sigma_for_target
 from caliber_core.calibration.intervals import BootstrapIntervals
-from caliber_core.calibration.engine import CurveEngine, choose_method, exact_cost
+from caliber_core.calibration.engine import EXACT_BUDGET, CurveEngine, choose_method, exact_cost
 from caliber_core.calibration.survival import agreement_probability, sorted_gaps, survival_probability
 from caliber_core.calibration.config_build import build_config
 from caliber_core.loading import load_logits
@@ -138,15 +138,15 @@ def test_auto_picks_exact_when_cheap_and_monte_carlo_when_not(demo):
 
 def test_a_plotted_grid_is_exact_only_while_the_whole_grid_is_cheap():
     # The bundled 500 x 10 models keep exact curves on the dashboard's 60 points ...
-    assert corridor.grid_method(500, 10, 60) == "exact"
+    assert choose_method(500, 10, 60) == "exact"
     # ... a 2,000 x 100 file is exact for one sigma (its sigma*) but not for 60 of them.
     assert choose_method(2000, 100) == "exact"
-    assert corridor.grid_method(2000, 100, 60) == "monte-carlo"
-    assert corridor.grid_method(2000, 100, 1) == "exact"
-    assert corridor.grid_method(10**6, 2, 60) == "exact"  # closed form at K = 2
-    budget = corridor.EXACT_BUDGET
+    assert choose_method(2000, 100, 60) == "monte-carlo"
+    assert choose_method(2000, 100, 1) == "exact"
+    assert choose_method(10**6, 2, 60) == "exact"  # closed form at K = 2
+    budget = EXACT_BUDGET
     n = int(budget // (60 * exact_cost(1, 10)))  # the largest 10-class file still exact on 60 points
-    assert corridor.grid_method(n, 10, 60) == "exact" and corridor.grid_method(n + 1, 10, 60) == "monte-carlo"
+    assert choose_method(n, 10, 60) == "exact" and choose_method(n + 1, 10, 60) == "monte-carlo"
 
 
 def test_unlabelled_curves_have_agreement_only(demo):

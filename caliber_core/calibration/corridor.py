@@ -23,28 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..validation import as_sigmas
-from .engine import EXACT_BUDGET, CurveEngine, deficit_term, exact_cost
+from .engine import CurveEngine, deficit_term
 from .sample import LogitSample
 from .sweep import SurvivalIntervals
 
-__all__ = ["ModelCurves", "curves_of", "deficit_term", "grid_method", "misclassified_deficits", "model_curves"]
+__all__ = ["ModelCurves", "curves_of", "deficit_term", "misclassified_deficits", "model_curves"]
 
-
-def grid_method(n_samples: int, n_classes: int, n_sigmas: int) -> str:
-    """"exact" when the quadrature of every row on the whole grid stays within ``EXACT_BUDGET`` CDFs.
-
-    The engine's own rule (:func:`.engine.choose_method`) prices one sigma; a plotted
-    grid asks for ``n_sigmas`` of them. At its limit (2,000 x 100, 1.6e7 CDFs a sigma)
-    60 exact sigmas took 31 s here, the sweep's draws 0.8 s with a largest standard
-    error of 5e-4. At K = 2 the rows are closed form: always "exact".
-
-    Returns
-    -------
-    {"exact", "monte-carlo"}
-    """
-    if n_classes == 2:
-        return "exact"
-    return "exact" if n_sigmas * exact_cost(n_samples, n_classes) <= EXACT_BUDGET else "monte-carlo"
 
 
 @dataclass(frozen=True, kw_only=True)

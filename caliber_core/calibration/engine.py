@@ -56,10 +56,12 @@ def exact_cost(n_samples: int, n_classes: int) -> float:
     return float(n_samples) * (n_classes - 1) * nodes
 
 
-def choose_method(n_samples: int, n_classes: int) -> str:
-    """"exact" when one sigma's quadrature costs at most ``EXACT_BUDGET`` CDFs, else "monte-carlo".
+def choose_method(n_samples: int, n_classes: int, n_sigmas: int = 1) -> str:
+    """"exact" when ``n_sigmas`` sigmas' quadrature costs at most ``EXACT_BUDGET`` CDFs, else "monte-carlo".
 
-    At K = 2 the rows are closed form (one CDF per row, no draws needed): always "exact".
+    At K = 2 the rows are closed form (one CDF per row, no draws needed): always "exact". A plotted
+    grid asks for many sigmas at once: at 2,000 x 100 (1.6e7 CDFs a sigma) 60 exact ones took 31 s
+    here, the sweep's draws 0.8 s with a largest standard error of 5e-4.
 
     Returns
     -------
@@ -67,7 +69,7 @@ def choose_method(n_samples: int, n_classes: int) -> str:
     """
     if n_classes == 2:
         return "exact"
-    return "exact" if exact_cost(n_samples, n_classes) <= EXACT_BUDGET else "monte-carlo"
+    return "exact" if n_sigmas * exact_cost(n_samples, n_classes) <= EXACT_BUDGET else "monte-carlo"
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,8 @@ import plotly.graph_objects as go
 
 from caliber_core.calibration import fleet
 from caliber_core.calibration import pipeline
-from caliber_core.calibration.corridor import ModelCurves, grid_method, model_curves
+from caliber_core.calibration.corridor import ModelCurves, model_curves
+from caliber_core.calibration.engine import choose_method
 from caliber_core.calibration.margins import MARGIN_STATISTICS, scale_from_margins
 from caliber_core.calibration.intervals import DEFAULT_CONFIDENCE, BootstrapIntervals, IntervalBands, IntervalSet
 from caliber_core.calibration.target_intervals import interval_estimator, with_interval
@@ -275,9 +276,9 @@ def curves(data: LogitsData, cal: Calibration, *, n_points: int = 60) -> ModelCu
     """Agreement, expected accuracy and the corridor on the page's grid, cached.
 
     Exact by quadrature when the whole grid is cheap, else from the sweep's draws
-    (``corridor.grid_method`` decides; the curves say which).
+    (``engine.choose_method`` for ``n_points`` sigmas decides; the curves say which).
     """
-    method = grid_method(cal.n_samples, cal.n_classes, n_points) if cal.intervals is not None else "auto"
+    method = choose_method(cal.n_samples, cal.n_classes, n_points)
     return _fill(
         _curves_slot(_model_key(data, cal) + (n_points,)),
         lambda progress: model_curves(cal.logits, cal.labels, sigma_grid(cal, n_points),
