@@ -190,7 +190,7 @@ def test_labels_that_fit_no_file_say_so_under_the_labels_file_only():
 
 def test_margin_histogram_normalized_axis():
     at = _app()
-    at.radio(key="hist_mode").set_value("divided by S (median)").run()
+    at.segmented_control(key="hist_mode").set_value("divided by S (median)").run()
     fig = json.loads(at.get("plotly_chart")[0].proto.spec)
     titles = [v.get("title", {}).get("text") or "" for k, v in fig["layout"].items() if k.startswith("xaxis")]
     assert any("m / S" in t for t in titles)

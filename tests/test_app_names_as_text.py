@@ -89,6 +89,8 @@ def test_pages_show_a_hostile_model_name_as_text():
     specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     legend = [t.get("name", "") for spec in specs for t in spec["data"]]
     assert any("&lt;b&gt;b&lt;/b&gt;" in n for n in legend) and not any("<b>" in n for n in legend)
+    (link,) = [e.proto.label for e in at.get("page_link")]  # the new model's link to Calibrate
+    assert link.startswith("Calibrate ") and "\\!\\[i\\]\\(http" in link and "\\<a" in link
     at.switch_page("pages/extraction.py").run()
     at.file_uploader(key="extraction_upload").set_value(("a.npz", _npz(HOSTILE, inputs=True),
                                                          "application/octet-stream")).run()

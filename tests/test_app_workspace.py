@@ -244,3 +244,34 @@ def test_a_visit_that_keeps_nothing_stores_no_workspace():
     assert [r.filename for r in _store().uploads(token)] == ["kept.npz"]
     again = _open(token)
     assert any(d.source == "kept.npz" for d in again.session_state[state.MODELS].values())
+
+
+def test_choices_are_written_after_the_run_by_the_background_worker(monkeypatch):
+    # Inside a server a choice's durable write (a disk sync) no longer holds up the end of the
+    # run the visitor waits for: the background worker makes it, and a reload still finds it.
+    import threading
+
+    from caliber_dashboard import warmup
+    from caliber_dashboard.common import background
+    from caliber_dashboard.workspace import session as workspace
+
+    monkeypatch.setattr(background, "serving", lambda: True)
+    monkeypatch.setattr(warmup, "start", lambda **_: False)
+    writers = []
+    real = workspace.save_result
+
+    def save_result(kind, key, payload):
+        writers.append((kind, threading.current_thread().name))
+        return real(kind, key, payload)
+
+    monkeypatch.setattr(workspace, "save_result", save_result)
+    at = _open()
+    _upload(at, "deferred.npz", _npz(2))
+    at.switch_page("pages/calibrate.py").run()
+    at.selectbox(key="calibrate_statistic").set_value("trimmed").run()
+    assert not at.exception
+    background._worker.submit(lambda: None).result(60)  # everything queued before it is written
+    choices = [thread for kind, thread in writers if kind in (state.OPTIONS_KIND, state.SETTINGS_KIND)]
+    assert choices and all(thread.startswith("caliber-after-run") for thread in choices)
+    again = _open(_token(at), "pages/calibrate.py")
+    assert again.selectbox(key="calibrate_statistic").value == "trimmed"

@@ -167,6 +167,42 @@ def test_the_page_draws_its_readout_while_the_curves_are_computed(monkeypatch):
     assert any("Curves and corridor" in c.value for c in at.caption)  # the plot's note, once they came
 
 
+def test_the_plot_part_runs_beside_the_readout_part(monkeypatch):
+    # Once calibrated, the curves start on a second thread while the job takes the bootstrap: a
+    # bootstrap that waits for the curves to begin would wait forever if they came after it.
+    monkeypatch.setattr(background, "serving", lambda: True)
+    monkeypatch.setattr(warmup, "start", lambda **_: False)
+    monkeypatch.setattr(precalibrate, "LATER_WAIT_S", 0.0)
+    curves_started = threading.Event()
+    real_curves, real_estimator = cache.curves, cache.estimator
+    overlapped = []
+
+    def ours(args) -> bool:  # this upload's, not a job another test left running
+        return any(getattr(a, "name", None) == "beside" for a in args)
+
+    def curves(*args, **kwargs):
+        if ours(args):
+            curves_started.set()
+        return real_curves(*args, **kwargs)
+
+    def estimator(*args, **kwargs):
+        if ours(args) and threading.current_thread().name.startswith("caliber-precalibrate_"):  # the job's call
+            overlapped.append(curves_started.wait(30))
+        return real_estimator(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "curves", curves)
+    monkeypatch.setattr(cache, "estimator", estimator)
+    at = AppTest.from_file(APP, default_timeout=240)
+    at.run()
+    at.file_uploader(key="upload_logits").set_value(("beside.npz", _npz(7), "application/octet-stream")).run()
+    data = at.session_state[state.MODELS][at.session_state[state.SELECTED]]
+    job = precalibrate._jobs[precalibrate._key(data, "median")]
+    assert job.ready.wait(240)
+    assert overlapped and overlapped[0]  # its first call (the readout's own calls come after)
+    assert cache.has_calibration(data)
+    assert job.done.wait(240)  # its last stage ends under this test's settings
+
+
 def test_the_policy_config_waits_for_the_first_calibrate_visit(monkeypatch):
     # Computed at once it would share the CPUs with that visit's run and the browser's drawing.
     monkeypatch.setattr(background, "serving", lambda: True)

@@ -5,13 +5,15 @@ file here). It used to start when a visitor first opened the Calibrate page,
 who then waited for it. Now :func:`start` is called whenever a model joins a
 session (an upload, a file opened from the data root, a restored workspace):
 one background worker fills the same process-wide slots the page reads
-(:func:`.cache.fill_calibration` with the model's margin statistic, the
-bootstrap and the first readout, then the curves and the default view's figure),
-while the visitor is still looking at the Data page. A visitor who reaches the
+(:func:`.cache.fill_calibration` with the model's margin statistic, then the
+bootstrap and the first readout, while a second thread takes the curves and the
+default view's figure), while the visitor is still looking at the Data page. A visitor who reaches the
 Calibrate page first sees the job's own progress bar
 (:func:`wait_with_progress`) instead of a second computation, until the readout's
 part is there: the page draws its header and readout while the job finishes
 the curves its plot needs, and the browser's drawing overlaps that computation.
+At 10,000 x 1,000 the two parts take about 0.15 and 0.35 s here: side by side,
+the plot's part is over about 0.1-0.5 s sooner than after the readout's.
 
 What no page waits for comes last, on a second thread: the workspace's copy,
 then the Policy page's default config. The config waits until the first
@@ -47,6 +49,7 @@ from . import background, cache, state
 _LOG = logging.getLogger(__name__)
 _worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-precalibrate")
 _later = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-precalibrate-later")
+_plot = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-precalibrate-plot")
 _lock = threading.Lock()
 _MAX_JOBS = 64
 #: How long the Policy page's config waits for the first Calibrate visit to be drawn (s).
@@ -116,10 +119,13 @@ def _run(ctx, job: Job, data: LogitsData, statistic: str) -> None:
         job.fraction = min(0.8, max(job.fraction, 0.8 * float(fraction)))
 
     save_later: list = []  # the workspace's copy: written once the page's first visit has what it reads
-    cal = None
+    cal = plot = None
     try:
         with cache.quietly():
             cal = cache.fill_calibration(data, statistic=statistic, progress=report, save_later=save_later)
+            # What its plot reads, on a second thread while this one takes the readout's part: the
+            # two need a core each for a fraction of a second, and the page's run is waiting.
+            plot = _plot.submit(_plot_part, ctx, data, cal)
             # What the page's header and first readout read: the bootstrap, then the default kind
             # and target on the point (the kind the page opens on is ui.target_kind's).
             cache.estimator(data, cal)
@@ -129,20 +135,29 @@ def _run(ctx, job: Job, data: LogitsData, statistic: str) -> None:
             cache.fill_readout(data, cal, kind, percent_to_fraction(start))
             job.fraction = 0.9
             job.readout.set()  # a visitor waiting on the Calibrate page draws from here
-            # What its plot reads: the curves and the default view.
-            cache.curves(data, cal)
-            cache.figure(data, cal, calibrate_plots.VIEWS[0])
+            plot.result()
+            plot = None
     except Exception:  # noqa: BLE001  (the page computes again and shows the error where it belongs)
         cal = None
         _LOG.info("background calibration of a model failed; the Calibrate page will report it", exc_info=True)
     finally:
         job.fraction = 1.0
         job.readout.set()
+        if plot is not None:  # the readout's part failed: the plot's still ends before "ready"
+            concurrent.futures.wait([plot])
         job.ready.set()
         try:
             _later.submit(_after_ready, ctx, job, data, cal, save_later)
         except RuntimeError:  # the interpreter is shutting down: nothing more to keep
             job.done.set()
+
+
+def _plot_part(ctx, data: LogitsData, cal) -> None:
+    """The curves and the default view's figure (the Calibrate page's plot)."""
+    add_script_run_ctx(threading.current_thread(), ctx)
+    with cache.quietly():
+        cache.curves(data, cal)
+        cache.figure(data, cal, calibrate_plots.VIEWS[0])
 
 
 def _after_ready(ctx, job: Job, data: LogitsData, cal, save_later: list) -> None:

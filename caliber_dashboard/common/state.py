@@ -35,7 +35,7 @@ from caliber_core.calibration.margins import MARGIN_STATISTICS
 from caliber_core.config import SIDES
 from caliber_core.loading import LogitsData, load_logits
 
-from caliber_dashboard.common import upload_boundary
+from caliber_dashboard.common import background, upload_boundary
 from caliber_dashboard.workspace import CapExceeded
 from caliber_dashboard.workspace import session as workspace
 
@@ -287,18 +287,33 @@ def remembered_target(kind: str, default: float) -> float:
 
 
 def sync_choices() -> None:
-    """End of a script run: persist the selected model and the per-model widget options."""
+    """End of a script run: persist the selected model and the per-model widget options.
+
+    The session's copies change here, at once; the workspace's writes (a durable commit
+    each, 0.05-0.1 s here) go to the session's background worker, so the run's end (and
+    the page a person waits for) does not wait for the disk. The worker writes in order,
+    each from the session's live value at the time of writing: a later target saved by
+    the same worker is never overwritten by an older copy.
+    """
     ss = st.session_state
     if ss.get(SELECTED) in models():
-        _save_setting("selected", ss[SELECTED])
+        _save_later(SETTINGS_KIND, "selected", ss[SELECTED])
     for widget, (selector, name) in MODEL_WIDGETS.items():
         # Pair the widget with its own page's model selector: both are this run's
         # values, or both the previous page's (not yet dropped at this point).
         sha, value = ss.get(selector), ss.get(widget)
         if sha in models() and value in _OPTION_VALUES[name]:
-            if model_options(sha).get(name) != value:
-                set_model_option(sha, name, value)
+            options = ss.setdefault(OPTIONS, {}).setdefault(sha, {})
+            if options.get(name) != value:
+                options[name] = value
+                _save_later(OPTIONS_KIND, sha, options)
             ss.setdefault(_SEEDED, {})[widget] = sha
+
+
+def _save_later(kind: str, key: str, value) -> None:
+    """:func:`_save` on the background worker, unless the workspace holds that value already."""
+    if st.session_state.get(_SAVED, {}).get((kind, key)) != value:
+        background.run_after(_save, kind, key, value)
 
 
 def _seed_widgets() -> None:

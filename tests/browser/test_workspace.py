@@ -209,5 +209,5 @@ def test_hostile_upload_after_a_good_one_loses_nothing(restartable_server, conte
     settle_run(page, ready="h1:has-text('Data')")
     settle_run(page, ready="text=models loaded")
     assert _token(page) == token and _models_loaded(page) == N_DEMO + 1
-    assert page.locator("text=ws-good").count() >= 1
+    page.wait_for_selector("text=ws-good")  # the restored model, once the page below the sidebar is drawn
     _no_exception(page)
