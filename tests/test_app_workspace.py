@@ -275,3 +275,25 @@ def test_choices_are_written_after_the_run_by_the_background_worker(monkeypatch)
     assert choices and all(thread.startswith("caliber-after-run") for thread in choices)
     again = _open(_token(at), "pages/calibrate.py")
     assert again.selectbox(key="calibrate_statistic").value == "trimmed"
+
+
+def test_leaving_a_workspace_first_writes_what_is_queued_for_it(monkeypatch):
+    # A choice still queued for the old workspace is written before the switch (or the deletion,
+    # which a late write would undo), never after it.
+    import threading
+    import time
+
+    from caliber_dashboard.common import background
+
+    monkeypatch.setattr(background, "serving", lambda: True)
+    written, order = threading.Event(), []
+
+    def slow_write():
+        time.sleep(0.3)
+        order.append("write")
+        written.set()
+
+    background._worker.submit(slow_write)
+    background.drain()
+    order.append("switch")
+    assert written.is_set() and order == ["write", "switch"]

@@ -55,3 +55,14 @@ def _with_context(ctx, func: Callable, args: tuple) -> None:
         func(*args)
     except Exception:  # noqa: BLE001  (logged: a lost store is a choice not saved, not a crash)
         _LOG.exception("deferred session work failed")
+
+
+def drain(timeout_s: float = 30.0) -> None:
+    """Wait until the work handed over so far has run (the worker keeps submission order).
+
+    Called before a session leaves its workspace (a new one, or deleted): a choice
+    still queued for the old workspace is then written before the switch, never
+    into the new one, and never after a deletion, which it would undo.
+    """
+    if serving() and not threading.current_thread().name.startswith("caliber-after-run"):  # not the worker itself
+        _worker.submit(lambda: None).result(timeout_s)

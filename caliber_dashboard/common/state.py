@@ -128,12 +128,14 @@ def _restore() -> None:
 
 def start_new_workspace() -> None:
     """Leave this workspace (kept, reachable by its URL) for a fresh one with the demo set."""
+    background.drain()  # the choices still queued belong to this workspace
     workspace.start_new()
     _reset()
 
 
 def delete_workspace() -> None:
     """Delete this workspace and everything in it, then start a fresh one."""
+    background.drain()  # a choice queued for it must not write it back after the deletion
     try:
         workspace.delete_current()
     except workspace.STORE_ERRORS as exc:
