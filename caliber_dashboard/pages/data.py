@@ -220,4 +220,3 @@ with st.expander("Calibrate an API log of top-k logprobs", expanded=False):
     if log_store.logs():
         st.caption("Calibrated logs in this workspace:")
         log_store.members_panel(key="logprob_logs")
-
