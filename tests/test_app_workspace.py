@@ -270,7 +270,7 @@ def test_choices_are_written_after_the_run_by_the_background_worker(monkeypatch)
     at.switch_page("pages/calibrate.py").run()
     at.selectbox(key="calibrate_statistic").set_value("trimmed").run()
     assert not at.exception
-    background._worker.submit(lambda: None).result(60)  # everything queued before it is written
+    background.drain()  # everything queued before it is written
     choices = [thread for kind, thread in writers if kind in (state.OPTIONS_KIND, state.SETTINGS_KIND)]
     assert choices and all(thread.startswith("caliber-after-run") for thread in choices)
     again = _open(_token(at), "pages/calibrate.py")

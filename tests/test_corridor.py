@@ -144,8 +144,7 @@ def test_a_plotted_grid_is_exact_only_while_the_whole_grid_is_cheap():
     assert choose_method(2000, 100, 60) == "monte-carlo"
     assert choose_method(2000, 100, 1) == "exact"
     assert choose_method(10**6, 2, 60) == "exact"  # closed form at K = 2
-    budget = EXACT_BUDGET
-    n = int(budget // (60 * exact_cost(1, 10)))  # the largest 10-class file still exact on 60 points
+    n = int(EXACT_BUDGET // (60 * exact_cost(1, 10)))  # the largest 10-class file still exact on 60 points
     assert choose_method(n, 10, 60) == "exact" and choose_method(n + 1, 10, 60) == "monte-carlo"
 
 

@@ -27,6 +27,15 @@ def _npz(seed: int, n: int = 600, k: int = 12) -> bytes:
     return buf.getvalue()
 
 
+def _uploaded(name: str, seed: int):
+    """The app with ``name``.npz (``_npz(seed)``) uploaded on the Data page, and the model it added."""
+    at = AppTest.from_file(APP, default_timeout=240)
+    at.run()
+    at.file_uploader(key="upload_logits").set_value((f"{name}.npz", _npz(seed), "application/octet-stream")).run()
+    assert not at.exception
+    return at, at.session_state[state.MODELS][at.session_state[state.SELECTED]]
+
+
 def _wait(data, timeout=240.0) -> None:
     end = time.monotonic() + timeout
     while precalibrate.running(data) is not None:
@@ -39,11 +48,7 @@ def test_an_upload_starts_its_calibration_and_the_page_reads_it(monkeypatch):
     monkeypatch.setattr(precalibrate, "LATER_WAIT_S", 0.0)  # the last stage waits for no visit here
     # ... but not the server's warm-up: its thread is once per process and would outlive this test.
     monkeypatch.setattr(warmup, "start", lambda **_: False)
-    at = AppTest.from_file(APP, default_timeout=240)
-    at.run()
-    at.file_uploader(key="upload_logits").set_value(("bg.npz", _npz(1), "application/octet-stream")).run()
-    assert not at.exception
-    data = at.session_state[state.MODELS][at.session_state[state.SELECTED]]
+    at, data = _uploaded("bg", 1)
     _wait(data)
     assert cache.has_calibration(data)  # filled before anyone opened Calibrate
     end = time.monotonic() + 240  # the job goes on past the page's part: the first readout, then storing
@@ -87,19 +92,14 @@ def test_a_visitor_who_arrives_first_waits_for_the_same_job(monkeypatch):
         return original(data, **kwargs)
 
     monkeypatch.setattr(precalibrate, "wait_with_progress", watching)
-    at = AppTest.from_file(APP, default_timeout=240)
-    at.run()
-    at.file_uploader(key="upload_logits").set_value(("first.npz", _npz(2), "application/octet-stream")).run()
+    at, _ = _uploaded("first", 2)
     at.switch_page("pages/calibrate.py").run()
     assert not at.exception
     assert shown == [True] and calls == [1]  # the page found the job running and did not start another
 
 
 def test_nothing_starts_outside_a_server():
-    at = AppTest.from_file(APP, default_timeout=240)
-    at.run()
-    at.file_uploader(key="upload_logits").set_value(("plain.npz", _npz(3), "application/octet-stream")).run()
-    data = at.session_state[state.MODELS][at.session_state[state.SELECTED]]
+    _, data = _uploaded("plain", 3)
     assert precalibrate.running(data) is None and not cache.has_calibration(data)
 
 
@@ -119,10 +119,7 @@ def test_the_page_part_is_ready_before_the_workspace_copy_is_written(monkeypatch
 
     monkeypatch.setattr(calibration_store, "save", slow_save)
     monkeypatch.setattr(precalibrate, "LATER_WAIT_S", 0.0)
-    at = AppTest.from_file(APP, default_timeout=240)
-    at.run()
-    at.file_uploader(key="upload_logits").set_value(("later.npz", _npz(4), "application/octet-stream")).run()
-    data = at.session_state[state.MODELS][at.session_state[state.SELECTED]]
+    _, data = _uploaded("later", 4)
     _wait(data)  # the page's part is ready while the copy is held back
     assert cache.has_calibration(data) and ready_when_saved in ([], [True])
     hold.set()
@@ -157,9 +154,7 @@ def test_the_page_draws_its_readout_while_the_curves_are_computed(monkeypatch):
         release.set()  # the curves go on; the plot waits for them
 
     monkeypatch.setattr(precalibrate, "wait_with_progress", watching)
-    at = AppTest.from_file(APP, default_timeout=240)
-    at.run()
-    at.file_uploader(key="upload_logits").set_value(("overlap.npz", _npz(5), "application/octet-stream")).run()
+    at, _ = _uploaded("overlap", 5)
     at.switch_page("pages/calibrate.py").run()
     assert not at.exception
     assert seen == [(True, False)]  # past the wait with the readout, the curves still computing
@@ -192,10 +187,7 @@ def test_the_plot_part_runs_beside_the_readout_part(monkeypatch):
 
     monkeypatch.setattr(cache, "curves", curves)
     monkeypatch.setattr(cache, "estimator", estimator)
-    at = AppTest.from_file(APP, default_timeout=240)
-    at.run()
-    at.file_uploader(key="upload_logits").set_value(("beside.npz", _npz(7), "application/octet-stream")).run()
-    data = at.session_state[state.MODELS][at.session_state[state.SELECTED]]
+    _, data = _uploaded("beside", 7)
     job = precalibrate._jobs[precalibrate._key(data, "median")]
     assert job.ready.wait(240)
     assert overlapped and overlapped[0]  # its first call (the readout's own calls come after)
@@ -217,10 +209,7 @@ def test_the_policy_config_waits_for_the_first_calibrate_visit(monkeypatch):
         return real(data, *args, **kwargs)
 
     monkeypatch.setattr(cache, "config", counting)
-    at = AppTest.from_file(APP, default_timeout=240)
-    at.run()
-    at.file_uploader(key="upload_logits").set_value(("visit.npz", _npz(6), "application/octet-stream")).run()
-    data = at.session_state[state.MODELS][at.session_state[state.SELECTED]]
+    at, data = _uploaded("visit", 6)
     job = precalibrate._jobs[precalibrate._key(data, "median")]
     assert job.ready.wait(240)
     time.sleep(1.0)  # a config of 600 x 12 takes milliseconds: started now, it would be done

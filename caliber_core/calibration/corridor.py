@@ -30,7 +30,6 @@ from .sweep import SurvivalIntervals
 __all__ = ["ModelCurves", "curves_of", "deficit_term", "misclassified_deficits", "model_curves"]
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class ModelCurves:
     """Agreement, expected accuracy and the corridor of one model on a sigma grid.

@@ -249,13 +249,16 @@ def model_options(sha256: str) -> dict:
     return dict(st.session_state.get(OPTIONS, {}).get(sha256, {}))
 
 
-def set_model_option(sha256: str, name: str, value) -> None:
-    """Record one option of a model and persist it (written only when it changed)."""
+def set_model_option(sha256: str, name: str, value, *, later: bool = False) -> None:
+    """Record one option of a model and persist it (written only when it changed).
+
+    ``later``: the write goes to the session's background worker (:func:`_save_later`).
+    """
     if sha256 not in models():
         return
     options = st.session_state.setdefault(OPTIONS, {}).setdefault(sha256, {})
     options[name] = value
-    _save(OPTIONS_KIND, sha256, options)
+    (_save_later if later else _save)(OPTIONS_KIND, sha256, options)
 
 
 def remember_target(kind: str, percent: float, side: str | None = None) -> None:
@@ -305,10 +308,8 @@ def sync_choices() -> None:
         # values, or both the previous page's (not yet dropped at this point).
         sha, value = ss.get(selector), ss.get(widget)
         if sha in models() and value in _OPTION_VALUES[name]:
-            options = ss.setdefault(OPTIONS, {}).setdefault(sha, {})
-            if options.get(name) != value:
-                options[name] = value
-                _save_later(OPTIONS_KIND, sha, options)
+            if model_options(sha).get(name) != value:
+                set_model_option(sha, name, value, later=True)
             ss.setdefault(_SEEDED, {})[widget] = sha
 
 
