@@ -264,6 +264,18 @@ def test_verify_sigma_reproducible_and_near_prediction(data, cal):
     assert verification.verify_realizations(100_000, 1_000) == 4
 
 
+def test_verify_sigma_does_not_depend_on_its_threads(data, cal):
+    sigma = sigma_for_target(cal, 0.8).sigma
+    # Fewer realizations than pieces: each realization is cut into blocks of rows (as at 10,000 x 1,000).
+    seen = []
+    one = verification.verify_sigma(data.logits, data.labels, sigma, realizations=3, seed=9, workers=1)
+    two = verification.verify_sigma(data.logits, data.labels, sigma, realizations=3, seed=9, workers=2,
+                                    progress=seen.append)
+    assert one == two and seen == [i / 12 for i in range(1, 13)]  # 3 realizations x 4 blocks of rows
+    unlabelled = verification.verify_sigma(data.logits, None, sigma, realizations=3, seed=9, workers=2)
+    assert unlabelled.accuracy is None and unlabelled.agreement == one.agreement
+
+
 def test_query_bound_matches_proposition_2(cal):
     r = sigma_for_target(cal, 0.7)
     b = query_bound(cal, r.v, 0.95)

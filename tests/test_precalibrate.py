@@ -217,3 +217,20 @@ def test_the_policy_config_waits_for_the_first_calibrate_visit(monkeypatch):
     at.switch_page("pages/calibrate.py").run()
     assert not at.exception
     assert job.done.wait(240) and configs.count("visit") == 1
+
+
+def test_the_policy_page_reads_the_replay_the_job_made(monkeypatch):
+    # The job builds the page's default policy with the page's own call: the texts, hence the keys, agree.
+    monkeypatch.setattr(background, "serving", lambda: True)
+    monkeypatch.setattr(warmup, "start", lambda **_: False)
+    monkeypatch.setattr(precalibrate, "LATER_WAIT_S", 0.0)
+    at, data = _uploaded("replayed", 8)
+    job = precalibrate._jobs[precalibrate._key(data, "median")]
+    assert job.done.wait(240)
+    from caliber_core.throttle import simulate as simulate_module
+
+    replays = []
+    monkeypatch.setattr(simulate_module, "simulate", lambda *a, **k: replays.append(1))
+    at.switch_page("pages/policy.py").run()
+    assert not at.exception and not replays  # read from the cache, not replayed again
+    assert any("benign" in str(v) for df in at.dataframe for v in df.value.to_numpy().ravel())

@@ -1,9 +1,11 @@
-"""Verify sigma* with fresh noise: the reference argmax Monte Carlo, in chunks for progress."""
+"""Verify sigma* with fresh noise: the reference argmax Monte Carlo, in pieces on threads, for progress."""
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,29 +51,44 @@ def verify_sigma(
     realizations: int,
     seed: int,
     chunks: int = 10,
+    workers: int | None = None,
     progress: Callable[[float], None] | None = None,
 ) -> Verification:
-    """Fresh Monte-Carlo accuracy and agreement at sigma (``brute_force_accuracy``).
+    """Fresh Monte-Carlo accuracy and agreement at sigma (``argmax_monte_carlo``).
 
-    The draws are split into ``chunks`` equal calls (seeds derived from ``seed``)
-    so progress can be reported; the standard errors are binomial over all
-    N x realizations draws (an upper bound on the noise-only error).
+    The draws are split into ``chunks`` pieces (whole realizations, or a block of
+    rows of one realization when there are fewer realizations than chunks), each
+    with its own stream spawned from ``seed``: the pieces run on ``workers``
+    threads (numpy's draws release the interpreter lock) and the result does not
+    depend on how many. Progress is reported as pieces end, in order. The standard
+    errors are binomial over all N x realizations draws (an upper bound on the
+    noise-only error).
     """
     z = np.asarray(logits)
     y = labels if labels is not None else np.argmax(z, axis=1)
-    chunks = max(1, min(chunks, realizations))
-    sizes = [realizations // chunks + (1 if i < realizations % chunks else 0) for i in range(chunks)]
-    acc_sum = agr_sum = 0.0
-    rng = np.random.default_rng(int(seed))  # one stream over all chunks
-    for i, r in enumerate(sizes):
-        a, g = argmax_monte_carlo(z, y, [sigma], realizations=r, seed=rng)
-        acc_sum += float(a[0]) * r
-        agr_sum += float(g[0]) * r
-        if progress is not None:
-            progress((i + 1) / chunks)
+    pieces = _pieces(z.shape[0], int(realizations), max(1, int(chunks)))
+    streams = np.random.SeedSequence(int(seed)).spawn(len(pieces))
+
+    def hits(i: int) -> tuple[int, int]:
+        rows, reps = pieces[i]
+        a, g = argmax_monte_carlo(z[rows], y[rows], [sigma], realizations=reps,
+                                  seed=np.random.default_rng(streams[i]))
+        draws = (rows.stop - rows.start) * reps  # the means back to counts, exactly
+        return round(float(a[0]) * draws), round(float(g[0]) * draws)
+
+    workers = min(len(pieces), workers or min(4, os.cpu_count() or 1))
+    acc_hits = agr_hits = 0
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="caliber-verify") as pool:
+        futures = [pool.submit(hits, i) for i in range(len(pieces))]
+        for done, future in enumerate(futures, 1):
+            a, g = future.result()
+            acc_hits += a
+            agr_hits += g
+            if progress is not None:
+                progress(done / len(pieces))
     n_draws = z.shape[0] * realizations
-    acc = acc_sum / realizations
-    agr = agr_sum / realizations
+    acc = acc_hits / n_draws
+    agr = agr_hits / n_draws
 
     def se(p):
         return math.sqrt(max(p * (1 - p), 0.0) / n_draws)
@@ -80,6 +97,17 @@ def verify_sigma(
                         accuracy=acc if labels is not None else None,
                         accuracy_se=se(acc) if labels is not None else None,
                         agreement=agr, agreement_se=se(agr))
+
+
+def _pieces(n_samples: int, realizations: int, chunks: int) -> list[tuple[slice, int]]:
+    """(rows, realizations) of each piece: ``chunks`` groups of whole realizations over every row,
+    or, with fewer realizations than chunks, each realization cut into blocks of rows."""
+    if realizations >= chunks:
+        return [(slice(0, n_samples), realizations // chunks + (1 if i < realizations % chunks else 0))
+                for i in range(chunks)]
+    blocks = min(n_samples, -(-chunks // realizations))
+    edges = np.linspace(0, n_samples, blocks + 1).round().astype(int)
+    return [(slice(int(a), int(b)), 1) for _ in range(realizations) for a, b in zip(edges[:-1], edges[1:])]
 
 
 @dataclass(frozen=True, kw_only=True)

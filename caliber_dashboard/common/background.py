@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import os
+import sys
 import threading
 from collections.abc import Callable
 
@@ -66,3 +68,20 @@ def drain(timeout_s: float = 30.0) -> None:
     """
     if serving() and not threading.current_thread().name.startswith("caliber-after-run"):  # not the worker itself
         _worker.submit(lambda: None).result(timeout_s)
+
+
+def lowest_priority() -> None:
+    """Give the calling thread (and the threads it starts) the lowest CPU priority, where one thread can have its own.
+
+    For work that only prepares what a page may ask for next: it then takes the cores
+    while the visitors' own runs and the browser's drawing leave them idle.
+
+    On Linux a thread is scheduled on its own and ``setpriority`` on its native id
+    changes that thread alone; elsewhere the same call would name a process, so
+    nothing changes there.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError:  # not allowed here: it runs at normal priority
+            pass

@@ -142,6 +142,7 @@ _histogram_slot = _slots("histogram", max_entries=16)
 _model_row_slot = _slots("model_row", max_entries=64)
 _attack_slot = _slots("attack", max_entries=32)
 _fleet_slot = _slots("fleet", max_entries=32)
+_policy_slot = _slots("policy_simulation", max_entries=16)
 
 # Neighbouring slider targets are computed here while the page is drawn (see served()).
 _prefetcher = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-prefetch")
@@ -163,16 +164,8 @@ def _fill(slot: _Slot, compute: Callable[[Callable[[float], None] | None], Any],
             progress_text = spinner_text = None
         if progress_text is not None:
             bar = st.progress(0.0, text=progress_text)
-            last = [-1.0]
-
-            def report(fraction: float) -> None:
-                f = min(1.0, max(0.0, float(fraction)))
-                if f - last[0] >= 0.01 or f >= 1.0:
-                    last[0] = f
-                    bar.progress(f, text=progress_text)
-
             try:
-                value = compute(report)
+                value = compute(progress_report(bar, progress_text))
             finally:
                 bar.empty()
         elif spinner_text is not None:
@@ -182,6 +175,26 @@ def _fill(slot: _Slot, compute: Callable[[Callable[[float], None] | None], Any],
             value = compute(None)
         slot.value = value
         return value
+
+
+#: Seconds between two redraws of a progress bar: each redraw is a message the browser renders
+#: while the computation it reports on wants the same cores (0.1-0.3 s of a Verify click here).
+PROGRESS_EVERY_S = 0.25
+
+
+def progress_report(bar, text: str | None = None) -> Callable[[float], None]:
+    """``report(fraction)`` for a computation's progress: redraws ``bar`` at most every
+    :data:`PROGRESS_EVERY_S`, and at the end."""
+    last = [time.monotonic()]
+
+    def report(fraction: float) -> None:
+        f = min(1.0, max(0.0, float(fraction)))
+        now = time.monotonic()
+        if now - last[0] >= PROGRESS_EVERY_S or f >= 1.0:
+            last[0] = now
+            bar.progress(f, text=text)
+
+    return report
 
 
 def _realizations(realizations: int | None) -> int | None:
@@ -513,6 +526,23 @@ def attack(data: LogitsData, *, sigma: float, m_values: Sequence[int], repeats: 
             repeats=repeats, progress=progress),
         progress_text=f"Simulating the averaging attack on {data.name}…",
     )
+
+
+def policy_simulation(policy_text: str, config_text: str, *, detect_after: int,
+                      extraction: dict | None = None) -> dict:
+    """The Policy page's replay of its accounts (``throttle.simulate``), cached by the two JSON texts.
+
+    Shared by every session (the texts name the model): never modify it. The
+    background job of a new model fills the page's default (:mod:`.precalibrate`).
+    """
+    from caliber_core.throttle.simulate import simulate
+    from caliber_dashboard.policy import view as policy_view
+
+    key = (policy_text, config_text, int(detect_after), policy_view.frontier_key(extraction))
+    return _fill(_policy_slot(key),
+                 lambda _: simulate(policy_view.policy_from_text(policy_text, config_text),
+                                    detect_after=int(detect_after), extraction=extraction),
+                 spinner_text="Replaying the accounts…")
 
 
 def fleet_report(datas: Sequence[LogitsData], cals: Sequence[Calibration], *,

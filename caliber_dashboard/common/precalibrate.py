@@ -16,10 +16,14 @@ At 10,000 x 1,000 the two parts take about 0.15 and 0.35 s here: side by side,
 the plot's part is over about 0.1-0.5 s sooner than after the readout's.
 
 What no page waits for comes last, on a second thread: the workspace's copy,
-then the Policy page's default config. The config waits until the first
-Calibrate visit has been sent (:func:`page_drawn`) and drawn, or at most
-:data:`LATER_WAIT_S`: started at once, it shared the two cores here with that
-visit's script run and the browser's drawing of it.
+then the Policy page's default config and its replay of the accounts (0.3 s here).
+They wait until the first Calibrate visit has been sent (:func:`page_drawn`) and
+drawn, or at most :data:`LATER_WAIT_S`: started at once, they shared the two cores
+here with that visit's script run and the browser's drawing of it.
+
+That second thread runs at the lowest CPU priority (:func:`.background.lowest_priority`):
+a visitor's own runs and the browser's drawing go first. The calibration itself does
+not: the first Calibrate visit waits for it.
 
 Each job runs with the submitting session's script context attached, so the
 workspace's stored copy is read (or the result stored) exactly as when the
@@ -48,7 +52,8 @@ from . import background, cache, state
 
 _LOG = logging.getLogger(__name__)
 _worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-precalibrate")
-_later = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-precalibrate-later")
+_later = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-precalibrate-later",
+                                               initializer=background.lowest_priority)
 _plot = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-precalibrate-plot")
 _lock = threading.Lock()
 _MAX_JOBS = 64
@@ -65,7 +70,7 @@ class Job:
     ``readout``: the calibration, its bootstrap and the first readout are cached (the
     Calibrate page draws its header and readout); ``ready``: the curves and the default
     view's figure too; ``drawn``: the page's first visit has been sent; ``done``: the
-    whole job (the workspace's copy, the Policy page's default config) has ended.
+    whole job (the workspace's copy, the Policy page's default config and replay) has ended.
     """
 
     name: str
@@ -161,7 +166,7 @@ def _plot_part(ctx, data: LogitsData, cal) -> None:
 
 
 def _after_ready(ctx, job: Job, data: LogitsData, cal, save_later: list) -> None:
-    """The workspace's copy, then (once the first visit is drawn) the Policy page's default config."""
+    """The workspace's copy, then (once the first visit is drawn) the Policy page's default config and replay."""
     add_script_run_ctx(threading.current_thread(), ctx)
     try:
         for save in save_later:  # a failure to keep it warns on the page itself
@@ -170,17 +175,30 @@ def _after_ready(ctx, job: Job, data: LogitsData, cal, save_later: list) -> None
         _LOG.info("background calibration: keeping it in the workspace failed", exc_info=True)
     try:
         if cal is not None and data.has_labels and cal.statistic == "median":  # the Policy page's default levels
-            from caliber_dashboard.common.targets import target_list
-            from caliber_dashboard.policy.view import DEFAULT_CHOICES
-
             if job.drawn.wait(LATER_WAIT_S):
                 time.sleep(BROWSER_DRAW_S)
             with cache.quietly():  # a Policy visit in the meantime computed it, or waits for it here
-                cache.config(data, target_list(DEFAULT_CHOICES["retention"], "", ""))
+                _policy_default(data)
     except Exception:  # noqa: BLE001  (the Policy page computes it again and reports the error)
         _LOG.info("background calibration: the Policy page's default config failed", exc_info=True)
     finally:
         job.done.set()
+
+
+def _policy_default(data: LogitsData) -> None:
+    """The Policy page's config and replay for the model's saved (else default) choices, as the page builds them."""
+    from caliber_core.config import config_to_json
+    from caliber_core.throttle.policy import policy_to_json
+    from caliber_dashboard.common.targets import target_list
+    from caliber_dashboard.policy import view as policy_view
+
+    chosen = policy_view.choices(state.model_options(data.sha256).get("policy"))
+    _, _, config = cache.config(data, target_list(chosen["retention"], "", ""))
+    config_text = config_to_json(config)
+    doc, _ = policy_view.policy_document(config_text, config, config_name=policy_view.config_file_name(data.name),
+                                         chosen=chosen)
+    # Without an extraction run (a model just loaded has none): the page replays with one only if it has one.
+    cache.policy_simulation(policy_to_json(doc), config_text, detect_after=int(chosen["escalate_after"]))
 
 
 def _job(data: LogitsData, statistic: str) -> Job | None:

@@ -5,16 +5,13 @@ import streamlit as st
 from caliber_core.calibration.cost import analytic_attack, query_bound
 from caliber_core.simulation.attack_estimate import DEFAULT_MAX_DRAWS
 from caliber_dashboard import navigation
-from caliber_dashboard.common import cache, figures, readouts, state, ui
+from caliber_dashboard.common import attack_prefetch, cache, figures, readouts, state, ui
 from caliber_dashboard.common.curves import m_grid, powers_of_two
 from caliber_dashboard.common.rounding import normal_half_width, plus_minus
 from caliber_dashboard.common.targets import percent_to_fraction
 from caliber_dashboard.common.ui import fmt
 
 navigation.page_prelude()  # a deep link on a fresh server: let app.py run first
-
-# Simulations up to this many noise values run at once; larger ones wait for the button.
-AUTO_SIMULATION_BUDGET = 2e8
 
 st.title("Attack cost")
 st.caption(
@@ -80,12 +77,15 @@ else:
         "Under per-input deterministic seeding, repeats return identical logits and no M helps.")
 
 o1, o2, o3 = st.columns(3)
-m_max = o1.selectbox("largest M", [16, 64, 256, 1024], index=1, key="attack_m_max")
-repeats = o2.number_input("simulation repeats", min_value=1, max_value=50, value=4, key="attack_repeats",
+# The simulation at these three defaults is computed once the Calibrate page settles (attack_prefetch).
+m_max = o1.selectbox("largest M", attack_prefetch.M_MAX_CHOICES,
+                     index=attack_prefetch.M_MAX_CHOICES.index(attack_prefetch.DEFAULT_M_MAX), key="attack_m_max")
+repeats = o2.number_input("simulation repeats", min_value=1, max_value=50, value=attack_prefetch.DEFAULT_REPEATS,
+                          key="attack_repeats",
                           help="Independent passes over all inputs; more = smaller error bars. "
                                "The fresh-noise estimators take at most "
                                f"{DEFAULT_MAX_DRAWS:,} noise values each (fewer inputs when that binds).")
-seed = o3.number_input("simulation seed", min_value=0, value=0, key="attack_seed")
+seed = o3.number_input("simulation seed", min_value=0, value=attack_prefetch.DEFAULT_SEED, key="attack_seed")
 m_values = powers_of_two(m_max)
 
 m_curve = m_grid(m_max)
@@ -97,10 +97,9 @@ def _request_run(key):
     st.session_state["attack_run_key"] = key
 
 
-work = float(data.n_samples) * data.n_classes * repeats + 2 * DEFAULT_MAX_DRAWS
 run_key = (data.sha256, sigma, m_max, repeats, seed)
 simulation = None
-if work <= AUTO_SIMULATION_BUDGET or st.session_state.get("attack_run_key") == run_key:
+if attack_prefetch.runs_at_once(data, repeats) or st.session_state.get("attack_run_key") == run_key:
     simulation = cache.attack(data, sigma=sigma, m_values=m_values, repeats=repeats, seed=seed)
 else:
     st.button("Run the Monte-Carlo simulation", key="attack_run", icon=":material/play_arrow:",

@@ -8,7 +8,8 @@ from caliber_dashboard import navigation
 from caliber_dashboard.calibrate import plots as calibrate_plots
 from caliber_dashboard.calibrate import thief
 from caliber_dashboard.calibrate.verification import check_verification, verify_realizations, verify_sigma
-from caliber_dashboard.common import background, cache, figures, precalibrate, readouts, state, tables, ui
+from caliber_dashboard.common import (attack_prefetch, background, cache, figures, precalibrate, readouts, state,
+                                      tables, ui)
 from caliber_dashboard.common.targets import percent_to_fraction, slider_range
 from caliber_dashboard.common.ui import fmt
 from caliber_dashboard.data import log_store, logprob_log, vocab_panel
@@ -156,9 +157,10 @@ def _verification(record, intervals, kind, side, key):
         st.session_state.pop(VERIFY_REQUEST)
         reps = verify_realizations(cal.n_samples, cal.n_classes)
         seed = state.next_verify_seed()
-        bar = st.progress(0.0, text=f"Adding fresh noise: {reps} draws × {cal.n_samples} inputs…")
+        text = f"Adding fresh noise: {reps} draws × {cal.n_samples:,} inputs…"
+        bar = st.progress(0.0, text=text)
         ver = verify_sigma(data.logits, data.labels, record.sigma, realizations=reps,
-                           seed=seed, progress=lambda f: bar.progress(f))
+                           seed=seed, progress=cache.progress_report(bar, text))
         bar.empty()
         st.session_state[VERIFY_RESULT] = {"key": key, "result": ver}
     stored = st.session_state.get(VERIFY_RESULT)
@@ -196,6 +198,7 @@ def _verification(record, intervals, kind, side, key):
 @st.fragment
 def target_panel(kind, side, view, with_bands):
     """Slider, readout with intervals, the plot with the target, verification. Reruns alone."""
+    attack_prefetch.calibrate_run_started()
     value, percent = ui.target_slider(data, cal, kind, key_prefix="calibrate", remember=False)
     key = (cache.data_digest(data), statistic, kind, value, side)
     st.session_state[CURRENT_TARGET] = key
@@ -222,6 +225,8 @@ def target_panel(kind, side, view, with_bands):
                    side=side)
     # The workspace write (two database commits) need not hold up the readout and plot.
     background.run_after(state.remember_target, kind, percent, side)
+    # The Attack cost page's simulation at this side (and retention target), once the page settles.
+    attack_prefetch.after_calibrate_run(data, cal, side=side, retention=percent if kind == "retention" else None)
 
 
 def target_actions():
@@ -250,6 +255,7 @@ with right:
     st.caption(CAPTIONS[view])
 with left:
     target_panel(ui.target_kind(cal, key_prefix="calibrate"), side, view, with_bands)
+    attack_prefetch.calibrate_run_started()  # a full run goes on below the panel: held until its end
     target_actions()
     # Read after the readout is drawn: on a first visit the background job may still be computing them.
     st.caption(calibrate_plots.curves_note(cache.curves(data, cal), cal.n_samples, cal.n_classes))
@@ -268,3 +274,4 @@ ui.csv_download(tables.sweep_table(cal), label="Sweep data (CSV)",
                 file_name=f"{data.name}.sweep.csv", key="sweep_csv")
 
 precalibrate.page_drawn(data, statistic=statistic)  # the job's last stage waits for this visit
+attack_prefetch.calibrate_run_ended()

@@ -5,8 +5,7 @@ from pathlib import PurePath
 import streamlit as st
 
 from caliber_core.config import config_to_json
-from caliber_core.throttle.policy import PolicyError, policy_for_config_text, policy_to_json
-from caliber_core.throttle.simulate import simulate
+from caliber_core.throttle.policy import PolicyError, policy_to_json
 from caliber_dashboard import navigation
 from caliber_dashboard.common import cache, names, state, ui
 from caliber_dashboard.common.targets import target_list
@@ -49,6 +48,9 @@ groups_text = st.text_input(
     "at least its group's level. A kind alone escalates after the accounts' threshold. Empty: accounts only "
     "(the simulation then links its campaign by a kind called link, at the accounts' rule).")
 
+chosen = {"retention": retention_text, "escalate_after": int(escalate_after), "expire_hours": float(expire_hours),
+          "shadow": bool(shadow), "groups": groups_text}
+
 uploaded = st.file_uploader(
     "Or serve a config calibrated with your key (consistent seeding)", type=["json"], key="policy_config_upload",
     help="A config from `caliber calibrate --seeding consistent --key-file KEY`: its noise is calibrated for that "
@@ -72,19 +74,13 @@ try:
             raise ValueError("enter at least one retention target")
         _, _, config = cache.config(data, targets)
         config_text = config_to_json(config)
-        config_name = f"{names.file_stem(data.name)}.caliber.json"  # Export's name for the same config
-    doc, policy = policy_for_config_text(
-        config_text, config_name=config_name, targets=view.level_targets(config),
-        escalate_after=int(escalate_after), expire_after=view.expire_seconds(expire_hours), shadow=shadow,
-        groups=view.group_kinds(groups_text, escalate_after=int(escalate_after),
-                                expire_after=view.expire_seconds(expire_hours)) or None)
+        config_name = view.config_file_name(data.name)
+    doc, policy = view.policy_document(config_text, config, config_name=config_name, chosen=chosen)
 except (ValueError, PolicyError) as exc:
     st.error(ui.plain(str(exc)))
     st.stop()
 st.caption(ui.plain(view.seeding_caption(policy)))
-state.set_model_option(data.sha256, "policy", {"retention": retention_text, "escalate_after": int(escalate_after),
-                                               "expire_hours": float(expire_hours), "shadow": bool(shadow),
-                                               "groups": groups_text})
+state.set_model_option(data.sha256, "policy", chosen)
 
 archive = runs.archives().get(data.sha256)
 latest = None if archive is None or not view.config_matches(config, data.sha256) else runs.latest(archive)
@@ -109,12 +105,8 @@ detect_after = st.number_input("The detector flags an account after (queries)", 
                                "top level and stay there as long again.")
 
 
-@st.cache_data(max_entries=8, show_spinner="Replaying the accounts…")
-def _simulation(policy_text: str, config_text: str, detect: int, frontier_text: str, _extraction):
-    return simulate(view.policy_from_text(policy_text, config_text), detect_after=detect, extraction=_extraction)
-
-
-result = _simulation(policy_to_json(doc), config_text, int(detect_after), view.frontier_key(extraction), extraction)
+result = cache.policy_simulation(policy_to_json(doc), config_text, detect_after=int(detect_after),
+                                extraction=extraction)
 st.plotly_chart(view.trajectory_figure(result), key="policy_trajectories")
 st.dataframe(view.outcome_table(result), hide_index=True, width="stretch")
 st.caption(ui.plain(

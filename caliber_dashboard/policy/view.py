@@ -39,6 +39,29 @@ def group_kinds(text: str, *, escalate_after: int, expire_after) -> dict:
     return out
 
 
+def policy_document(config_text: str, config: dict, *, config_name: str, chosen: dict):
+    """(policy document, Policy) of the page's choices (:func:`choices`' keys) over a config.
+
+    What the page shows, replays and exports; the background job that prepares the
+    page's default replay builds it with the same call. ValueError or PolicyError for
+    choices a policy refuses.
+    """
+    from caliber_core.throttle.policy import policy_for_config_text
+
+    escalate_after, expire_after = int(chosen["escalate_after"]), expire_seconds(chosen["expire_hours"])
+    return policy_for_config_text(
+        config_text, config_name=config_name, targets=level_targets(config), escalate_after=escalate_after,
+        expire_after=expire_after, shadow=bool(chosen["shadow"]),
+        groups=group_kinds(chosen["groups"], escalate_after=escalate_after, expire_after=expire_after) or None)
+
+
+def config_file_name(model_name: str) -> str:
+    """The config's file name beside the policy (Export's name for the same config)."""
+    from caliber_dashboard.common.names import file_stem
+
+    return f"{file_stem(model_name)}.caliber.json"
+
+
 def level_targets(config: dict) -> list[int]:
     """Config target indices as levels: ascending sigma, one per distinct sigma > 0."""
     order, seen = [], set()
