@@ -52,6 +52,25 @@ def test_the_attack_page_reads_the_simulation_made_after_calibrate(monkeypatch):
     assert any(m.label == readouts.SIGMA_LABELS["at-least"] for m in at.metric)
 
 
+def test_a_page_that_arrives_during_the_simulation_waits_for_it():
+    from caliber_dashboard.common import cache
+
+    slot = cache._Slot()
+    started = threading.Event()
+
+    def background_fill():
+        with cache.quietly():
+            cache._fill(slot, lambda _: (started.set(), time.sleep(0.3), "simulated")[2])
+
+    t = threading.Thread(target=background_fill)
+    t.start()
+    assert started.wait(10)
+    computed = []
+    value = cache._fill(slot, lambda _: computed.append(1), progress_text="Simulating…")
+    t.join()
+    assert value == "simulated" and not computed  # waited for the run under way, did not start a second
+
+
 def test_only_the_latest_request_is_simulated_once_it_settles(monkeypatch):
     monkeypatch.setattr(background, "serving", lambda: True)
     monkeypatch.setattr(attack_prefetch, "SETTLE_S", 0.4)

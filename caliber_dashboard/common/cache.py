@@ -157,10 +157,17 @@ def _fill(slot: _Slot, compute: Callable[[Callable[[float], None] | None], Any],
     """The slot's value; on a miss compute it, with a progress bar or a spinner."""
     if slot.value is not _EMPTY:
         return slot.value
-    with slot.lock:
+    quiet = getattr(_thread, "quiet", False)
+    if not slot.lock.acquire(blocking=False):  # another session, or a background thread, is computing it
+        if quiet or (progress_text is None and spinner_text is None):
+            slot.lock.acquire()
+        else:
+            with st.spinner(f"{(progress_text or spinner_text).rstrip('…')}: already under way…"):
+                slot.lock.acquire()
+    try:
         if slot.value is not _EMPTY:  # filled while we waited
             return slot.value
-        if getattr(_thread, "quiet", False):
+        if quiet:
             progress_text = spinner_text = None
         if progress_text is not None:
             bar = st.progress(0.0, text=progress_text)
@@ -175,6 +182,8 @@ def _fill(slot: _Slot, compute: Callable[[Callable[[float], None] | None], Any],
             value = compute(None)
         slot.value = value
         return value
+    finally:
+        slot.lock.release()
 
 
 #: Seconds between two redraws of a progress bar: each redraw is a message the browser renders
