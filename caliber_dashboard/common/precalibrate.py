@@ -21,9 +21,10 @@ They wait until the first Calibrate visit has been sent (:func:`page_drawn`) and
 drawn, or at most :data:`LATER_WAIT_S`: started at once, they shared the two cores
 here with that visit's script run and the browser's drawing of it.
 
-That second thread runs at the lowest CPU priority (:func:`.background.lowest_priority`):
-a visitor's own runs and the browser's drawing go first. The calibration itself does
-not: the first Calibrate visit waits for it.
+The replay runs on a thread of its own at the lowest CPU priority
+(:func:`.background.lowest_priority`): a visitor's own runs and the browser's drawing
+go first. Nothing else here does: the first Calibrate visit waits for the calibration,
+and the config and the workspace's copy hold locks a page may wait for.
 
 Each job runs with the submitting session's script context attached, so the
 workspace's stored copy is read (or the result stored) exactly as when the
@@ -34,6 +35,7 @@ under ``AppTest`` and in scripts nothing starts, and the page computes as before
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import threading
 import time
@@ -52,8 +54,11 @@ from . import background, cache, state
 
 _LOG = logging.getLogger(__name__)
 _worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-precalibrate")
-_later = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-precalibrate-later",
-                                               initializer=background.lowest_priority)
+_later = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-precalibrate-later")
+# The Policy page's replay alone yields the cores: it holds no lock a page waits for (the config before it
+# holds the model's, and the workspace's copy the database's, so those run at the normal priority).
+_replay = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-precalibrate-replay",
+                                                initializer=background.lowest_priority)
 _plot = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-precalibrate-plot")
 _lock = threading.Lock()
 _MAX_JOBS = 64
@@ -178,15 +183,17 @@ def _after_ready(ctx, job: Job, data: LogitsData, cal, save_later: list) -> None
             if job.drawn.wait(LATER_WAIT_S):
                 time.sleep(BROWSER_DRAW_S)
             with cache.quietly():  # a Policy visit in the meantime computed it, or waits for it here
-                _policy_default(data)
+                replay = _policy_default(data)
+            _replay.submit(_quietly, ctx, replay).result()
     except Exception:  # noqa: BLE001  (the Policy page computes it again and reports the error)
         _LOG.info("background calibration: the Policy page's default config failed", exc_info=True)
     finally:
         job.done.set()
 
 
-def _policy_default(data: LogitsData) -> None:
-    """The Policy page's config and replay for the model's saved (else default) choices, as the page builds them."""
+def _policy_default(data: LogitsData):
+    """The Policy page's config for the model's saved (else default) choices, as the page builds it; its replay,
+    to call."""
     from caliber_core.config import config_to_json
     from caliber_core.throttle.policy import policy_to_json
     from caliber_dashboard.common.targets import target_list
@@ -198,7 +205,14 @@ def _policy_default(data: LogitsData) -> None:
     doc, _ = policy_view.policy_document(config_text, config, config_name=policy_view.config_file_name(data.name),
                                          chosen=chosen)
     # Without an extraction run (a model just loaded has none): the page replays with one only if it has one.
-    cache.policy_simulation(policy_to_json(doc), config_text, detect_after=int(chosen["escalate_after"]))
+    return functools.partial(cache.policy_simulation, policy_to_json(doc), config_text,
+                             detect_after=int(chosen["escalate_after"]))
+
+
+def _quietly(ctx, func) -> None:
+    add_script_run_ctx(threading.current_thread(), ctx)
+    with cache.quietly():
+        func()
 
 
 def _job(data: LogitsData, statistic: str) -> Job | None:
