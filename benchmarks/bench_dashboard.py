@@ -341,13 +341,18 @@ def main(argv=None) -> None:
                     fig = FigureFile(args.figure, f"Each dashboard action at {an:,} x {ak:,}, in Chromium")
                     fig.table(["action", "seconds"], [[w, f"{t:.2f}"] for w, t in timed])
                     background = (args.root / "caliber_dashboard" / "common" / "precalibrate.py").exists()
+                    prepared = (args.root / "caliber_dashboard" / "common" / "attack_prefetch.py").exists()
                     fig.note("One visitor, one run, served from " + (
                         "this checkout" if args.root == ROOT else f"the tree at {args.root}") + ": " + (
                         "the model's calibration starts in the background when its file is loaded, so opening "
                         "Calibrate right after the upload waits only for what is left of it"
                         if background else "the first visit to Calibrate computes the model's calibration")
-                        + "; every later page reuses it. Other processes shared the CPUs (see the load "
-                        "average above).")
+                        + "; every later page reuses it." + (
+                            " Attack cost's simulation and the Policy page's replay are prepared in the "
+                            "background too (the first once the Calibrate page has been left alone for a "
+                            "moment), so those two pages read them when they are ready in time."
+                            if prepared else "")
+                        + " Other processes shared the CPUs (see the load average above).")
                     fig.write()
                 if not args.skip_large:
                     path = _write_large(tmp_dir, n, k)
