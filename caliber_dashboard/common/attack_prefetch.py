@@ -29,9 +29,9 @@ from caliber_core.loading import LogitsData
 from caliber_core.simulation.attack_estimate import DEFAULT_MAX_DRAWS
 
 from caliber_dashboard.common.curves import powers_of_two
-from caliber_dashboard.common.targets import percent_to_fraction, slider_range
+from caliber_dashboard.common.targets import percent_to_fraction
 
-from . import background, cache, state
+from . import background, cache, ui
 
 _LOG = logging.getLogger(__name__)
 
@@ -56,12 +56,6 @@ _thread: threading.Thread | None = None
 def runs_at_once(data: LogitsData, repeats: int) -> bool:
     """Whether the page runs the simulation on opening (else it waits for a button press)."""
     return float(data.n_samples) * data.n_classes * repeats + 2 * DEFAULT_MAX_DRAWS <= AUTO_SIMULATION_BUDGET
-
-
-def attack_target(cal: Calibration) -> float:
-    """The retention target (percent) the Attack cost page opens on: the last one chosen, in range."""
-    rng = slider_range("retention", clean_accuracy=cal.clean_accuracy, n_classes=cal.n_classes)
-    return min(rng.hi, max(rng.lo, state.remembered_target("retention", rng.default)))
 
 
 def calibrate_run_started() -> None:
@@ -98,7 +92,8 @@ def after_calibrate_run(data: LogitsData, cal: Calibration, *, side: str,
         with _condition:
             _running_since = None
         return
-    percent = attack_target(cal) if retention is None else float(retention)
+    # The retention target the Attack cost page opens on.
+    percent = ui.slider_start(cal, "retention")[1] if retention is None else float(retention)
     with _condition:
         _running_since = None
         _latest = (time.monotonic(), data, cal, percent, side)

@@ -46,6 +46,16 @@ def target_kind(cal: Calibration, *, key_prefix: str,
     return kind
 
 
+def slider_start(cal: Calibration, kind: str):
+    """(the slider's range, where it opens) for one kind: the last target chosen for that kind, within range.
+
+    Every page's target slider opens here; the Attack cost page's simulation is
+    prepared at the same target (``attack_prefetch``).
+    """
+    rng = slider_range(kind, clean_accuracy=cal.clean_accuracy, n_classes=cal.n_classes)
+    return rng, min(rng.hi, max(rng.lo, state.remembered_target(kind, rng.default)))
+
+
 def target_slider(data: LogitsData, cal: Calibration, kind: str, *, key_prefix: str,
                   remember: bool = True) -> tuple[float, float]:
     """The percent slider for one kind. Returns (value as a fraction, percent).
@@ -55,8 +65,7 @@ def target_slider(data: LogitsData, cal: Calibration, kind: str, *, key_prefix: 
     ``remember=False`` leaves storing the choice (``state.remember_target``, a
     workspace write) to the caller, e.g. after the results are on the page.
     """
-    rng = slider_range(kind, clean_accuracy=cal.clean_accuracy, n_classes=cal.n_classes)
-    start = min(rng.hi, max(rng.lo, state.remembered_target(kind, rng.default)))
+    rng, start = slider_start(cal, kind)
     percent = st.slider(
         f"Target {KIND_LABELS[kind]}", min_value=rng.lo, max_value=rng.hi, value=start,
         step=rng.step, format="%.1f%%", key=f"{key_prefix}_{kind}_{data.sha256[:12]}",
