@@ -15,9 +15,15 @@ The imports of this module itself stay light: the heavy ones happen in the threa
 Why every module before the end: Streamlit collects garbage over the whole heap
 after every script run, a slider step included, and the warm-up ends by moving
 what exists then out of the collector's view (``gc.freeze``). A module first
-imported later stays in view: the pages' modules pull in torch (through the
-extraction code), about 140,000 objects, which made each slider step's
-collection 0.1-0.15 s instead of a few ms here.
+imported later stays in view.
+
+torch is the exception: no page needs it until a visitor trains surrogates (the
+Extraction page's runs), and imported it holds about 180 MB of the server's
+memory, as much as everything else at start, and about 140,000 objects. The
+pages import only the extraction code's torch-free modules; a training run
+imports the thief through :func:`.extraction.trainer.import_trainer`, which moves torch's objects
+out of the collector's view in turn (each slider step's collection took
+0.1-0.15 s instead of a few ms here while they were in view).
 """
 
 from __future__ import annotations

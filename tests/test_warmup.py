@@ -70,7 +70,31 @@ def test_the_warm_up_imports_every_module_a_page_imports_before_it_freezes():
     assert expected <= set(names)
     assert not [n for n in names if n.startswith("caliber_dashboard.pages") or n == "caliber_dashboard.app"]
     assert all(name in sys.modules for name in names)
-    assert "caliber_dashboard.calibrate.thief" in names  # the Calibrate page's, which pulls in torch
+    assert "caliber_dashboard.calibrate.thief" in names  # the Calibrate page's (reads extraction results)
+
+
+_IMPORT_ALL = """
+import sys
+from caliber_dashboard import warmup
+warmup.import_modules()
+print("torch" in sys.modules)
+from caliber_dashboard.extraction.trainer import import_trainer
+module = import_trainer()
+import gc
+print("torch" in sys.modules, module.__name__, gc.get_freeze_count() > 0)
+"""
+
+
+def test_no_page_imports_torch_until_a_training_run_does():
+    """torch (about 180 MB resident) is the thief's alone: every module a page imports leaves it out,
+    and the run that trains imports it, with its objects moved out of the collector's view."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _IMPORT_ALL], capture_output=True, text=True, timeout=300,
+                         cwd=Path(warmup.__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True", "caliber_core.extraction.attacker", "True"]
 
 
 def test_every_module_a_page_file_imports_is_imported_by_the_warm_up():

@@ -11,13 +11,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .answers import DrawnAnswers, answer_queries
-from .attacker import Request, Thief, noise_group
 from .recipes import Recipe
 from .spread import Spread
+from .surrogate_requests import Request, noise_group
+
+if TYPE_CHECKING:  # trains with torch; only the caller's thief is used here
+    from .attacker import Thief
 
 
 @dataclass

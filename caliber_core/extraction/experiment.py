@@ -41,6 +41,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -48,12 +49,15 @@ from ..calibration.calibrate import Calibration, calibrate_model, sigma_for_targ
 from ..calibration.engine import CurveEngine
 from .answers import DrawnAnswers
 from .archive import ExtractionArchive
-from .attacker import Outcome, Request, Thief, modal_choice, noise_group
 from .averaging import AveragingRow, averaging_rows
-from .distill import Schedule
 from .frontier import RetentionRoot, solve_retention, teacher_grid
 from .recipes import DEFAULT_FOLDS, TUNED, Recipe, fixed_recipe, recipes_for
+from .schedule import Schedule
 from .spread import Spread
+from .surrogate_requests import Outcome, Request, modal_choice, noise_group
+
+if TYPE_CHECKING:
+    from .attacker import Thief
 
 DEFAULT_M = (1, 2, 4, 8, 16)
 DEFAULT_RETENTION = (0.95, 0.85, 0.75)
@@ -297,6 +301,7 @@ def run_extraction(
     exact = CurveEngine(ev.logits, ev.labels)  # the one cost policy (quadrature on these sizes)
     own = thief is None
     if own:
+        from .attacker import Thief  # torch: imported when a run starts, so reading results needs none
         thief = Thief(pool.inputs, ev.inputs, ev.labels, np.argmax(ev.logits, axis=1),
                       n_classes=archive.n_classes, architecture=settings.architecture,
                       hidden=settings.hidden, schedule=settings.schedule, folds=settings.folds,

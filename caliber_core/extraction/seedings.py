@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -41,9 +42,12 @@ from ..serving.consistent_levels import noise_binding
 from ..serving.consistent_noise import CYCLE_VERSION, DEFAULT_FEATURES, DEFAULT_LENGTH_SCALE, ConsistentNoise
 from .answers import Answers, answer_queries, per_input_key
 from .archive import ExtractionArchive
-from .attacker import Request, Thief
 from .recipes import LIGHT, STRONG, TUNED_CANDIDATES
 from .spread import Spread
+from .surrogate_requests import Request
+
+if TYPE_CHECKING:  # trains with torch: imported when a comparison runs
+    from .attacker import Thief
 
 SEEDINGS = KEYED_SEEDINGS  # the keyed seedings, compared side by side
 DEFAULT_LEVELS = (0.95, 0.85, 0.75, 0.65, 0.55)
@@ -217,6 +221,8 @@ def compare_seedings(archive: ExtractionArchive, *, levels: Sequence[float] = DE
     key_list = [key] if key is not None else [per_input_key(seed * 1000 + k) for k in range(keys)]
     own = thief is None
     if own:
+        from .attacker import Thief
+
         thief = Thief(pool.inputs, ev.inputs, ye, ze.argmax(1), n_classes=archive.n_classes)
     train_seeds = list(range(seed, seed + seeds))
     levels = sorted(levels, reverse=True)

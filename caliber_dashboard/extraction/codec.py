@@ -29,11 +29,11 @@ import numpy as np
 from caliber_core.version import __version__
 from caliber_core.extraction.archive import ExtractionArchive
 from caliber_core.extraction.averaging import AveragingRow
-from caliber_core.extraction.distill import Schedule
 from caliber_core.extraction.experiment import (FRONTIER_LEVELS, Condition, ExtractionResult,
                                                 ExtractionSettings, FrontierPoint, RecipeStats)
 from caliber_core.extraction.frontier import RetentionRoot
 from caliber_core.extraction.recipes import LIGHT, STRONG, TUNED_CANDIDATES, Recipe
+from caliber_core.extraction.schedule import Schedule
 from caliber_core.extraction.spread import Spread
 
 FORMAT = "caliber.dashboard.extraction-run/1"
