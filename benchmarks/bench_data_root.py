@@ -1,6 +1,6 @@
 """A large labelled dump opened from the data root (or uploaded): open, calibrate, export, check; peak memory.
 
-Run:  python benchmarks/bench_data_root.py [--rows 2000] [--vocab 32000] [--upload] [--no-write]
+Run:  python benchmarks/bench_data_root.py [--rows 2000] [--vocab 32000] [--server | --upload] [--no-write]
 
 Writes a ``--rows`` x ``--vocab`` float32 ``.npy`` of LLM-like next-token logits
 and its labels ``.npy`` into a temporary data root (never committed), then
@@ -13,7 +13,9 @@ targets solved), the Calibrate page shows it, a new target is solved there,
 and the Export page shows the config; ``caliber check`` (a separate process)
 is run on the exported config and the file. Printed: each step's wall time, the
 process's resident memory after start-up and its peak (``VmHWM``), against the
-file's size. With ``--upload`` the two files are uploaded on the Data page
+file's size. With ``--server`` the same steps run in a real ``streamlit run`` server,
+driven in Chromium (the config is the Export page's download), and the memory is
+that server process's, after its warm-up and at its peak. With ``--upload`` the two files are uploaded on the Data page
 instead (logits and labels boxes at once): the upload's bytes are read into this
 process as Streamlit's uploader holds them, so the peak counts them, and the
 file goes through the same streamed engine before it is stored in the workspace.
@@ -25,6 +27,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -42,10 +45,11 @@ from figure_files import transcript  # noqa: E402
 APP = str(ROOT / "caliber_dashboard" / "app.py")
 
 
-def _status_mb(field: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
+def _status_mb(field: str, pid: int | str = "self") -> float:
+    """A memory field of /proc/<pid>/status, in MB (10^6 bytes, as the file's size is counted)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
+            return int(line.split()[1]) * 1024 / 1e6
     return float("nan")
 
 
@@ -73,12 +77,79 @@ _CHECK = ("import re, sys\nfrom pathlib import Path\nfrom caliber_core.cli impor
           "file=sys.stderr)\nsys.exit(code)")
 
 
+def _served(tmp: Path, vocab: int) -> tuple[dict, float, float, Path]:
+    """Open the dump from the root, calibrate and export it in a real server driven in Chromium.
+
+    Returns the steps' wall times, the server's resident memory once its warm-up
+    is over, its peak, and the config downloaded from the Export page.
+    """
+    sys.path.insert(0, str(ROOT / "tests" / "browser"))
+    import dashboard_harness as harness
+    from app_state import settle_run, watch_socket
+    from playwright.sync_api import sync_playwright
+
+    def goto(page, title: str) -> None:
+        link = page.locator("[data-testid='stSidebarNavLink']", has_text=title).first
+        settle_run(page, lambda: link.click(), ready=f"h1:has-text('{title}')")
+
+    times: dict = {}
+    with sync_playwright() as pw, harness.serve("caliber_dashboard/app.py", tmp / "server.log") as (url, _):
+        browser = pw.chromium.launch(executable_path=harness.CHROMIUM, args=harness.CHROMIUM_ARGS)
+        try:
+            pid = harness.PIDS[url]
+            context = browser.new_context(accept_downloads=True, viewport=harness.VIEWPORT)
+            context.set_default_timeout(3_600_000)
+            page = context.new_page()
+            watch_socket(page)
+            page.goto(url)
+            settle_run(page, ready="text=models loaded")
+            harness.wait_idle(url, windows=4)  # the warm-up (the demo set's results) is over
+            goto(page, "Data")
+            started_mb = _status_mb("VmRSS", pid)
+            page.get_by_role("combobox", name="Labels file (optional)").first.click()
+            settle_run(page, lambda: page.get_by_role("option", name="evals/next_token_labels.npy", exact=True).click())
+            box = page.get_by_role("textbox", name="Or a path relative to the data root")
+            settle_run(page, lambda: (box.fill("evals/next_token.npy"), box.press("Enter")))
+            button = page.locator("[data-testid='stButton'] button", has_text=re.compile(r"Open$"))
+            t = time.perf_counter()
+            settle_run(page, lambda: button.click(), ready="text=Streamed evals/next_token.npy")
+            times["open from the root (stream, reduce, solve)"] = time.perf_counter() - t
+            t = time.perf_counter()
+            goto(page, "Calibrate")
+            page.wait_for_selector("text=retention 0.9 (point)")
+            times["Calibrate (first visit)"] = time.perf_counter() - t
+            targets = page.get_by_role("textbox", name="Targets (%)")
+            t = time.perf_counter()
+            settle_run(page, lambda: (targets.fill("80"), targets.press("Enter")), ready="text=retention 0.8 (point)")
+            times["Calibrate: a new target (retention 80%)"] = time.perf_counter() - t
+            t = time.perf_counter()
+            goto(page, "Export")
+            page.wait_for_selector("text=--retention 0.8 --out next_token.caliber.json")
+            times["Export (config)"] = time.perf_counter() - t
+            part = page.locator("[data-testid='stExpander']", has_text="Large-vocabulary files, streamed (1)")
+            with page.expect_download() as download:
+                part.get_by_role("button", name="Download config JSON").click()
+            config_path = tmp / "cfg.json"
+            download.value.save_as(config_path)
+            if page.locator("[data-testid='stException']").count():
+                raise RuntimeError("the app raised an exception: " + page.locator(
+                    "[data-testid='stException']").first.inner_text())
+            config = json.loads(config_path.read_text())
+            assert config["n_classes"] == vocab and [t["requested"] for t in config["targets"]] == [0.8]
+            peak_mb = _status_mb("VmHWM", pid)
+        finally:
+            browser.close()
+    return times, started_mb, peak_mb, config_path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--upload", action="store_true",
                         help="upload the files on the Data page instead of opening them from the root")
+    parser.add_argument("--server", action="store_true",
+                        help="open, calibrate and export in a real server driven in Chromium; its memory")
     parser.add_argument("--no-write", action="store_true", help="print only; do not write docs/figures/")
     parser.add_argument("--write-dump", metavar="ROOT", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -97,65 +168,70 @@ def main() -> None:
         os.environ["CALIBER_DATA_DIR"] = str(tmp / "workspaces")
         size_mb = logits_path.stat().st_size / 1e6
 
-        from streamlit.testing.v1 import AppTest
-
-        from caliber_core.config import config_to_json
-        from caliber_dashboard.common import state
-        from caliber_dashboard.data import server_panel, vocab_files
-
-        at = AppTest.from_file(APP, default_timeout=3600)
-        at.switch_page("pages/calibrate.py")
-        at.run()  # the demo set's calibration: a server's warm-up makes it at start
-        assert not at.exception, at.exception
-        at.switch_page("pages/data.py").run()
-        started_mb = _status_mb("VmRSS")
-        models_before = set(at.session_state[state.MODELS])
-        times = {}
-        t = time.perf_counter()
         handling: dict = {}
-        if args.upload:  # the server holds the upload's bytes, as Streamlit's uploader does
-            from caliber_dashboard.data import vocab_uploads
-
-            opened = vocab_uploads.open_upload
-
-            def measured(*a, **k):
-                # Resident memory with the upload held, and the peak while the page reduces and stores it:
-                # AppTest keeps copies of the bytes of its own after the run, which a server does not make.
-                handling["held"], handling["peak_before"] = _status_mb("VmRSS"), _status_mb("VmHWM")
-                out = opened(*a, **k)
-                handling["peak"] = _status_mb("VmHWM")
-                return out
-
-            vocab_uploads.open_upload = measured
-            for key, path in (("upload_labels", labels_path), ("upload_logits", logits_path)):
-                at.file_uploader(key=key).set_value((path.name, path.read_bytes(), "application/octet-stream"))
-            at.run()
-            times["upload (stream, reduce, solve, store)"] = time.perf_counter() - t
+        if args.server and args.upload:
+            parser.error("--server opens the file from the root; --upload is measured in this process")
+        if args.server:
+            times, started_mb, peak_mb, config_path = _served(tmp, args.vocab)
         else:
-            at.selectbox(key=server_panel.FILE_KEY).set_value("evals/next_token.npy")
-            at.selectbox(key=server_panel.LABELS_KEY).set_value("evals/next_token_labels.npy")
-            at.button(key="server_open_btn").click().run()
-            times["open from the root (stream, reduce, solve)"] = time.perf_counter() - t
-        assert not at.exception, at.exception
-        assert set(at.session_state[state.MODELS]) == models_before, "the file was read into a dense model"
-        (entry,) = at.session_state[vocab_files.MEMBERS][1].values()
-        assert entry["n_classes"] == args.vocab and entry["has_labels"]
-        t = time.perf_counter()
-        at.switch_page("pages/calibrate.py").run()
-        times["Calibrate (first visit)"] = time.perf_counter() - t
-        assert not at.exception, at.exception
-        t = time.perf_counter()
-        at.text_input(key=f"vocab_targets_{entry['sha256'][:12]}_retention").set_value("80").run()
-        times["Calibrate: a new target (retention 80%)"] = time.perf_counter() - t
-        assert not at.exception, at.exception
-        t = time.perf_counter()
-        at.switch_page("pages/export.py").run()
-        times["Export (config)"] = time.perf_counter() - t
-        assert not at.exception, at.exception
-        (entry,) = at.session_state[vocab_files.MEMBERS][1].values()
-        config_path = tmp / "cfg.json"
-        config_path.write_text(config_to_json(entry["config"]))  # the download button's bytes
-        peak_mb = _status_mb("VmHWM")
+            from streamlit.testing.v1 import AppTest
+
+            from caliber_core.config import config_to_json
+            from caliber_dashboard.common import state
+            from caliber_dashboard.data import server_panel, vocab_files
+
+            at = AppTest.from_file(APP, default_timeout=3600)
+            at.switch_page("pages/calibrate.py")
+            at.run()  # the demo set's calibration: a server's warm-up makes it at start
+            assert not at.exception, at.exception
+            at.switch_page("pages/data.py").run()
+            started_mb = _status_mb("VmRSS")
+            models_before = set(at.session_state[state.MODELS])
+            times = {}
+            t = time.perf_counter()
+            if args.upload:  # the server holds the upload's bytes, as Streamlit's uploader does
+                from caliber_dashboard.data import vocab_uploads
+
+                opened = vocab_uploads.open_upload
+
+                def measured(*a, **k):
+                    # Resident memory with the upload held, and the peak while the page reduces and stores it:
+                    # AppTest keeps copies of the bytes of its own after the run, which a server does not make.
+                    handling["held"], handling["peak_before"] = _status_mb("VmRSS"), _status_mb("VmHWM")
+                    out = opened(*a, **k)
+                    handling["peak"] = _status_mb("VmHWM")
+                    return out
+
+                vocab_uploads.open_upload = measured
+                for key, path in (("upload_labels", labels_path), ("upload_logits", logits_path)):
+                    at.file_uploader(key=key).set_value((path.name, path.read_bytes(), "application/octet-stream"))
+                at.run()
+                times["upload (stream, reduce, solve, store)"] = time.perf_counter() - t
+            else:
+                at.selectbox(key=server_panel.FILE_KEY).set_value("evals/next_token.npy")
+                at.selectbox(key=server_panel.LABELS_KEY).set_value("evals/next_token_labels.npy")
+                at.button(key="server_open_btn").click().run()
+                times["open from the root (stream, reduce, solve)"] = time.perf_counter() - t
+            assert not at.exception, at.exception
+            assert set(at.session_state[state.MODELS]) == models_before, "the file was read into a dense model"
+            (entry,) = at.session_state[vocab_files.MEMBERS][1].values()
+            assert entry["n_classes"] == args.vocab and entry["has_labels"]
+            t = time.perf_counter()
+            at.switch_page("pages/calibrate.py").run()
+            times["Calibrate (first visit)"] = time.perf_counter() - t
+            assert not at.exception, at.exception
+            t = time.perf_counter()
+            at.text_input(key=f"vocab_targets_{entry['sha256'][:12]}_retention").set_value("80").run()
+            times["Calibrate: a new target (retention 80%)"] = time.perf_counter() - t
+            assert not at.exception, at.exception
+            t = time.perf_counter()
+            at.switch_page("pages/export.py").run()
+            times["Export (config)"] = time.perf_counter() - t
+            assert not at.exception, at.exception
+            (entry,) = at.session_state[vocab_files.MEMBERS][1].values()
+            config_path = tmp / "cfg.json"
+            config_path.write_text(config_to_json(entry["config"]))  # the download button's bytes
+            peak_mb = _status_mb("VmHWM")
         t = time.perf_counter()
         check = subprocess.run([sys.executable, "-c", _CHECK, "check", str(config_path), str(logits_path),
                                 "--labels", str(labels_path)], capture_output=True, text=True, cwd=ROOT,
@@ -164,13 +240,15 @@ def main() -> None:
         check_mb = int(check.stderr.strip().splitlines()[-1].split()[-1]) / 1024
         targets = json.loads(config_path.read_text())["targets"]
 
-    with transcript("data-root-upload" if args.upload else "data-root",
-                    "A large labelled dump " + ("uploaded" if args.upload else "opened from the data root"),
+    with transcript("data-root-upload" if args.upload else "data-root-server" if args.server else "data-root",
+                    "A large labelled dump " + ("uploaded" if args.upload else "opened from the data root"
+                                                + (" of a running server, in Chromium" if args.server else "")),
                     note="One run (each step is timed once, under the load stated above: no spread). The file "
                          "is streamed through the large-vocabulary engine (K >= 8,192), the one `caliber "
                          "calibrate` uses: no Monte-Carlo sweep, so the sigmas carry certified bounds, not "
-                         "sampling bands. Memory is this process's (it plays the server), from "
-                         "/proc/self/status.") if not args.no_write \
+                         "sampling bands. Memory is " + ("the server process's, from /proc/<pid>/status; MB = 10^6 bytes."
+                                                        if args.server else "this process's (it plays the server), "
+                                                        "from /proc/self/status; MB = 10^6 bytes.")) if not args.no_write \
             else contextlib.nullcontext():
         print(f"file: {args.rows:,} x {args.vocab:,} float32 .npy, {size_mb:,.1f} MB, with a labels .npy")
         for what, seconds in times.items():
