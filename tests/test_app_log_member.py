@@ -12,6 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from caliber_core.cli.commands import main
 from caliber_core.simulation.llm_like import llm_like_logits, log_softmax
+from caliber_dashboard.common import state
 from caliber_dashboard.data import log_store
 from caliber_dashboard.data.logprob_log import LOG_RESULT, calibrate_log
 
@@ -119,3 +120,19 @@ def test_removing_a_log_forgets_it(tmp_path):
     at.button(key=f"logprob_logs_remove_{config['sha256'][:16]}").click().run()
     assert not at.exception
     assert config["sha256"] not in _open(_token(at)).session_state[log_store.LOGS][1]
+
+
+def test_the_policy_page_serves_a_log_when_no_model_is_loaded():
+    """Without a labelled model the levels come from the log: the page asks for no model."""
+    at = _open()
+    at.button(key="remove_all_btn").click().run()
+    assert not at.session_state[state.MODELS]
+    config = _calibrate(at, chat_log(seed=5))
+    policy = _open(_token(at), "pages/policy.py")
+    assert not policy.exception and not policy.error
+    assert not [i.value for i in policy.info if "needs a model" in i.value]
+    chooser = policy.selectbox(key="policy_log")
+    assert chooser.value == config["sha256"] and len(chooser.options) == 1  # no "(no: the model's targets)"
+    policy_json = json.loads([c.value for c in policy.code][-1])
+    assert policy_json["config"]["path"] == "answers.caliber.json"
+    assert len(policy_json["levels"]) == len(config["targets"]) + 1

@@ -56,7 +56,7 @@ from caliber_core.loading import LogitsData
 from caliber_core.loading.checks import margins_in_chunks
 
 from caliber_dashboard.calibrate import plots as calibrate_plots
-from caliber_dashboard.common import figures, readouts, tables
+from caliber_dashboard.common import figures, names, readouts, tables
 from caliber_dashboard.common.curves import sigma_grid
 
 _EMPTY = object()
@@ -206,6 +206,17 @@ def progress_report(bar, text: str | None = None) -> Callable[[float], None]:
     return report
 
 
+@contextlib.contextmanager
+def progress_bar(text: str) -> Iterator[Callable[[float], None]]:
+    """A progress bar for work the page waits on: yields its ``report(fraction)`` (redrawn as
+    :func:`progress_report` does); the bar is gone once the work ends, or fails."""
+    bar = st.progress(0.0, text=text)
+    try:
+        yield progress_report(bar, text)
+    finally:
+        bar.empty()
+
+
 def _realizations(realizations: int | None) -> int | None:
     # None means "the core's default" (a function of N and K): a stable key in one process.
     return None if realizations is None else int(realizations)
@@ -223,7 +234,7 @@ def calibration(data: LogitsData, *, statistic: str = "median", seed: int = 0,
             data, statistic=statistic, seed=seed, realizations=realizations,
             compute=lambda: pipeline.calibrate_data(unnamed(data), statistic=statistic, seed=seed,
                                                     realizations=realizations, progress=progress))),
-        progress_text=f"Calibrating {data.name}: noise sweep over {data.n_samples} inputs…",
+        progress_text=f"Calibrating {names.markdown_text(data.name)}: noise sweep over {data.n_samples} inputs…",
     )
     return _named_calibration(shared, data)
 
@@ -305,7 +316,7 @@ def curves(data: LogitsData, cal: Calibration, *, n_points: int = 60) -> ModelCu
         _curves_slot(_model_key(data, cal) + (n_points,)),
         lambda progress: model_curves(cal.logits, cal.labels, sigma_grid(cal, n_points),
                                       draws=cal.intervals, method=method, progress=progress),
-        progress_text=f"Curves and accuracy corridor for {data.name}…",
+        progress_text=f"Curves and accuracy corridor for {names.markdown_text(data.name)}…",
     )
 
 
@@ -533,7 +544,7 @@ def attack(data: LogitsData, *, sigma: float, m_values: Sequence[int], repeats: 
         lambda progress: estimate_averaging_attack(
             data.logits, data.labels, sigma=sigma, m_values=tuple(m_values), seed=seed,
             repeats=repeats, progress=progress),
-        progress_text=f"Simulating the averaging attack on {data.name}…",
+        progress_text=f"Simulating the averaging attack on {names.markdown_text(data.name)}…",
     )
 
 

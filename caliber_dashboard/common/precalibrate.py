@@ -50,7 +50,7 @@ from caliber_core.loading import LogitsData
 from caliber_dashboard.calibrate import plots as calibrate_plots
 from caliber_dashboard.common.targets import kinds_for, percent_to_fraction, slider_range
 
-from . import background, cache, state
+from . import background, cache, names, state
 
 _LOG = logging.getLogger(__name__)
 _worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caliber-precalibrate")
@@ -243,7 +243,7 @@ def wait_with_progress(data: LogitsData, *, statistic: str = "median", poll_s: f
     job = running(data, statistic=statistic)
     if job is None:
         return
-    text = f"Calibrating {data.name}: noise sweep over {data.n_samples:,} inputs (started when it was loaded)…"
+    text = f"Calibrating {names.markdown_text(data.name)}: noise sweep over {data.n_samples:,} inputs (started when it was loaded)…"
     bar = st.progress(job.fraction, text=text)
     try:
         while not job.readout.wait(poll_s):

@@ -156,13 +156,14 @@ def export_panel() -> None:
             st.code("\n".join(commands(entry)), language="bash")
 
 
-def choose_for_policy(*, key: str) -> dict | None:
-    """A selectbox of the calibrated logs for the Policy page; the chosen entry or None (a model's targets)."""
+def choose_for_policy(*, key: str, none_label: str | None) -> dict | None:
+    """A selectbox of the calibrated logs for the Policy page; the chosen entry, or None (``none_label``'s
+    choice: another source of targets). Without ``none_label`` a log must be chosen."""
     held = logs()
     if not held:
         return None
-    keys = [None, *held]
+    keys = ([None] if none_label is not None else []) + list(held)
     chosen = st.selectbox("Or serve a calibrated top-k logprob log's targets", keys, key=key,
-                          format_func=lambda k: "(no: the model's targets above)" if k is None else label(held[k]),
+                          format_func=lambda k: none_label if k is None else label(held[k]),
                           help="Calibrated on the Data page: its agreement targets become the levels.")
     return held.get(chosen) if chosen is not None else None

@@ -18,7 +18,7 @@ import streamlit as st
 
 from caliber_core.loading import LABELS_EXTENSIONS, SUPPORTED_EXTENSIONS, LogitsFileError, describe
 
-from caliber_dashboard.common import state, ui
+from caliber_dashboard.common import cache, state, ui
 from caliber_dashboard.workspace import CapExceeded
 from caliber_dashboard.workspace import session as workspace
 
@@ -54,7 +54,8 @@ def open_file(path: str, labels: str | None) -> list[tuple[str, str]]:
         return [("error", "No data root is set on this server.")]
     try:
         if vocab_files.streams(root, path):  # a large vocabulary: the streamed engine, never a dense copy
-            return vocab_files.open_member(path, labels)
+            with cache.progress_bar(vocab_files.progress_text(path)) as report:
+                return vocab_files.open_member(path, labels, progress=report)
         data = server_files.open_in_place(root, path, labels)
     except (data_root.NotInRoot, LogitsFileError) as exc:
         return [("error", server_files.one_line(exc))]

@@ -33,13 +33,13 @@ import streamlit as st
 
 from caliber_core.loading import LogitsData, describe
 
-from caliber_dashboard.common import state
+from caliber_dashboard.common import cache, state
 from caliber_dashboard.common import upload_boundary as boundary
 from caliber_dashboard.workspace import CapExceeded
 from caliber_dashboard.workspace import session as workspace
 from caliber_dashboard.workspace.store import blob_digest
 
-from . import vocab_uploads
+from . import vocab_files, vocab_uploads
 
 Message = tuple[str, str]  # (level: "success" | "info" | "warning" | "error", text)
 _OUT_OF_RANGE = re.compile(r"labels index \d+ is (-?\d+), outside \[0, (\d+)\)")
@@ -157,7 +157,9 @@ def _load_one(upload, labels_upload, *, n_labels: int | None = None) -> dict | N
         fits = labels_upload is not None and n_labels == streamed[0]
         if not fits and labels_upload is not None and upload.file_id in _status():
             return None
-        return {"messages": vocab_uploads.open_upload(upload, labels_upload if fits else None), "used_labels": fits}
+        with cache.progress_bar(vocab_files.progress_text(upload.name)) as report:
+            messages = vocab_uploads.open_upload(upload, labels_upload if fits else None, progress=report)
+        return {"messages": messages, "used_labels": fits}
     try:
         content = upload.getvalue()  # a copy of the upload's bytes: taken once
         data = boundary.load_logits(content, upload.name)

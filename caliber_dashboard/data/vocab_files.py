@@ -45,7 +45,7 @@ from caliber_core.loading import LABELS_EXTENSIONS, LogitsFileError
 from caliber_core.loading.row_stream import STREAM_EXTENSIONS, open_rows
 from caliber_core.loading.safety import clean_name, display_name
 
-from caliber_dashboard.common import state
+from caliber_dashboard.common import names, state
 from caliber_dashboard.workspace import CapExceeded
 from caliber_dashboard.workspace import session as workspace
 
@@ -358,6 +358,12 @@ def reopen(entry: dict, *, progress: Callable[[float], None] | None = None) -> S
         raise ValueError(f"{display_name(entry['path'])} changed on disk since it was calibrated: "
                          "open it again on the Data page")
     return streamed
+
+
+def progress_text(name: str) -> str:
+    """The progress bar's line while a file goes through the streamed engine (its rows read once, then its
+    default targets solved); the name shows verbatim (the bar's text is Markdown)."""
+    return f"Streaming {names.markdown_text(name)}: reading its rows once, then solving its default targets…"
 
 
 def open_member(path: str, labels: str | None, *,

@@ -22,7 +22,7 @@ import streamlit as st
 
 from caliber_core.config import SIDES, config_to_json
 
-from caliber_dashboard.common import names, ui
+from caliber_dashboard.common import cache, names, ui
 from caliber_dashboard.common.commands import cli_command, file_argument
 from caliber_dashboard.common.figures import INTERVAL_FILL, LIGHT_LAYOUT, PALETTE, SIGMA_AXIS, chart_config
 from caliber_dashboard.common.readouts import SIDE_HELP, SIDE_LABELS
@@ -142,11 +142,8 @@ def _solved(entry: dict, targets, side: str) -> dict:
     """The config of this choice: the stored one when unchanged, else solved on the reduction and stored."""
     if [[k, float(v)] for k, v in targets] == entry["targets"] and side == entry["side"]:
         return entry["config"]
-    bar = st.progress(0.0, text=f"Streaming {entry['path']} again (the process let its reduction go)…")
-    try:
-        streamed = vocab_files.reopen(entry, progress=lambda f: bar.progress(min(1.0, f)))
-    finally:
-        bar.empty()
+    with cache.progress_bar(f"Streaming {ui.plain(entry['path'])} again (the process let its reduction go)…") as report:
+        streamed = vocab_files.reopen(entry, progress=report)
     with st.spinner("Solving σ on the reduction…"):
         config = vocab_files.calibrate(streamed, targets, side=side)
     note = vocab_files.keep(vocab_files.entry_for(streamed, targets, side, config))
@@ -249,14 +246,15 @@ def export_panel() -> None:
 # ------------------------------------------------------------------ Policy page
 
 
-def choose_for_policy(*, key: str) -> dict | None:
-    """A selectbox of the streamed files for the Policy page; the chosen record or None."""
+def choose_for_policy(*, key: str, none_label: str | None) -> dict | None:
+    """A selectbox of the streamed files for the Policy page; the chosen record, or None (``none_label``'s
+    choice). Without ``none_label`` a file must be chosen."""
     held = vocab_files.members()
     if not held:
         return None
-    keys = [None, *held]
+    keys = ([None] if none_label is not None else []) + list(held)
     chosen = st.selectbox("Or serve a streamed large-vocabulary file's targets", keys, key=key,
-                          format_func=lambda k: "(no: the model's targets above)" if k is None else label(held[k]),
+                          format_func=lambda k: none_label if k is None else label(held[k]),
                           help="Opened from the data root or uploaded; its targets, as last chosen on Calibrate, "
                                "become the levels.")
     return held.get(chosen) if chosen is not None else None

@@ -24,6 +24,7 @@ import contextlib
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from caliber_core.calibration.full_vocab import STREAM_MIN_CLASSES
@@ -92,8 +93,11 @@ def _write(folder: Path, filename: str, buffer) -> Path:
     return path
 
 
-def open_upload(upload, labels_upload=None) -> list[Message]:
-    """Reduce, calibrate and store one large-vocabulary upload (with its labels file); the Data page's messages."""
+def open_upload(upload, labels_upload=None, *, progress: Callable[[float], None] | None = None) -> list[Message]:
+    """Reduce, calibrate and store one large-vocabulary upload (with its labels file); the Data page's messages.
+
+    ``progress`` is called with the fraction of the matrix's rows read.
+    """
     name = upload.name
     labels_name = None if labels_upload is None else labels_upload.name
     try:
@@ -107,7 +111,7 @@ def open_upload(upload, labels_upload=None) -> list[Message]:
             started = time.perf_counter()
             streamed = vocab_files.reduce_once(real, name, labels_real, labels_name,
                                                key=vocab_files.upload_key(blob_digest(buffer), labels_blob),
-                                               labels_blob=labels_blob, stored=True)
+                                               labels_blob=labels_blob, stored=True, progress=progress)
             targets = vocab_files.default_targets(streamed.has_labels)
             config = vocab_files.calibrate(streamed, targets)
             seconds = time.perf_counter() - started

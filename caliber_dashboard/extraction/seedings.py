@@ -20,6 +20,7 @@ import streamlit as st
 from caliber_core.extraction.archive import ExtractionArchive
 from caliber_core.extraction.seedings import SeedingComparison
 
+from caliber_dashboard.common.names import markdown_text
 from caliber_dashboard.extraction import view
 
 #: Numbers: the served field at that length scale; None: the class cycle (version 2), for comparison.
@@ -64,7 +65,7 @@ def run(archive: ExtractionArchive, options: tuple) -> SeedingComparison:
     with slot.lock:
         if slot.value is None:
             levels, keys, seeds, length = options
-            text = f"Serving both seedings and training surrogates on {archive.name}…"
+            text = f"Serving both seedings and training surrogates on {markdown_text(archive.name)}…"
             bar = st.progress(0.0, text=text)
             try:
                 slot.value = compare_seedings(view.unnamed_archive(archive), levels=levels, keys=keys, seeds=seeds, length_scale=length,

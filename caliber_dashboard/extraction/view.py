@@ -32,6 +32,8 @@ import streamlit as st
 from caliber_core.extraction.archive import ExtractionArchive, load_archive, load_archive_bytes
 from caliber_core.extraction.experiment import ExtractionResult, ExtractionSettings, Spread
 
+from caliber_dashboard.common.names import markdown_text
+
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 COLORS = {"fresh": "#d62728", "per-input": "#1f77b4", "hard": "#ff7f0e", "clean": "#2ca02c"}
 
@@ -106,7 +108,7 @@ def run(archive: ExtractionArchive, settings: ExtractionSettings) -> ExtractionR
             thief_slot.value = thief(archive.pool.inputs, ev.inputs, ev.labels, np.argmax(ev.logits, axis=1),
                                      n_classes=archive.n_classes, architecture=settings.architecture,
                                      hidden=settings.hidden, schedule=settings.schedule, folds=settings.folds)
-        text = f"Training surrogates on {archive.name}…"
+        text = f"Training surrogates on {markdown_text(archive.name)}…"
         bar = st.progress(0.0, text=text)
         try:
             slot.value = run_extraction(unnamed_archive(archive), settings, thief=thief_slot.value,

@@ -9,7 +9,7 @@ from caliber_core.throttle.policy import PolicyError, policy_to_json
 from caliber_dashboard import navigation
 from caliber_dashboard.common import cache, names, state, ui
 from caliber_dashboard.common.targets import target_list
-from caliber_dashboard.data import log_store, vocab_panel
+from caliber_dashboard.data import log_store, vocab_files, vocab_panel
 from caliber_dashboard.extraction import runs
 from caliber_dashboard.policy import view
 
@@ -24,25 +24,30 @@ st.caption(
 )
 
 data = ui.model_selector("Model", key="policy_model", labelled_only=True)
-if data is None:
-    st.info("The policy needs a model with labels: add one on the Data page.")
+has_logs, has_streamed = bool(log_store.logs()), bool(vocab_files.members())
+if data is None and not (has_logs or has_streamed):
+    st.info("The policy needs a model with labels, a calibrated top-k logprob log or a streamed "
+            "large-vocabulary file: add one on the Data page.")
     st.stop()
-
-saved = view.choices(state.model_options(data.sha256).get("policy"))
-retention_text = st.text_input("Levels: retention targets (% of A0)", value=saved["retention"],
-                               key=f"policy_retention_{data.sha256[:12]}",
-                               help="Comma-separated; each becomes a level, in order of increasing σ.")
+# The choices are remembered per model; without a labelled model the levels come from a log or a streamed file.
+suffix = data.sha256[:12] if data is not None else "members"
+saved = view.choices(state.model_options(data.sha256).get("policy") if data is not None else None)
+retention_text = saved["retention"]
+if data is not None:
+    retention_text = st.text_input("Levels: retention targets (% of A0)", value=saved["retention"],
+                                   key=f"policy_retention_{suffix}",
+                                   help="Comma-separated; each becomes a level, in order of increasing σ.")
 c1, c2, c3 = st.columns(3)
 escalate_after = c1.number_input("Escalate after (queries at a level)", min_value=1, max_value=10**12,
                                  value=int(saved["escalate_after"]), step=1000,
-                                 key=f"policy_escalate_{data.sha256[:12]}")
+                                 key=f"policy_escalate_{suffix}")
 expire_hours = c2.number_input("Flags expire after (hours; 0 = never)", min_value=0.0, max_value=87_600.0,
                                value=float(saved["expire_hours"]), step=24.0,
-                               key=f"policy_expire_{data.sha256[:12]}")
+                               key=f"policy_expire_{suffix}")
 shadow = c3.checkbox("Shadow mode (decide and record, serve clean)", value=saved["shadow"],
-                     key=f"policy_shadow_{data.sha256[:12]}")
+                     key=f"policy_shadow_{suffix}")
 groups_text = st.text_input(
-    "Group kinds (descriptors that link accounts)", value=saved["groups"], key=f"policy_groups_{data.sha256[:12]}",
+    "Group kinds (descriptors that link accounts)", value=saved["groups"], key=f"policy_groups_{suffix}",
     help="Comma-separated kinds your auth layer attaches to each request, e.g. `card, org=50000`: each group "
     "(one card, one organisation) is counted, flagged and escalated like an account, and every member is served "
     "at least its group's level. A kind alone escalates after the accounts' threshold. Empty: accounts only "
@@ -55,8 +60,11 @@ uploaded = st.file_uploader(
     "Or serve a config calibrated with your key (consistent seeding)", type=["json"], key="policy_config_upload",
     help="A config from `caliber calibrate --seeding consistent --key-file KEY`: its noise is calibrated for that "
     "key, so it is made on the command line, never here. Its targets become the levels.")
-served_log = log_store.choose_for_policy(key="policy_log") if uploaded is None else None
-served_vocab = (vocab_panel.choose_for_policy(key="policy_vocab")
+model_targets = "(no: the model's targets above)" if data is not None else None
+served_log = (log_store.choose_for_policy(
+    key="policy_log", none_label=model_targets or ("(no: a streamed file's targets below)" if has_streamed else None))
+    if uploaded is None else None)
+served_vocab = (vocab_panel.choose_for_policy(key="policy_vocab", none_label=model_targets)
                 if uploaded is None and served_log is None else None)
 try:
     if uploaded is not None:
@@ -80,9 +88,10 @@ except (ValueError, PolicyError) as exc:
     st.error(ui.plain(str(exc)))
     st.stop()
 st.caption(ui.plain(view.seeding_caption(policy)))
-state.set_model_option(data.sha256, "policy", chosen)
+if data is not None:
+    state.set_model_option(data.sha256, "policy", chosen)
 
-archive = runs.archives().get(data.sha256)
+archive = runs.archives().get(data.sha256) if data is not None else None
 latest = None if archive is None or not view.config_matches(config, data.sha256) else runs.latest(archive)
 extraction = None
 if latest is not None:
@@ -127,11 +136,12 @@ if reach is not None:
         "above), and a false link escalates every member of the group."))
 
 st.subheader("Export")
+policy_stem = data.name if data is not None else config_name.removesuffix(".json").removesuffix(".caliber")
 st.caption(ui.plain(f"Save both files in one folder: the policy names the config as {config_name} "
                     "and checks its sha256 on load."))
 d1, d2 = st.columns(2)
 d1.download_button("Download the policy JSON", policy_to_json(doc),
-                   file_name=f"{names.file_stem(data.name)}.policy.json",
+                   file_name=f"{names.file_stem(policy_stem)}.policy.json",
                    mime="application/json", key="policy_download", icon=":material/download:")
 d2.download_button("Download its config JSON", config_text, file_name=config_name, mime="application/json",
                    key="policy_config_download", icon=":material/download:")

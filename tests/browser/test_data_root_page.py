@@ -5,7 +5,9 @@
 * a calibrated top-k logprob log survives a reload and is downloaded from Export, and `check`
   accepts the downloaded config on the log;
 * a large-vocabulary file under the root is streamed, shown on Calibrate with its certified
-  bounds, and its config downloaded from Export is accepted by `caliber check`.
+  bounds, and its config downloaded from Export is accepted by `caliber check`;
+* a large-vocabulary upload, and such a file opened from the root, show a progress bar while
+  they are streamed, gone once they are.
 """
 
 from __future__ import annotations
@@ -83,6 +85,18 @@ def _open_typed(page, path: str, ready: str) -> None:
     settle_run(page, lambda: (box.fill(path), box.press("Enter")))
     button = page.locator("[data-testid='stButton'] button", has_text=re.compile(r"Open$"))  # not a selectbox's
     settle_run(page, lambda: button.click(), ready=ready)
+
+
+# Records the text of every progress bar the page shows from now on (however briefly it is there).
+_WATCH_PROGRESS = """() => {
+  window.__caliberProgress = [];
+  new MutationObserver(() => {
+    for (const el of document.querySelectorAll("[data-testid='stProgress']")) {
+      const text = el.innerText.trim();
+      if (text && !window.__caliberProgress.includes(text)) window.__caliberProgress.push(text);
+    }
+  }).observe(document.body, {childList: true, subtree: true, characterData: true});
+}"""
 
 
 def _alerts(page, text: str) -> list[str]:
@@ -172,3 +186,24 @@ def test_a_calibrated_log_survives_a_reload_and_reaches_export(page, root_server
                           capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _no_exception(page)
+
+
+def test_a_large_upload_and_a_large_root_file_show_their_progress(page, root_server, tmp_path):
+    url, base, _ = root_server
+    rng = np.random.default_rng(5)
+    n = 1500  # 49 MB of float32: long enough to read that the bar is drawn before it goes
+    y = rng.integers(0, K, n)
+    z = rng.standard_normal((n, K), dtype=np.float32)
+    z[np.arange(n), y] += 3.0
+    np.savez(tmp_path / "dump.npz", logits=z, labels=y)
+    np.save(base / "lm" / "wide.npy", z)
+    _open(page, url)
+    _goto_page(page, "Data")
+    page.evaluate(_WATCH_PROGRESS)
+    upload(page, tmp_path / "dump.npz", ready="text=Streamed dump.npz")
+    _open_typed(page, "lm/wide.npy", ready="text=Streamed lm/wide.npy")
+    _no_exception(page)
+    seen = page.evaluate("window.__caliberProgress")
+    for name in ("dump.npz", "lm/wide.npy"):
+        assert any(text.startswith(f"Streaming {name}: reading its rows once") for text in seen), seen
+    assert page.locator("[data-testid='stProgress']").count() == 0  # gone once each file is streamed
