@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from figure_files import transcript  # noqa: E402
+from figure_files import figure_name, transcript  # noqa: E402
 
 APP = str(ROOT / "caliber_dashboard" / "app.py")
 
@@ -240,7 +240,8 @@ def main() -> None:
         check_mb = int(check.stderr.strip().splitlines()[-1].split()[-1]) / 1024
         targets = json.loads(config_path.read_text())["targets"]
 
-    with transcript("data-root-upload" if args.upload else "data-root-server" if args.server else "data-root",
+    base = "data-root-upload" if args.upload else "data-root-server" if args.server else "data-root"
+    with transcript(figure_name(base, "--rows", "--vocab"),
                     "A large labelled dump " + ("uploaded" if args.upload else "opened from the data root"
                                                 + (" of a running server, in Chromium" if args.server else "")),
                     note="One run (each step is timed once, under the load stated above: no spread). The file "
