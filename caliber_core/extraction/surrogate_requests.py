@@ -46,7 +46,7 @@ class Request:
 
     ``group`` (tuned requests only): requests with equal groups -- answers at
     one noise level, one per replicate seed -- share one k-fold selection,
-    whose folds are spread over the group's answers (see :meth:`Thief.train`).
+    whose folds are spread over the group's answers (see :meth:`.attacker.Thief.train`).
     Without a group, the selection uses this request's answers alone.
 
     Attributes
