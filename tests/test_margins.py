@@ -37,6 +37,23 @@ def test_top_two_margins_two_classes_is_absolute_difference():
     np.testing.assert_array_equal(M.top_two_margins(z), [3.0, 3.0, 0.0])
 
 
+@pytest.mark.parametrize("shape", [(1, 2), (40_000, 3), (300, 1_000), (3, 70_000)])
+def test_margins_match_a_full_sort_across_blocks_ties_and_wide_rows(shape):
+    """Many blocks of rows, one row a block (K over the block's size), and rows with tied maxima."""
+    rng = np.random.default_rng(sum(shape))
+    z = rng.standard_normal(shape)
+    z[::3] = np.round(z[::3])  # ties, tied maxima among them
+    s = np.sort(z, axis=1)
+    np.testing.assert_array_equal(M.top_two_margins(z), s[:, -1] - s[:, -2])
+
+
+def test_margins_of_rows_with_infinities_and_nan_follow_the_arithmetic():
+    inf, nan = np.inf, np.nan
+    z = np.array([[inf, 1.0, 2.0], [inf, inf, 0.0], [-inf, -inf, 3.0], [nan, 1.0, 2.0], [2.0, 2.0, 1.0]])
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(M.top_two_margins(z), [inf, nan, inf, nan, 0.0])
+
+
 @pytest.mark.parametrize("path", DIGITS_FILES, ids=lambda p: p.stem)
 def test_margins_on_digits_match_a_full_sort(path):
     z, _ = _digits(path)
