@@ -89,6 +89,7 @@ def run_app() -> None:
     finally:
         _run.inside_app = False
         state.sync_choices()  # failures become sidebar warnings, never exceptions
+        warmup.freeze_late_imports()  # torch, after the run that first imported it
 
 
 def page_prelude() -> None:

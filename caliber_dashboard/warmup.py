@@ -18,18 +18,19 @@ what exists then out of the collector's view (``gc.freeze``). A module first
 imported later stays in view.
 
 torch is the exception: no page needs it until a visitor trains surrogates (the
-Extraction page's runs), and imported it holds about 180 MB of the server's
-memory, as much as everything else at start, and about 140,000 objects. The
-pages import only the extraction code's torch-free modules; a training run
-imports the thief through :func:`.extraction.trainer.import_trainer`, which moves torch's objects
-out of the collector's view in turn (each slider step's collection took
-0.1-0.15 s instead of a few ms here while they were in view).
+Extraction page's runs) or opens a ``.pt`` file, and imported it holds about
+180 MB of the server's memory, as much as everything else at start, and about
+140,000 objects. The pages import only the extraction code's torch-free modules.
+The run that first imports torch ends with :func:`freeze_late_imports`, which
+moves torch's objects out of the collector's view in turn (each slider step's
+collection took 0.1-0.15 s instead of a few ms here while they were in view).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import sys
 import threading
 
 _LOG = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ _lock = threading.Lock()
 _thread: threading.Thread | None = None
 #: Set when the warm-up has finished (tests and benchmarks may wait on it).
 done = threading.Event()
+_torch_frozen = False
 
 #: The Calibrate page's first target: the retention slider's default.
 DEFAULT_TARGET = ("retention", 0.8)
@@ -90,6 +92,24 @@ def _run() -> None:
         # what was made since (about 110 ms -> a few ms per step here).
         gc.freeze()
         done.set()
+
+
+def freeze_late_imports() -> bool:
+    """At the end of a script run: if torch has been imported since the last freeze, collect and freeze again.
+
+    Called by every run of ``app.py`` (a few microseconds when there is nothing to do); the warm-up's
+    own freeze covers what is imported before it ends. Returns whether it froze.
+    """
+    global _torch_frozen
+    if _torch_frozen or "torch" not in sys.modules or not done.is_set():
+        return False
+    with _lock:
+        if _torch_frozen:
+            return False
+        _torch_frozen = True
+        gc.collect()  # the garbage of the moment is not kept for good
+        gc.freeze()
+    return True
 
 
 def warm_demo() -> None:

@@ -57,9 +57,6 @@ def is_cached(archive: ExtractionArchive, options: tuple) -> bool:
 def run(archive: ExtractionArchive, options: tuple) -> SeedingComparison:
     """compare_seedings for (archive, options), computed once, with a progress bar."""
     from caliber_core.extraction.seedings import compare_seedings
-    from caliber_dashboard.extraction.trainer import import_trainer
-
-    import_trainer()  # torch, out of the collector's view (compare_seedings trains surrogates)
 
     slot = _slot((archive.sha256,) + options)
     with slot.lock:

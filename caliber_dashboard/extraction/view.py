@@ -92,8 +92,8 @@ def is_cached(archive: ExtractionArchive, settings: ExtractionSettings) -> bool:
 
 def run(archive: ExtractionArchive, settings: ExtractionSettings) -> ExtractionResult:
     """The experiment for (archive, settings), computed once with a progress bar."""
+    from caliber_core.extraction.attacker import Thief  # torch: imported by the first training run
     from caliber_core.extraction.experiment import run_extraction
-    from caliber_dashboard.extraction.trainer import import_trainer
 
     slot = _result_slot((archive.sha256, settings_key(settings)))
     if slot.value is not None:
@@ -104,8 +104,8 @@ def run(archive: ExtractionArchive, settings: ExtractionSettings) -> ExtractionR
         if slot.value is not None:
             return owned(slot.value, archive)
         if thief_slot.value is None:
-            ev, thief = archive.evaluation, import_trainer().Thief
-            thief_slot.value = thief(archive.pool.inputs, ev.inputs, ev.labels, np.argmax(ev.logits, axis=1),
+            ev = archive.evaluation
+            thief_slot.value = Thief(archive.pool.inputs, ev.inputs, ev.labels, np.argmax(ev.logits, axis=1),
                                      n_classes=archive.n_classes, architecture=settings.architecture,
                                      hidden=settings.hidden, schedule=settings.schedule, folds=settings.folds)
         text = f"Training surrogates on {markdown_text(archive.name)}…"
