@@ -170,11 +170,8 @@ def _fill(slot: _Slot, compute: Callable[[Callable[[float], None] | None], Any],
         if quiet:
             progress_text = spinner_text = None
         if progress_text is not None:
-            bar = st.progress(0.0, text=progress_text)
-            try:
-                value = compute(progress_report(bar, progress_text))
-            finally:
-                bar.empty()
+            with progress_bar(progress_text) as report:
+                value = compute(report)
         elif spinner_text is not None:
             with st.spinner(spinner_text):
                 value = compute(None)

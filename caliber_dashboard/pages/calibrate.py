@@ -158,10 +158,8 @@ def _verification(record, intervals, kind, side, key):
         reps = verify_realizations(cal.n_samples, cal.n_classes)
         seed = state.next_verify_seed()
         text = f"Adding fresh noise: {reps} draws × {cal.n_samples:,} inputs…"
-        bar = st.progress(0.0, text=text)
-        ver = verify_sigma(data.logits, data.labels, record.sigma, realizations=reps,
-                           seed=seed, progress=cache.progress_report(bar, text))
-        bar.empty()
+        with cache.progress_bar(text) as report:
+            ver = verify_sigma(data.logits, data.labels, record.sigma, realizations=reps, seed=seed, progress=report)
         st.session_state[VERIFY_RESULT] = {"key": key, "result": ver}
     stored = st.session_state.get(VERIFY_RESULT)
     if record is None or not stored or stored["key"] != key:
