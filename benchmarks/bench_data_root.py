@@ -53,6 +53,14 @@ def _status_mb(field: str, pid: int | str = "self") -> float:
     return float("nan")
 
 
+@contextlib.contextmanager
+def _timed(times: dict, step: str):
+    """Keep the wall time of the block under ``step`` in ``times``."""
+    start = time.perf_counter()
+    yield
+    times[step] = time.perf_counter() - start
+
+
 def _write_dump(root: Path, rows: int, vocab: int) -> tuple[Path, Path]:
     from caliber_core.simulation.llm_like import llm_like_logits
 
@@ -111,21 +119,18 @@ def _served(tmp: Path, vocab: int) -> tuple[dict, float, float, Path]:
             box = page.get_by_role("textbox", name="Or a path relative to the data root")
             settle_run(page, lambda: (box.fill("evals/next_token.npy"), box.press("Enter")))
             button = page.locator("[data-testid='stButton'] button", has_text=re.compile(r"Open$"))
-            t = time.perf_counter()
-            settle_run(page, lambda: button.click(), ready="text=Streamed evals/next_token.npy")
-            times["open from the root (stream, reduce, solve)"] = time.perf_counter() - t
-            t = time.perf_counter()
-            goto(page, "Calibrate")
-            page.wait_for_selector("text=retention 0.9 (point)")
-            times["Calibrate (first visit)"] = time.perf_counter() - t
+            with _timed(times, "open from the root (stream, reduce, solve)"):
+                settle_run(page, lambda: button.click(), ready="text=Streamed evals/next_token.npy")
+            with _timed(times, "Calibrate (first visit)"):
+                goto(page, "Calibrate")
+                page.wait_for_selector("text=retention 0.9 (point)")
             targets = page.get_by_role("textbox", name="Targets (%)")
-            t = time.perf_counter()
-            settle_run(page, lambda: (targets.fill("80"), targets.press("Enter")), ready="text=retention 0.8 (point)")
-            times["Calibrate: a new target (retention 80%)"] = time.perf_counter() - t
-            t = time.perf_counter()
-            goto(page, "Export")
-            page.wait_for_selector("text=--retention 0.8 --out next_token.caliber.json")
-            times["Export (config)"] = time.perf_counter() - t
+            with _timed(times, "Calibrate: a new target (retention 80%)"):
+                settle_run(page, lambda: (targets.fill("80"), targets.press("Enter")),
+                           ready="text=retention 0.8 (point)")
+            with _timed(times, "Export (config)"):
+                goto(page, "Export")
+                page.wait_for_selector("text=--retention 0.8 --out next_token.caliber.json")
             part = page.locator("[data-testid='stExpander']", has_text="Large-vocabulary files, streamed (1)")
             with page.expect_download() as download:
                 part.get_by_role("button", name="Download config JSON").click()
@@ -188,7 +193,6 @@ def main() -> None:
             started_mb = _status_mb("VmRSS")
             models_before = set(at.session_state[state.MODELS])
             times = {}
-            t = time.perf_counter()
             if args.upload:  # the server holds the upload's bytes, as Streamlit's uploader does
                 from caliber_dashboard.data import vocab_uploads
 
@@ -203,41 +207,38 @@ def main() -> None:
                     return out
 
                 vocab_uploads.open_upload = measured
-                for key, path in (("upload_labels", labels_path), ("upload_logits", logits_path)):
-                    at.file_uploader(key=key).set_value((path.name, path.read_bytes(), "application/octet-stream"))
-                at.run()
-                times["upload (stream, reduce, solve, store)"] = time.perf_counter() - t
+                with _timed(times, "upload (stream, reduce, solve, store)"):
+                    for key, path in (("upload_labels", labels_path), ("upload_logits", logits_path)):
+                        at.file_uploader(key=key).set_value((path.name, path.read_bytes(),
+                                                             "application/octet-stream"))
+                    at.run()
             else:
-                at.selectbox(key=server_panel.FILE_KEY).set_value("evals/next_token.npy")
-                at.selectbox(key=server_panel.LABELS_KEY).set_value("evals/next_token_labels.npy")
-                at.button(key="server_open_btn").click().run()
-                times["open from the root (stream, reduce, solve)"] = time.perf_counter() - t
+                with _timed(times, "open from the root (stream, reduce, solve)"):
+                    at.selectbox(key=server_panel.FILE_KEY).set_value("evals/next_token.npy")
+                    at.selectbox(key=server_panel.LABELS_KEY).set_value("evals/next_token_labels.npy")
+                    at.button(key="server_open_btn").click().run()
             assert not at.exception, at.exception
             assert set(at.session_state[state.MODELS]) == models_before, "the file was read into a dense model"
             (entry,) = at.session_state[vocab_files.MEMBERS][1].values()
             assert entry["n_classes"] == args.vocab and entry["has_labels"]
-            t = time.perf_counter()
-            at.switch_page("pages/calibrate.py").run()
-            times["Calibrate (first visit)"] = time.perf_counter() - t
+            with _timed(times, "Calibrate (first visit)"):
+                at.switch_page("pages/calibrate.py").run()
             assert not at.exception, at.exception
-            t = time.perf_counter()
-            at.text_input(key=f"vocab_targets_{entry['sha256'][:12]}_retention").set_value("80").run()
-            times["Calibrate: a new target (retention 80%)"] = time.perf_counter() - t
+            with _timed(times, "Calibrate: a new target (retention 80%)"):
+                at.text_input(key=f"vocab_targets_{entry['sha256'][:12]}_retention").set_value("80").run()
             assert not at.exception, at.exception
-            t = time.perf_counter()
-            at.switch_page("pages/export.py").run()
-            times["Export (config)"] = time.perf_counter() - t
+            with _timed(times, "Export (config)"):
+                at.switch_page("pages/export.py").run()
             assert not at.exception, at.exception
             (entry,) = at.session_state[vocab_files.MEMBERS][1].values()
             config_path = tmp / "cfg.json"
             config_path.write_text(config_to_json(entry["config"]))  # the download button's bytes
             peak_mb = _status_mb("VmHWM")
-        t = time.perf_counter()
-        check = subprocess.run([sys.executable, "-c", _CHECK, "check", str(config_path), str(logits_path),
-                                "--labels", str(labels_path)], capture_output=True, text=True, cwd=ROOT,
-                               env=dict(os.environ, PYTHONPATH=str(ROOT)))
-        times["caliber check (separate process)"] = time.perf_counter() - t
-        check_mb = int(check.stderr.strip().splitlines()[-1].split()[-1]) / 1024
+        with _timed(times, "caliber check (separate process)"):
+            check = subprocess.run([sys.executable, "-c", _CHECK, "check", str(config_path), str(logits_path),
+                                    "--labels", str(labels_path)], capture_output=True, text=True, cwd=ROOT,
+                                   env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        check_mb = int(check.stderr.strip().splitlines()[-1].split()[-1]) * 1024 / 1e6  # KiB -> MB, as the file
         targets = json.loads(config_path.read_text())["targets"]
 
     base = "data-root-upload" if args.upload else "data-root-server" if args.server else "data-root"
